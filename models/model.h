@@ -1,0 +1,72 @@
+// Model: a causal language model of any supported family, written once over
+// kernels::Backend. A family contributes its mixer and its checkpoint names;
+// embedding, norms, MLP, residuals and the LM head are shared.
+//
+// Per-sequence recurrent state (every layer's mixer state, short-convolution
+// state and, for Llama, its KV cache) lives in a StatePool of fixed-size
+// slots on the backend's device, so prefill can stop after any token and
+// decoding resume from the slot.
+//
+// Thread safety: a Model is immutable after Load; Forward calls on one
+// backend must come from one thread at a time (the backend is not shared).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/backend.h"
+#include "models/state_pool.h"
+
+namespace lair::models {
+
+struct LoadOptions {
+  DType weight_dtype = DType::kF32;  // kBF16 on CUDA for serving
+  int max_context = 4096;            // KV-cache length per slot (softmax-attention families)
+};
+
+// One engine step's worth of tokens: several sequences, each a contiguous run
+// of new tokens appended to what its slot already holds.
+struct ForwardBatch {
+  std::vector<int32_t> tokens;           // [N] packed token ids
+  std::vector<int32_t> cu_seqlens;       // [num_seqs + 1] offsets into tokens
+  std::vector<int32_t> slots;            // [num_seqs] state slot of each sequence
+  std::vector<int32_t> start_positions;  // [num_seqs] tokens already in each slot
+  bool all_logits = false;               // logits for every token, else the last of each sequence
+  int num_seqs() const { return static_cast<int>(slots.size()); }
+};
+
+// Gradients of the mean next-token cross-entropy over a token sequence.
+struct LossAndGradients {
+  double loss = 0;
+  std::vector<std::pair<std::string, Tensor>> gradients;  // checkpoint name -> host F32 gradient
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // Reads DIR/config.json and the weights. Errors name the file, tensor or
+  // config field (an unknown model_type or an option we do not support is
+  // refused here, not at the first forward). `backend` must outlive the model.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
+                                                     kernels::Backend* backend,
+                                                     const LoadOptions& options = {});
+
+  virtual const std::string& family() const = 0;  // config.json model_type
+  virtual int vocab_size() const = 0;
+  // The shape of one sequence's state, for sizing a pool.
+  virtual StateLayout state_layout() const = 0;
+
+  // Runs the batch, reading and updating each sequence's slot. Returns host
+  // F32 logits [num_seqs, vocab] (or [N, vocab] with all_logits).
+  virtual absl::StatusOr<Tensor> Forward(const ForwardBatch& batch, StatePool& pool) = 0;
+
+  // Loss and every parameter's gradient for `tokens` (positions 0..T-2
+  // predict tokens 1..T-1), from a zero state.
+  virtual absl::StatusOr<LossAndGradients> LossAndGrad(const std::vector<int32_t>& tokens) = 0;
+};
+
+}  // namespace lair::models
