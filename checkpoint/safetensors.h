@@ -60,7 +60,9 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
   const SafetensorsHeader& header() const { return header_; }
   bool Contains(std::string_view name) const;
-  // A host tensor aliasing the mapping (any stored dtype). NotFound when absent.
+  // A host tensor aliasing the mapping (any stored dtype; read-only memory).
+  // A file whose data is misaligned for its dtype, which safetensors' own
+  // writer never produces, gets an aligned copy. NotFound when absent.
   absl::StatusOr<Tensor> Get(std::string_view name) const;
 
  private:

@@ -32,6 +32,11 @@ struct EngineConfig {
   int64_t state_memory_bytes = 0;  // state-slot pool size; 0 = free device memory less a margin
   int max_prompt_tokens = 32768;   // longer prompts are InvalidArgument
   int max_new_tokens = 32768;      // cap on SamplingParams::max_tokens
+  // 0: a request that finds every state slot held waits until one frees.
+  // N > 0: it may preempt a running sequence that has run N tokens since it
+  // got its slot; that state is saved to host memory and restored later
+  // (round-robin over more sequences than slots, no recomputation).
+  int preempt_quantum_tokens = 0;
 };
 
 // A snapshot for metrics and health.

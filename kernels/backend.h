@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "core/tensor.h"
+#include "kernels/dense.h"
 #include "kernels/mixer.h"
 
 namespace lair::kernels {
@@ -55,7 +56,25 @@ class Backend {
   virtual absl::Status MlstmBackward(const SequenceBatch& batch, const MlstmBackwardArgs& args) = 0;
 
   // --- Dense operations used by the model skeleton ------------------------
-  // Declared in kernels/dense.h and added here as the models need them.
+  // Argument structs, shapes and math in kernels/dense.h. CPU: kernels/cpu/dense.cc.
+  virtual absl::Status Gemm(const GemmArgs& args) = 0;
+  virtual absl::Status Embedding(const EmbeddingArgs& args) = 0;
+  virtual absl::Status EmbeddingBackward(const EmbeddingBackwardArgs& args) = 0;
+  virtual absl::Status Norm(const NormArgs& args) = 0;
+  virtual absl::Status NormBackward(const NormBackwardArgs& args) = 0;
+  virtual absl::Status Unary(const UnaryArgs& args) = 0;
+  virtual absl::Status UnaryBackward(const UnaryBackwardArgs& args) = 0;
+  virtual absl::Status Binary(const BinaryArgs& args) = 0;
+  virtual absl::Status ReduceSum(const ReduceSumArgs& args) = 0;
+  virtual absl::Status CopyColumns(const CopyColumnsArgs& args) = 0;
+  virtual absl::Status Conv1d(const SequenceBatch& batch, const Conv1dArgs& args) = 0;
+  virtual absl::Status Conv1dBackward(const SequenceBatch& batch,
+                                      const Conv1dBackwardArgs& args) = 0;
+  virtual absl::Status Rotary(const RotaryArgs& args) = 0;
+  virtual absl::Status Attention(const SequenceBatch& batch, const AttentionArgs& args) = 0;
+  virtual absl::Status AttentionBackward(const SequenceBatch& batch,
+                                         const AttentionBackwardArgs& args) = 0;
+  virtual absl::Status CrossEntropy(const CrossEntropyArgs& args) = 0;
 };
 
 // The fp32 reference backend. `threads` <= 0 uses every core.

@@ -35,9 +35,22 @@ class Tokenizer {
   virtual std::string IdToToken(int32_t id) const = 0;  // empty when out of range
   virtual bool IsSpecial(int32_t id) const = 0;
 
-  // From tokenizer_config.json (falling back to the added tokens).
+  // Whether the text of `id` may still change with the tokens after it: a
+  // byte-fallback <0xAB> piece, since a run of them decodes as a whole.
+  // IncrementalDecoder holds its text back until a later token ends the run.
+  // (Not pure, so simple test tokenizers need not define it.)
+  virtual bool DependsOnNext(int32_t /*id*/) const { return false; }
+
+  // From tokenizer_config.json; without one (or without the field), BOS is
+  // the token the post-processor puts first and EOS a special token with a
+  // well-known name (</s>, <|endoftext|>, <|end_of_text|>, <eos>).
   virtual std::optional<int32_t> BosId() const = 0;
   virtual std::optional<int32_t> EosId() const = 0;
+  // add_bos_token from tokenizer_config.json; absent: whether the
+  // post-processor puts BosId() first. Informational: Encode follows the
+  // post-processor of tokenizer.json, as HF `tokenizers` does.
+  virtual bool AddBosToken() const { return false; }
+  // chat_template (a string, or the entry named "default" of a list).
   virtual std::string_view ChatTemplate() const = 0;  // empty when none
 };
 
@@ -45,19 +58,30 @@ class Tokenizer {
 // that is final (complete UTF-8 characters whose rendering cannot change when
 // later tokens arrive). Concatenating every Add() and Flush() equals
 // Decode(all tokens).
+//
+// It decodes a short window: the tokens of the previous emission (context,
+// so that decoders which treat the first token specially, such as
+// SentencePiece's leading-space strip, see the same start both times) plus
+// the new ones, and emits what the window adds beyond the context's text.
+// Text is held while it ends in U+FFFD (an unfinished character) or in a
+// byte-fallback run. Each call costs O(window); `tokenizer` must outlive it.
+// Thread-compatible: one stream per object.
 class IncrementalDecoder {
  public:
   IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special_tokens);
   std::string Add(int32_t token);
-  // The text still held back (an incomplete character at the end).
+  // The text still held back (an incomplete character at the end), after
+  // which the stream continues as if it had just started a new window.
   std::string Flush();
 
  private:
   const Tokenizer& tokenizer_;
   bool skip_special_tokens_;
+  // Only the window's tokens are kept; earlier ones are final.
   std::vector<int32_t> tokens_;
-  size_t prefix_offset_ = 0;  // tokens before this index are already emitted text
-  size_t read_offset_ = 0;
+  size_t prefix_offset_ = 0;  // start of the window: context tokens begin here
+  size_t read_offset_ = 0;    // tokens before this index are emitted text
+  std::string prefix_text_;   // Decode(tokens_[prefix_offset_, read_offset_))
 };
 
 }  // namespace lair

@@ -1,0 +1,100 @@
+#include "engine/model_runner_impl.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+#ifdef LAIR_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace lair::engine {
+
+ModelRunnerImpl::ModelRunnerImpl(std::unique_ptr<kernels::Backend> backend,
+                                 std::unique_ptr<models::Model> model, int max_context)
+    : backend_(std::move(backend)), model_(std::move(model)), max_context_(max_context) {}
+
+models::StatePool& ModelRunnerImpl::pool() {
+  LAIR_CHECK(pool_.has_value());
+  return *pool_;
+}
+
+int64_t ModelRunnerImpl::DefaultStateMemoryBytes() const {
+#ifdef LAIR_HAVE_CUDA
+  if (backend_->device() == Device::kCuda) {
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+      // Keep 10% of the device, and at least 2 GiB, for activations and logits.
+      const int64_t margin =
+          std::max<int64_t>(int64_t{2} << 30, static_cast<int64_t>(total_bytes / 10));
+      return std::max<int64_t>(0, static_cast<int64_t>(free_bytes) - margin);
+    }
+    return 0;
+  }
+#endif
+  return kCpuStateMemoryBytes;
+}
+
+absl::Status ModelRunnerImpl::CreateSlots(int num_slots) {
+  if (pool_.has_value()) return absl::FailedPreconditionError("state slots already created");
+  LAIR_ASSIGN_OR_RETURN(models::StatePool pool,
+                        models::StatePool::Create(backend_.get(), model_->state_layout(), num_slots));
+  pool_.emplace(std::move(pool));
+  return absl::OkStatus();
+}
+
+RunnerOutput ModelRunnerImpl::Execute(const ScheduleOutput& schedule) {
+  RunnerOutput out;
+  auto fail_all = [&](const absl::Status& status) {
+    for (const auto& [id, count] : schedule.num_scheduled_tokens) {
+      out.failures.push_back({id, status});
+    }
+    return out;
+  };
+  absl::StatusOr<PreparedBatch> prepared = builder_.Prepare(schedule);
+  if (!prepared.ok()) return fail_all(prepared.status());
+  PreparedBatch& batch = *prepared;
+
+  // Sequences that would overrun the context fail alone; the rest run.
+  models::ForwardBatch run;
+  std::vector<int> rows;  // batch row of each sequence in `run`
+  run.cu_seqlens.push_back(0);
+  for (int i = 0; i < batch.forward.num_seqs(); ++i) {
+    const int begin = batch.forward.cu_seqlens[i];
+    const int end = batch.forward.cu_seqlens[i + 1];
+    if (max_context_ > 0 && batch.forward.start_positions[i] + (end - begin) > max_context_) {
+      out.failures.push_back({batch.ids[i], absl::OutOfRangeError(absl::StrCat(
+                                                "sequence exceeds the model's context of ",
+                                                max_context_, " tokens"))});
+      continue;
+    }
+    run.tokens.insert(run.tokens.end(), batch.forward.tokens.begin() + begin,
+                      batch.forward.tokens.begin() + end);
+    run.cu_seqlens.push_back(static_cast<int32_t>(run.tokens.size()));
+    run.slots.push_back(batch.forward.slots[i]);
+    run.start_positions.push_back(batch.forward.start_positions[i]);
+    rows.push_back(i);
+  }
+  if (rows.empty()) return out;
+  absl::StatusOr<Tensor> logits = model_->Forward(run, pool());
+  if (!logits.ok()) {
+    for (int i : rows) out.failures.push_back({batch.ids[i], logits.status()});
+    return out;
+  }
+  const int vocab = model_->vocab_size();
+  if (absl::Status s = ExpectShape(*logits, {run.num_seqs(), vocab}, "logits"); !s.ok()) {
+    for (int i : rows) out.failures.push_back({batch.ids[i], s});
+    return out;
+  }
+  const Tensor host = logits->ToF32();
+  for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
+    if (!batch.needs_logits[rows[r]]) continue;
+    const float* row = host.f32() + static_cast<int64_t>(r) * vocab;
+    out.logits.push_back({batch.ids[rows[r]], std::vector<float>(row, row + vocab)});
+  }
+  return out;
+}
+
+}  // namespace lair::engine

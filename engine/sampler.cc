@@ -1,0 +1,164 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace lair::engine {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// SplitMix64 finalizer: spreads (seed, index) over the whole seed space.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+void ApplyPenalties(const SamplingParams& params, const SamplingState& state,
+                    std::span<float> logits) {
+  const int vocab = static_cast<int>(logits.size());
+  for (const auto& [token, bias] : params.logit_bias) {
+    if (token >= 0 && token < vocab) logits[token] += bias;
+  }
+  if (params.repetition_penalty != 1.0f) {
+    auto penalize = [&](int32_t token) {
+      if (token < 0 || token >= vocab) return;
+      float& l = logits[token];
+      l = l > 0 ? l / params.repetition_penalty : l * params.repetition_penalty;
+    };
+    for (int32_t token : state.prompt_tokens()) penalize(token);
+    for (const auto& [token, count] : state.output_counts()) {
+      if (!state.prompt_tokens().contains(token)) penalize(token);
+    }
+  }
+  if (params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f) {
+    for (const auto& [token, count] : state.output_counts()) {
+      if (token < 0 || token >= vocab) continue;
+      logits[token] -= params.frequency_penalty * static_cast<float>(count) +
+                       params.presence_penalty;
+    }
+  }
+}
+
+// In place: logits -> log-softmax (entries at -inf stay -inf).
+void LogSoftmax(std::span<float> logits) {
+  const float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) {
+    if (l != kNegInf) sum += std::exp(static_cast<double>(l - max));
+  }
+  const float log_z = max + static_cast<float>(std::log(sum));
+  for (float& l : logits) {
+    if (l != kNegInf) l -= log_z;
+  }
+}
+
+// Masks (sets to -inf) tokens removed by min-p, top-k and top-p, given
+// log-probabilities. Returns the surviving token ids in the order the draw
+// walks them: most probable first (ties by lower id) when anything is
+// filtered, else plain id order (no sort needed).
+std::vector<int32_t> Filter(const SamplingParams& params, std::span<float> logprobs) {
+  const int vocab = static_cast<int>(logprobs.size());
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  if (params.min_p == 0 && params.top_k == 0 && params.top_p >= 1.0f) return order;  // id order
+  auto better = [&](int32_t a, int32_t b) {
+    return logprobs[a] != logprobs[b] ? logprobs[a] > logprobs[b] : a < b;
+  };
+  std::sort(order.begin(), order.end(), better);
+  size_t keep = order.size();
+  if (params.min_p > 0) {
+    const float threshold = logprobs[order[0]] + std::log(params.min_p);
+    while (keep > 1 && logprobs[order[keep - 1]] < threshold) --keep;
+  }
+  if (params.top_k > 0) keep = std::min<size_t>(keep, params.top_k);
+  if (params.top_p < 1.0f) {
+    double mass = 0;
+    size_t i = 0;
+    while (i < keep) {
+      mass += std::exp(static_cast<double>(logprobs[order[i]]));
+      ++i;
+      if (mass >= params.top_p) break;
+    }
+    keep = i;
+  }
+  for (size_t i = keep; i < order.size(); ++i) logprobs[order[i]] = kNegInf;
+  order.resize(keep);
+  return order;
+}
+
+TokenLogprob MakeLogprob(int n_top, std::span<const float> logprobs, int32_t token) {
+  TokenLogprob out;
+  out.token = token;
+  out.logprob = logprobs[token];
+  if (n_top > 0) {
+    std::vector<int32_t> ids;
+    for (int32_t i = 0; i < static_cast<int32_t>(logprobs.size()); ++i) {
+      if (logprobs[i] != kNegInf) ids.push_back(i);
+    }
+    const size_t n = std::min<size_t>(n_top, ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), [&](int32_t a, int32_t b) {
+      return logprobs[a] != logprobs[b] ? logprobs[a] > logprobs[b] : a < b;
+    });
+    for (size_t i = 0; i < n; ++i) out.top.emplace_back(ids[i], logprobs[ids[i]]);
+  }
+  return out;
+}
+
+}  // namespace
+
+SamplingState::SamplingState(std::span<const int32_t> prompt, uint64_t seed, int index)
+    : rng_(Mix(Mix(seed) ^ static_cast<uint64_t>(index))),
+      prompt_tokens_(prompt.begin(), prompt.end()) {}
+
+void SamplingState::Accept(int32_t token) { ++output_counts_[token]; }
+
+double SamplingState::NextUniform() {
+  return static_cast<double>(rng_() >> 11) * 0x1.0p-53;  // 53 random mantissa bits
+}
+
+SampleResult Sample(const SamplingParams& params, std::span<float> logits, SamplingState& state) {
+  ApplyPenalties(params, state, logits);
+  SampleResult result;
+  if (params.temperature == 0.0f) {
+    result.token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
+                                        logits.begin());  // first maximum: lowest id
+    if (params.logprobs >= 0) {
+      LogSoftmax(logits);
+      result.logprob = MakeLogprob(params.logprobs, logits, result.token);
+    }
+    return result;
+  }
+  for (float& l : logits) l /= params.temperature;
+  LogSoftmax(logits);
+  const std::vector<int32_t> kept = Filter(params, logits);
+  // Renormalize over the survivors, then walk them in order.
+  double mass = 0;
+  for (int32_t id : kept) mass += std::exp(static_cast<double>(logits[id]));
+  const float log_mass = static_cast<float>(std::log(mass));
+  for (int32_t id : kept) logits[id] -= log_mass;
+  const double u = state.NextUniform();
+  double cumulative = 0;
+  result.token = kept.back();
+  for (int32_t id : kept) {
+    cumulative += std::exp(static_cast<double>(logits[id]));
+    if (u < cumulative) {
+      result.token = id;
+      break;
+    }
+  }
+  if (params.logprobs >= 0) result.logprob = MakeLogprob(params.logprobs, logits, result.token);
+  return result;
+}
+
+bool IsStopToken(const SamplingParams& params, std::optional<int32_t> eos, int32_t token) {
+  if (!params.ignore_eos && eos.has_value() && token == *eos) return true;
+  return std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), token) !=
+         params.stop_token_ids.end();
+}
+
+}  // namespace lair::engine

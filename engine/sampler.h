@@ -1,0 +1,74 @@
+// Sampler: turns one completion's next-token logits into a token.
+//
+// Processing order (vLLM's): logit bias; repetition penalty over prompt and
+// output tokens (a positive logit is divided by it, a negative one
+// multiplied); frequency and presence penalties over output tokens; then
+// either greedy argmax (temperature 0; lowest id wins ties) or temperature
+// scaling, min-p, top-k and top-p filtering and a draw from what is left.
+//
+// Logprobs are computed from the processed distribution, as vLLM v0 does:
+// log-softmax of the logits after penalties, temperature and filtering
+// (filtered tokens have -inf and are never listed). So the chosen token's
+// logprob is the log of the probability it was actually drawn with; for
+// greedy requests it is the log-softmax after penalties.
+//
+// Reproducibility: each completion owns a SamplingState whose RNG is
+// seeded from (request seed, completion index) alone, and the draw walks
+// tokens in a fixed order, so the output does not depend on the batch.
+//
+// Thread safety: SamplingState is thread-compatible; Sample is a pure
+// function of its arguments.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "engine/request.h"
+#include "engine/request_output.h"
+
+namespace lair::engine {
+
+// The largest SamplingParams::logprobs accepted.
+inline constexpr int kMaxLogprobs = 20;
+
+// Per-completion sampling state.
+class SamplingState {
+ public:
+  // `prompt` feeds the repetition penalty; `seed` is the request's seed (or
+  // one the engine drew for it) and `index` the completion's index.
+  SamplingState(std::span<const int32_t> prompt, uint64_t seed, int index);
+
+  // Records a generated token for the penalties.
+  void Accept(int32_t token);
+  // A uniform double in [0, 1) from this completion's RNG.
+  double NextUniform();
+
+  // Penalties read these.
+  const absl::flat_hash_set<int32_t>& prompt_tokens() const { return prompt_tokens_; }
+  const absl::flat_hash_map<int32_t, int>& output_counts() const { return output_counts_; }
+
+ private:
+  std::mt19937_64 rng_;  // the standard fixes its sequence, so seeds reproduce everywhere
+  absl::flat_hash_set<int32_t> prompt_tokens_;
+  absl::flat_hash_map<int32_t, int> output_counts_;
+};
+
+struct SampleResult {
+  int32_t token = 0;
+  std::optional<TokenLogprob> logprob;  // set when params.logprobs >= 0
+};
+
+// Samples from `logits` ([vocab], overwritten with the processed logits).
+// REQUIRES: params passed Engine::Submit's validation; logits not empty.
+SampleResult Sample(const SamplingParams& params, std::span<float> logits, SamplingState& state);
+
+// Whether `token` ends a completion: `eos` (unless ignore_eos) or one of
+// params.stop_token_ids.
+bool IsStopToken(const SamplingParams& params, std::optional<int32_t> eos, int32_t token);
+
+}  // namespace lair::engine

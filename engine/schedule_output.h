@@ -1,0 +1,49 @@
+// ScheduleOutput: what one engine step runs (scheduler -> model runner).
+//
+// Like vLLM's SchedulerOutput it carries changes, not snapshots. A sequence
+// the runner does not know yet (first scheduled, or resumed after
+// preemption) comes with its full data in new_sequences; a sequence it
+// already knows comes in cached_sequences with only the tokens appended
+// since (the tokens sampled last step). The runner keeps each known
+// sequence's slot and unconsumed tokens (engine/batch_builder.h) and drops
+// those listed in finished_ids and preempted_ids.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "engine/sequence.h"
+
+namespace lair::engine {
+
+struct NewSequenceData {
+  SequenceId id = 0;
+  int slot = 0;                    // state slot it reads and writes
+  std::vector<int32_t> token_ids;  // every token known: prompt, then output so far
+  int num_computed_tokens = 0;     // tokens already in the slot (> 0 when resumed or forked)
+};
+
+struct CachedSequenceData {
+  SequenceId id = 0;
+  std::vector<int32_t> new_token_ids;  // appended since the runner last heard of it
+};
+
+struct ScheduleOutput {
+  std::vector<NewSequenceData> new_sequences;
+  std::vector<CachedSequenceData> cached_sequences;
+  // [sequences scheduled] (id, tokens to run this step), in batch order. A
+  // sequence runs the next `count` of its unconsumed tokens; when that
+  // consumes all it knows, the runner returns its next-token logits.
+  std::vector<std::pair<SequenceId, int>> num_scheduled_tokens;
+  int total_num_scheduled_tokens = 0;
+  // Sequences that left since the previous step (finished, cancelled or
+  // failed): their slots are already free.
+  std::vector<SequenceId> finished_ids;
+  // Sequences preempted this step: state saved to host, slot free.
+  std::vector<SequenceId> preempted_ids;
+
+  bool empty() const { return num_scheduled_tokens.empty(); }
+};
+
+}  // namespace lair::engine

@@ -1,0 +1,842 @@
+#include "kernels/cpu/dense.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace lair::kernels::cpu {
+namespace {
+
+absl::Status Invalid(std::string_view op, std::string_view field, std::string_view problem) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(op), ": ", std::string(field), ": ", std::string(problem)));
+}
+
+// A defined host tensor of `dtype` and, when rank >= 0, that rank.
+absl::Status CheckTensor(std::string_view op, std::string_view field, const Tensor& t,
+                         DType dtype = DType::kF32, int rank = -1) {
+  if (!t.defined()) return Invalid(op, field, "missing tensor");
+  if (t.device() != Device::kCpu) return Invalid(op, field, "not a host tensor");
+  if (t.dtype() != dtype) {
+    return Invalid(op, field,
+                   absl::StrCat("expected ", std::string(DTypeName(dtype)), ", got ", t.DebugString()));
+  }
+  if (rank >= 0 && t.rank() != rank) {
+    return Invalid(op, field, absl::StrCat("expected rank ", rank, ", got ", t.DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckShape(std::string_view op, std::string_view field, const Tensor& t,
+                        const Shape& shape) {
+  if (t.shape() != shape) {
+    return Invalid(op, field,
+                   absl::StrCat("expected shape ", ShapeString(shape), ", got ", ShapeString(t.shape())));
+  }
+  return absl::OkStatus();
+}
+
+// Rows of a tensor viewed as [rows, last dimension].
+int64_t Rows(const Tensor& t) { return t.rank() == 0 || t.dim(-1) == 0 ? 0 : t.numel() / t.dim(-1); }
+
+// The packed-batch invariants of kernels/mixer.h against `num_tokens` and a
+// pool of `num_slots` (negative: no pool).
+absl::Status CheckBatch(std::string_view op, const SequenceBatch& batch, int64_t num_tokens,
+                        int64_t num_slots) {
+  if (batch.num_seqs < 0 || static_cast<int64_t>(batch.cu_seqlens.size()) != batch.num_seqs + 1) {
+    return Invalid(op, "cu_seqlens", "expected num_seqs + 1 offsets");
+  }
+  if (batch.cu_seqlens[0] != 0 || batch.cu_seqlens[batch.num_seqs] != num_tokens) {
+    return Invalid(op, "cu_seqlens", absl::StrCat("must run from 0 to ", num_tokens));
+  }
+  for (int s = 0; s < batch.num_seqs; ++s) {
+    if (batch.cu_seqlens[s + 1] < batch.cu_seqlens[s]) return Invalid(op, "cu_seqlens", "decreasing");
+  }
+  if (num_slots >= 0) {
+    if (static_cast<int>(batch.state_slot.size()) != batch.num_seqs) {
+      return Invalid(op, "state_slot", "expected one slot per sequence");
+    }
+    for (int32_t slot : batch.state_slot) {
+      if (slot < 0 || slot >= num_slots) {
+        return Invalid(op, "state_slot", absl::StrCat("slot ", slot, " outside [0, ", num_slots, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float Silu(float x) { return x * Sigmoid(x); }
+float SiluGrad(float x) {
+  float s = Sigmoid(x);
+  return s * (1.0f + x * (1.0f - s));
+}
+
+float ApplyUnary(UnaryOp op, float x) {
+  switch (op) {
+    case UnaryOp::kAffine: return x;
+    case UnaryOp::kSilu: return Silu(x);
+    case UnaryOp::kSigmoid: return Sigmoid(x);
+    case UnaryOp::kLogSigmoid: return std::min(x, 0.0f) - std::log1p(std::exp(-std::fabs(x)));
+    case UnaryOp::kSoftplus: return x > 20.0f ? x : std::log1p(std::exp(x));
+    case UnaryOp::kExp: return std::exp(x);
+    case UnaryOp::kLog: return std::log(x);
+    case UnaryOp::kTanh: return std::tanh(x);
+    case UnaryOp::kRelu: return x > 0.0f ? x : 0.0f;
+    case UnaryOp::kEluPlusOne: return x > 0.0f ? x + 1.0f : std::exp(x);
+  }
+  return x;
+}
+
+float UnaryDerivative(UnaryOp op, float x) {
+  switch (op) {
+    case UnaryOp::kAffine: return 1.0f;
+    case UnaryOp::kSilu: return SiluGrad(x);
+    case UnaryOp::kSigmoid: {
+      float s = Sigmoid(x);
+      return s * (1.0f - s);
+    }
+    case UnaryOp::kLogSigmoid: return Sigmoid(-x);
+    case UnaryOp::kSoftplus: return x > 20.0f ? 1.0f : Sigmoid(x);
+    case UnaryOp::kExp: return std::exp(x);
+    case UnaryOp::kLog: return 1.0f / x;
+    case UnaryOp::kTanh: {
+      float t = std::tanh(x);
+      return 1.0f - t * t;
+    }
+    case UnaryOp::kRelu: return x > 0.0f ? 1.0f : 0.0f;
+    case UnaryOp::kEluPlusOne: return x > 0.0f ? 1.0f : std::exp(x);
+  }
+  return 1.0f;
+}
+
+// Strides of `x` over the index space of `shape` (0 along broadcast
+// dimensions), or an error when x does not broadcast to shape.
+absl::Status BroadcastStrides(std::string_view op, std::string_view field, const Tensor& x,
+                              const Shape& shape, std::vector<int64_t>* strides) {
+  if (x.rank() != static_cast<int>(shape.size())) {
+    return Invalid(op, field,
+                   absl::StrCat("rank of ", ShapeString(x.shape()), " differs from ", ShapeString(shape)));
+  }
+  strides->assign(shape.size(), 0);
+  int64_t stride = 1;
+  for (int d = x.rank() - 1; d >= 0; --d) {
+    if (x.shape()[d] == shape[d]) {
+      (*strides)[d] = stride;
+    } else if (x.shape()[d] != 1) {
+      return Invalid(op, field,
+                     absl::StrCat(ShapeString(x.shape()), " does not broadcast to ", ShapeString(shape)));
+    }
+    stride *= x.shape()[d];
+  }
+  return absl::OkStatus();
+}
+
+// Calls f(i, offset_a, offset_b) for every row-major index i of `shape`.
+template <typename F>
+void ForEachBroadcast(const Shape& shape, const std::vector<int64_t>& sa,
+                      const std::vector<int64_t>& sb, F f) {
+  int64_t n = ShapeNumel(shape);
+  int r = static_cast<int>(shape.size());
+  std::vector<int64_t> index(r, 0);
+  int64_t oa = 0, ob = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    f(i, oa, ob);
+    for (int d = r - 1; d >= 0; --d) {
+      if (++index[d] < shape[d]) {
+        oa += sa[d];
+        ob += sb[d];
+        break;
+      }
+      oa -= sa[d] * (shape[d] - 1);
+      ob -= sb[d] * (shape[d] - 1);
+      index[d] = 0;
+    }
+  }
+}
+
+bool SameMemory(const Tensor& a, const Tensor& b) { return a.raw() == b.raw(); }
+
+}  // namespace
+
+absl::Status GemmCpu(const GemmArgs& args) {
+  constexpr std::string_view kOp = "Gemm";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "a", args.a, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "b", args.b, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "c", args.c, DType::kF32, 2));
+  int64_t m = args.trans_a ? args.a.dim(1) : args.a.dim(0);
+  int64_t k = args.trans_a ? args.a.dim(0) : args.a.dim(1);
+  int64_t n = args.trans_b ? args.b.dim(0) : args.b.dim(1);
+  int64_t kb = args.trans_b ? args.b.dim(1) : args.b.dim(0);
+  if (kb != k) {
+    return Invalid(kOp, "b", absl::StrCat("inner dimension ", kb, " differs from a's ", k, " (a ",
+                                          args.a.DebugString(), ", b ", args.b.DebugString(), ")"));
+  }
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "c", args.c, {m, n}));
+  if (args.bias.defined()) {
+    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "bias", args.bias, DType::kF32, 1));
+    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "bias", args.bias, {n}));
+  }
+  float* c = args.c.f32();
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (k == 0) {
+    for (int64_t i = 0; i < m * n; ++i) c[i] = args.beta == 0.0f ? 0.0f : args.beta * c[i];
+  } else {
+    cblas_sgemm(CblasRowMajor, args.trans_a ? CblasTrans : CblasNoTrans,
+                args.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), args.alpha, args.a.f32(), static_cast<int>(args.a.dim(1)),
+                args.b.f32(), static_cast<int>(args.b.dim(1)), args.beta, c, static_cast<int>(n));
+  }
+  if (args.bias.defined()) {
+    const float* bias = args.bias.f32();
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) c[i * n + j] += bias[j];
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingCpu(const EmbeddingArgs& args) {
+  constexpr std::string_view kOp = "Embedding";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "table", args.table, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "ids", args.ids, DType::kI32, 1));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "out", args.out, DType::kF32, 2));
+  int64_t rows = args.table.dim(0), width = args.table.dim(1), n = args.ids.dim(0);
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "out", args.out, {n, width}));
+  const int32_t* ids = args.ids.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= rows) {
+      return Invalid(kOp, "ids", absl::StrCat("id ", ids[i], " at ", i, " outside [0, ", rows, ")"));
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(args.out.f32() + i * width, args.table.f32() + ids[i] * width,
+                static_cast<size_t>(width) * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingBackwardCpu(const EmbeddingBackwardArgs& args) {
+  constexpr std::string_view kOp = "EmbeddingBackward";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "ids", args.ids, DType::kI32, 1));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_out", args.d_out, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_table", args.d_table, DType::kF32, 2));
+  int64_t rows = args.d_table.dim(0), width = args.d_table.dim(1), n = args.ids.dim(0);
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_out", args.d_out, {n, width}));
+  const int32_t* ids = args.ids.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= rows) {
+      return Invalid(kOp, "ids", absl::StrCat("id ", ids[i], " at ", i, " outside [0, ", rows, ")"));
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    float* dst = args.d_table.f32() + ids[i] * width;
+    const float* src = args.d_out.f32() + i * width;
+    for (int64_t j = 0; j < width; ++j) dst[j] += src[j];
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status CheckNorm(std::string_view op, const NormArgs& args, int64_t* group) {
+  LAIR_RETURN_IF_ERROR(CheckTensor(op, "x", args.x, DType::kF32, 2));
+  int64_t cols = args.x.dim(1);
+  *group = args.group_size == 0 ? cols : args.group_size;
+  if (*group <= 0 || cols % *group != 0) {
+    return Invalid(op, "group_size", absl::StrCat(args.group_size, " does not divide ", cols));
+  }
+  if (args.weight.defined()) {
+    LAIR_RETURN_IF_ERROR(CheckTensor(op, "weight", args.weight, DType::kF32, 1));
+    LAIR_RETURN_IF_ERROR(CheckShape(op, "weight", args.weight, {cols}));
+  }
+  if (args.gate_mode != NormGate::kNone) {
+    LAIR_RETURN_IF_ERROR(CheckTensor(op, "gate", args.gate, DType::kF32, 2));
+    LAIR_RETURN_IF_ERROR(CheckShape(op, "gate", args.gate, args.x.shape()));
+  }
+  return absl::OkStatus();
+}
+
+// Mean (0 for RMS) and reciprocal standard deviation of u[0..n).
+void NormStats(NormKind kind, const float* u, int64_t n, float eps, double* mean, double* rstd) {
+  double sum = 0, sq = 0;
+  for (int64_t i = 0; i < n; ++i) sum += u[i];
+  *mean = kind == NormKind::kLayer ? sum / n : 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    double d = u[i] - *mean;
+    sq += d * d;
+  }
+  *rstd = 1.0 / std::sqrt(sq / n + eps);
+}
+
+}  // namespace
+
+absl::Status NormCpu(const NormArgs& args) {
+  constexpr std::string_view kOp = "Norm";
+  int64_t group;
+  LAIR_RETURN_IF_ERROR(CheckNorm(kOp, args, &group));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "y", args.y, args.x.shape()));
+  int64_t rows = args.x.dim(0), cols = args.x.dim(1);
+  std::vector<float> u(group);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g0 = 0; g0 < cols; g0 += group) {
+      int64_t base = r * cols + g0;
+      const float* x = args.x.f32() + base;
+      for (int64_t i = 0; i < group; ++i) {
+        u[i] = args.gate_mode == NormGate::kBefore ? x[i] * Silu(args.gate.f32()[base + i]) : x[i];
+      }
+      double mean, rstd;
+      NormStats(args.kind, u.data(), group, args.eps, &mean, &rstd);
+      for (int64_t i = 0; i < group; ++i) {
+        float v = static_cast<float>((u[i] - mean) * rstd);
+        if (args.weight.defined()) v *= args.weight.f32()[g0 + i];
+        if (args.gate_mode == NormGate::kAfter) v *= Silu(args.gate.f32()[base + i]);
+        args.y.f32()[base + i] = v;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NormBackwardCpu(const NormBackwardArgs& args) {
+  constexpr std::string_view kOp = "NormBackward";
+  const NormArgs& fwd = args.fwd;
+  int64_t group;
+  LAIR_RETURN_IF_ERROR(CheckNorm(kOp, fwd, &group));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_y", args.d_y, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_y", args.d_y, fwd.x.shape()));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dx", args.dx, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dx", args.dx, fwd.x.shape()));
+  if (args.d_weight.defined()) {
+    if (!fwd.weight.defined()) return Invalid(kOp, "d_weight", "the forward has no weight");
+    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_weight", args.d_weight, DType::kF32, 1));
+    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_weight", args.d_weight, fwd.weight.shape()));
+  }
+  if (args.d_gate.defined()) {
+    if (fwd.gate_mode == NormGate::kNone) return Invalid(kOp, "d_gate", "the forward has no gate");
+    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_gate", args.d_gate, DType::kF32, 2));
+    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_gate", args.d_gate, fwd.x.shape()));
+  }
+  int64_t rows = fwd.x.dim(0), cols = fwd.x.dim(1);
+  std::vector<float> u(group), dxhat(group), xhat(group);
+  std::vector<double> d_weight(cols, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g0 = 0; g0 < cols; g0 += group) {
+      int64_t base = r * cols + g0;
+      const float* x = fwd.x.f32() + base;
+      const float* gate = fwd.gate_mode == NormGate::kNone ? nullptr : fwd.gate.f32() + base;
+      const float* dy = args.d_y.f32() + base;
+      for (int64_t i = 0; i < group; ++i) {
+        u[i] = fwd.gate_mode == NormGate::kBefore ? x[i] * Silu(gate[i]) : x[i];
+      }
+      double mean, rstd;
+      NormStats(fwd.kind, u.data(), group, fwd.eps, &mean, &rstd);
+      double sum_dxhat = 0, sum_dxhat_xhat = 0;
+      for (int64_t i = 0; i < group; ++i) {
+        xhat[i] = static_cast<float>((u[i] - mean) * rstd);
+        float w = fwd.weight.defined() ? fwd.weight.f32()[g0 + i] : 1.0f;
+        float dz = dy[i];
+        if (fwd.gate_mode == NormGate::kAfter) {
+          if (args.d_gate.defined()) {
+            args.d_gate.f32()[base + i] = dz * xhat[i] * w * SiluGrad(gate[i]);
+          }
+          dz *= Silu(gate[i]);
+        }
+        d_weight[g0 + i] += static_cast<double>(dz) * xhat[i];
+        dxhat[i] = dz * w;
+        sum_dxhat += dxhat[i];
+        sum_dxhat_xhat += static_cast<double>(dxhat[i]) * xhat[i];
+      }
+      double mean_dxhat = fwd.kind == NormKind::kLayer ? sum_dxhat / group : 0.0;
+      double mean_dxhat_xhat = sum_dxhat_xhat / group;
+      for (int64_t i = 0; i < group; ++i) {
+        float du = static_cast<float>(rstd * (dxhat[i] - mean_dxhat - xhat[i] * mean_dxhat_xhat));
+        if (fwd.gate_mode == NormGate::kBefore) {
+          if (args.d_gate.defined()) args.d_gate.f32()[base + i] = du * x[i] * SiluGrad(gate[i]);
+          du *= Silu(gate[i]);
+        }
+        args.dx.f32()[base + i] = du;
+      }
+    }
+  }
+  if (args.d_weight.defined()) {
+    for (int64_t i = 0; i < cols; ++i) args.d_weight.f32()[i] += static_cast<float>(d_weight[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UnaryCpu(const UnaryArgs& args) {
+  constexpr std::string_view kOp = "Unary";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", args.x));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y));
+  std::vector<int64_t> sx;
+  LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "x", args.x, args.y.shape(), &sx));
+  if (SameMemory(args.x, args.y) && args.x.shape() != args.y.shape()) {
+    return Invalid(kOp, "y", "may alias x only when the shapes are equal");
+  }
+  const float* x = args.x.f32();
+  float* y = args.y.f32();
+  auto f = [&](float v) { return args.alpha * ApplyUnary(args.op, args.in_scale * v) + args.beta; };
+  if (args.x.shape() == args.y.shape()) {
+    for (int64_t i = 0; i < args.y.numel(); ++i) y[i] = f(x[i]);
+  } else {
+    ForEachBroadcast(args.y.shape(), sx, sx, [&](int64_t i, int64_t ox, int64_t) { y[i] = f(x[ox]); });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UnaryBackwardCpu(const UnaryBackwardArgs& args) {
+  constexpr std::string_view kOp = "UnaryBackward";
+  const UnaryArgs& fwd = args.fwd;
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", fwd.x));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_y", args.d_y));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dx", args.dx));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_y", args.d_y, fwd.x.shape()));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dx", args.dx, fwd.x.shape()));
+  const float* x = fwd.x.f32();
+  const float* dy = args.d_y.f32();
+  float scale = fwd.alpha * fwd.in_scale;
+  for (int64_t i = 0; i < fwd.x.numel(); ++i) {
+    args.dx.f32()[i] = dy[i] * scale * UnaryDerivative(fwd.op, fwd.in_scale * x[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BinaryCpu(const BinaryArgs& args) {
+  constexpr std::string_view kOp = "Binary";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "a", args.a));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "b", args.b));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y));
+  std::vector<int64_t> sa, sb;
+  LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "a", args.a, args.y.shape(), &sa));
+  LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "b", args.b, args.y.shape(), &sb));
+  if ((SameMemory(args.a, args.y) && args.a.shape() != args.y.shape()) ||
+      (SameMemory(args.b, args.y) && args.b.shape() != args.y.shape())) {
+    return Invalid(kOp, "y", "may alias an input only when the shapes are equal");
+  }
+  const float* a = args.a.f32();
+  const float* b = args.b.f32();
+  float* y = args.y.f32();
+  auto apply = [&](float u, float v) {
+    switch (args.op) {
+      case BinaryOp::kAdd: return u + v;
+      case BinaryOp::kSub: return u - v;
+      case BinaryOp::kMul: return u * v;
+      case BinaryOp::kDiv: return u / v;
+    }
+    return u;
+  };
+  if (args.a.shape() == args.y.shape() && args.b.shape() == args.y.shape()) {
+    for (int64_t i = 0; i < args.y.numel(); ++i) y[i] = apply(a[i], b[i]);
+  } else {
+    ForEachBroadcast(args.y.shape(), sa, sb,
+                     [&](int64_t i, int64_t oa, int64_t ob) { y[i] = apply(a[oa], b[ob]); });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReduceSumCpu(const ReduceSumArgs& args) {
+  constexpr std::string_view kOp = "ReduceSum";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", args.x));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y));
+  std::vector<int64_t> sy;
+  LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "y", args.y, args.x.shape(), &sy));
+  std::vector<double> sum(args.y.numel(), 0.0);
+  const float* x = args.x.f32();
+  ForEachBroadcast(args.x.shape(), sy, sy, [&](int64_t i, int64_t oy, int64_t) { sum[oy] += x[i]; });
+  for (int64_t i = 0; i < args.y.numel(); ++i) args.y.f32()[i] = static_cast<float>(sum[i]);
+  return absl::OkStatus();
+}
+
+absl::Status CopyColumnsCpu(const CopyColumnsArgs& args) {
+  constexpr std::string_view kOp = "CopyColumns";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "src", args.src));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dst", args.dst));
+  if (args.src.rank() < 1 || args.dst.rank() < 1) return Invalid(kOp, "src", "rank 0");
+  int64_t rows = Rows(args.src), src_cols = args.src.dim(-1), dst_cols = args.dst.dim(-1);
+  if (Rows(args.dst) != rows) {
+    return Invalid(kOp, "dst", absl::StrCat(args.dst.DebugString(), " has other rows than src ",
+                                            args.src.DebugString()));
+  }
+  if (args.width < 0 || args.src_col < 0 || args.src_col + args.width > src_cols) {
+    return Invalid(kOp, "src_col", absl::StrCat("columns [", args.src_col, ", ", args.src_col + args.width,
+                                                ") outside ", src_cols));
+  }
+  if (args.dst_col < 0 || args.dst_col + args.width > dst_cols) {
+    return Invalid(kOp, "dst_col", absl::StrCat("columns [", args.dst_col, ", ", args.dst_col + args.width,
+                                                ") outside ", dst_cols));
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = args.src.f32() + r * src_cols + args.src_col;
+    float* dst = args.dst.f32() + r * dst_cols + args.dst_col;
+    if (args.accumulate) {
+      for (int64_t j = 0; j < args.width; ++j) dst[j] += src[j];
+    } else {
+      std::memcpy(dst, src, static_cast<size_t>(args.width) * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status CheckConv(std::string_view op, const SequenceBatch& batch, const Conv1dArgs& args,
+                       int64_t* channels, int64_t* width) {
+  LAIR_RETURN_IF_ERROR(CheckTensor(op, "x", args.x, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckTensor(op, "weight", args.weight, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckTensor(op, "state", args.state, DType::kF32, 3));
+  *channels = args.x.dim(1);
+  *width = args.weight.dim(1);
+  if (*width < 1) return Invalid(op, "weight", "kernel width must be positive");
+  LAIR_RETURN_IF_ERROR(CheckShape(op, "weight", args.weight, {*channels, *width}));
+  LAIR_RETURN_IF_ERROR(CheckShape(op, "state", args.state, {args.state.dim(0), *channels, *width - 1}));
+  if (args.bias.defined()) {
+    LAIR_RETURN_IF_ERROR(CheckTensor(op, "bias", args.bias, DType::kF32, 1));
+    LAIR_RETURN_IF_ERROR(CheckShape(op, "bias", args.bias, {*channels}));
+  }
+  return CheckBatch(op, batch, args.x.dim(0), args.state.dim(0));
+}
+
+// The convolution input at local time `t` (negative: from the window) of a
+// sequence whose new tokens start at row `begin` of x.
+float ConvInput(const Conv1dArgs& args, bool zero_window, const float* window, int64_t begin,
+                int64_t t, int64_t c, int64_t channels, int64_t width) {
+  if (t >= 0) return args.x.f32()[(begin + t) * channels + c];
+  if (zero_window) return 0.0f;
+  return window[c * (width - 1) + (width - 1 + t)];
+}
+
+}  // namespace
+
+absl::Status Conv1dCpu(const SequenceBatch& batch, const Conv1dArgs& args) {
+  constexpr std::string_view kOp = "Conv1d";
+  int64_t channels, width;
+  LAIR_RETURN_IF_ERROR(CheckConv(kOp, batch, args, &channels, &width));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "y", args.y, args.x.shape()));
+  int64_t slot_size = channels * (width - 1);
+  std::vector<float> next(slot_size);
+  for (int s = 0; s < batch.num_seqs; ++s) {
+    int64_t begin = batch.cu_seqlens[s], len = batch.cu_seqlens[s + 1] - begin;
+    float* window = args.state.f32() + batch.state_slot[s] * slot_size;
+    for (int64_t t = 0; t < len; ++t) {
+      for (int64_t c = 0; c < channels; ++c) {
+        double acc = args.bias.defined() ? args.bias.f32()[c] : 0.0;
+        for (int64_t i = 0; i < width; ++i) {
+          acc += static_cast<double>(args.weight.f32()[c * width + i]) *
+                 ConvInput(args, batch.zero_initial_state, window, begin, t - (width - 1) + i, c,
+                           channels, width);
+        }
+        float pre = static_cast<float>(acc);
+        args.y.f32()[(begin + t) * channels + c] = args.silu ? Silu(pre) : pre;
+      }
+    }
+    for (int64_t c = 0; c < channels; ++c) {
+      for (int64_t i = 0; i < width - 1; ++i) {
+        next[c * (width - 1) + i] = ConvInput(args, batch.zero_initial_state, window, begin,
+                                              len - (width - 1) + i, c, channels, width);
+      }
+    }
+    std::memcpy(window, next.data(), static_cast<size_t>(slot_size) * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Conv1dBackwardCpu(const SequenceBatch& batch, const Conv1dBackwardArgs& args) {
+  constexpr std::string_view kOp = "Conv1dBackward";
+  const Conv1dArgs& fwd = args.fwd;
+  int64_t channels, width;
+  LAIR_RETURN_IF_ERROR(CheckConv(kOp, batch, fwd, &channels, &width));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_y", args.d_y, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_y", args.d_y, fwd.x.shape()));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dx", args.dx, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dx", args.dx, fwd.x.shape()));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_weight", args.d_weight, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_weight", args.d_weight, fwd.weight.shape()));
+  if (args.d_bias.defined()) {
+    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_bias", args.d_bias, DType::kF32, 1));
+    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_bias", args.d_bias, {channels}));
+  }
+  int64_t slot_size = channels * (width - 1);
+  std::fill(args.dx.f32(), args.dx.f32() + args.dx.numel(), 0.0f);
+  std::vector<double> d_weight(channels * width, 0.0), d_bias(channels, 0.0);
+  for (int s = 0; s < batch.num_seqs; ++s) {
+    int64_t begin = batch.cu_seqlens[s], len = batch.cu_seqlens[s + 1] - begin;
+    const float* window = fwd.state.f32() + batch.state_slot[s] * slot_size;
+    for (int64_t t = 0; t < len; ++t) {
+      for (int64_t c = 0; c < channels; ++c) {
+        float dpre = args.d_y.f32()[(begin + t) * channels + c];
+        if (fwd.silu) {
+          double acc = fwd.bias.defined() ? fwd.bias.f32()[c] : 0.0;
+          for (int64_t i = 0; i < width; ++i) {
+            acc += static_cast<double>(fwd.weight.f32()[c * width + i]) *
+                   ConvInput(fwd, batch.zero_initial_state, window, begin, t - (width - 1) + i, c,
+                             channels, width);
+          }
+          dpre *= SiluGrad(static_cast<float>(acc));
+        }
+        d_bias[c] += dpre;
+        for (int64_t i = 0; i < width; ++i) {
+          int64_t src = t - (width - 1) + i;
+          d_weight[c * width + i] +=
+              static_cast<double>(dpre) *
+              ConvInput(fwd, batch.zero_initial_state, window, begin, src, c, channels, width);
+          if (src >= 0) args.dx.f32()[(begin + src) * channels + c] += dpre * fwd.weight.f32()[c * width + i];
+        }
+      }
+    }
+  }
+  for (int64_t i = 0; i < channels * width; ++i) args.d_weight.f32()[i] += static_cast<float>(d_weight[i]);
+  if (args.d_bias.defined()) {
+    for (int64_t c = 0; c < channels; ++c) args.d_bias.f32()[c] += static_cast<float>(d_bias[c]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RotaryCpu(const RotaryArgs& args) {
+  constexpr std::string_view kOp = "Rotary";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", args.x, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "positions", args.positions, DType::kI32, 1));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "y", args.y, args.x.shape()));
+  int64_t n = args.x.dim(0), heads = args.x.dim(1), dim = args.x.dim(2);
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "positions", args.positions, {n}));
+  if (args.rotary_dim <= 0 || args.rotary_dim % 2 != 0 || args.rotary_dim > dim) {
+    return Invalid(kOp, "rotary_dim", absl::StrCat(args.rotary_dim, " must be even and in (0, ", dim, "]"));
+  }
+  int64_t half = args.rotary_dim / 2;
+  std::vector<float> inv_freq(half);
+  for (int64_t i = 0; i < half; ++i) {
+    inv_freq[i] = 1.0f / std::pow(args.theta, static_cast<float>(2 * i) / static_cast<float>(args.rotary_dim));
+  }
+  std::vector<float> cos_t(half), sin_t(half), row(dim);
+  for (int64_t t = 0; t < n; ++t) {
+    float pos = static_cast<float>(args.positions.data<int32_t>()[t]);
+    for (int64_t i = 0; i < half; ++i) {
+      float angle = pos * inv_freq[i];
+      cos_t[i] = std::cos(angle);
+      sin_t[i] = args.inverse ? -std::sin(angle) : std::sin(angle);
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* x = args.x.f32() + (t * heads + h) * dim;
+      std::memcpy(row.data(), x, static_cast<size_t>(dim) * sizeof(float));
+      float* y = args.y.f32() + (t * heads + h) * dim;
+      for (int64_t i = 0; i < half; ++i) {
+        int64_t i0 = args.interleaved ? 2 * i : i;
+        int64_t i1 = args.interleaved ? 2 * i + 1 : i + half;
+        float x0 = row[i0], x1 = row[i1];
+        y[i0] = x0 * cos_t[i] - x1 * sin_t[i];
+        y[i1] = x0 * sin_t[i] + x1 * cos_t[i];
+      }
+      for (int64_t i = args.rotary_dim; i < dim; ++i) y[i] = row[i];
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status CheckAttention(std::string_view op, const AttentionArgs& args, int64_t* n) {
+  LAIR_RETURN_IF_ERROR(CheckTensor(op, "q", args.q, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckTensor(op, "k", args.k, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckTensor(op, "v", args.v, DType::kF32, 3));
+  if (args.heads <= 0 || args.kv_heads <= 0 || args.heads % args.kv_heads != 0) {
+    return Invalid(op, "kv_heads", absl::StrCat(args.kv_heads, " must divide heads ", args.heads));
+  }
+  *n = args.q.dim(0);
+  LAIR_RETURN_IF_ERROR(CheckShape(op, "q", args.q, {*n, args.heads, args.head_dim}));
+  LAIR_RETURN_IF_ERROR(CheckShape(op, "k", args.k, {*n, args.kv_heads, args.head_dim}));
+  LAIR_RETURN_IF_ERROR(CheckShape(op, "v", args.v, {*n, args.kv_heads, args.head_dim}));
+  return absl::OkStatus();
+}
+
+double Dot(const float* a, const float* b, int64_t n) {
+  double acc = 0;
+  for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(a[i]) * b[i];
+  return acc;
+}
+
+}  // namespace
+
+absl::Status AttentionCpu(const SequenceBatch& batch, const AttentionArgs& args) {
+  constexpr std::string_view kOp = "Attention";
+  int64_t n;
+  LAIR_RETURN_IF_ERROR(CheckAttention(kOp, args, &n));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "o", args.o, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "o", args.o, args.q.shape()));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "k_cache", args.k_cache, DType::kF32, 4));
+  int64_t slots = args.k_cache.dim(0), max_context = args.k_cache.dim(1);
+  LAIR_RETURN_IF_ERROR(
+      CheckShape(kOp, "k_cache", args.k_cache, {slots, max_context, args.kv_heads, args.head_dim}));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "v_cache", args.v_cache, DType::kF32, 4));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "v_cache", args.v_cache, args.k_cache.shape()));
+  LAIR_RETURN_IF_ERROR(CheckBatch(kOp, batch, n, slots));
+  if (static_cast<int>(args.start_positions.size()) != batch.num_seqs) {
+    return Invalid(kOp, "start_positions", "expected one per sequence");
+  }
+  for (int s = 0; s < batch.num_seqs; ++s) {
+    int64_t end = static_cast<int64_t>(args.start_positions[s]) + batch.cu_seqlens[s + 1] - batch.cu_seqlens[s];
+    if (args.start_positions[s] < 0 || end > max_context) {
+      return Invalid(kOp, "start_positions",
+                     absl::StrCat("sequence ", s, " would fill cache rows up to ", end,
+                                  ", past max_context ", max_context));
+    }
+  }
+  const int64_t d = args.head_dim, group = args.heads / args.kv_heads;
+  const int64_t kv_row = args.kv_heads * d;
+  std::vector<double> scores;
+  std::vector<double> acc(d);
+  for (int s = 0; s < batch.num_seqs; ++s) {
+    int64_t begin = batch.cu_seqlens[s], len = batch.cu_seqlens[s + 1] - begin;
+    int64_t start = args.start_positions[s];
+    float* k_cache = args.k_cache.f32() + batch.state_slot[s] * max_context * kv_row;
+    float* v_cache = args.v_cache.f32() + batch.state_slot[s] * max_context * kv_row;
+    std::memcpy(k_cache + start * kv_row, args.k.f32() + begin * kv_row,
+                static_cast<size_t>(len * kv_row) * sizeof(float));
+    std::memcpy(v_cache + start * kv_row, args.v.f32() + begin * kv_row,
+                static_cast<size_t>(len * kv_row) * sizeof(float));
+    for (int64_t t = 0; t < len; ++t) {
+      int64_t visible = start + t + 1;
+      scores.resize(visible);
+      for (int64_t h = 0; h < args.heads; ++h) {
+        int64_t kvh = h / group;
+        const float* q = args.q.f32() + ((begin + t) * args.heads + h) * d;
+        double max_score = -INFINITY;
+        for (int64_t j = 0; j < visible; ++j) {
+          scores[j] = args.scale * Dot(q, k_cache + j * kv_row + kvh * d, d);
+          max_score = std::max(max_score, scores[j]);
+        }
+        double denom = 0;
+        for (int64_t j = 0; j < visible; ++j) {
+          scores[j] = std::exp(scores[j] - max_score);
+          denom += scores[j];
+        }
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j < visible; ++j) {
+          const float* v = v_cache + j * kv_row + kvh * d;
+          for (int64_t i = 0; i < d; ++i) acc[i] += scores[j] * v[i];
+        }
+        float* o = args.o.f32() + ((begin + t) * args.heads + h) * d;
+        for (int64_t i = 0; i < d; ++i) o[i] = static_cast<float>(acc[i] / denom);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AttentionBackwardCpu(const SequenceBatch& batch, const AttentionBackwardArgs& args) {
+  constexpr std::string_view kOp = "AttentionBackward";
+  const AttentionArgs& fwd = args.fwd;
+  int64_t n;
+  LAIR_RETURN_IF_ERROR(CheckAttention(kOp, fwd, &n));
+  LAIR_RETURN_IF_ERROR(CheckBatch(kOp, batch, n, -1));
+  for (int32_t start : fwd.start_positions) {
+    if (start != 0) return Invalid(kOp, "start_positions", "the backward needs every start at 0");
+  }
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_o", args.d_o, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_o", args.d_o, fwd.q.shape()));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dq", args.dq, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dq", args.dq, fwd.q.shape()));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dk", args.dk, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dk", args.dk, fwd.k.shape()));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dv", args.dv, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dv", args.dv, fwd.v.shape()));
+  const int64_t d = fwd.head_dim, group = fwd.heads / fwd.kv_heads;
+  const int64_t q_row = fwd.heads * d, kv_row = fwd.kv_heads * d;
+  std::vector<double> dq_acc(d), dk_acc(n * kv_row, 0.0), dv_acc(n * kv_row, 0.0);
+  std::vector<double> p, dp;
+  for (int s = 0; s < batch.num_seqs; ++s) {
+    int64_t begin = batch.cu_seqlens[s], len = batch.cu_seqlens[s + 1] - begin;
+    for (int64_t t = 0; t < len; ++t) {
+      int64_t row = begin + t, visible = t + 1;
+      p.resize(visible);
+      dp.resize(visible);
+      for (int64_t h = 0; h < fwd.heads; ++h) {
+        int64_t kvh = h / group;
+        const float* q = fwd.q.f32() + row * q_row + h * d;
+        const float* d_o = args.d_o.f32() + row * q_row + h * d;
+        double max_score = -INFINITY;
+        for (int64_t j = 0; j < visible; ++j) {
+          p[j] = fwd.scale * Dot(q, fwd.k.f32() + (begin + j) * kv_row + kvh * d, d);
+          max_score = std::max(max_score, p[j]);
+        }
+        double denom = 0;
+        for (int64_t j = 0; j < visible; ++j) {
+          p[j] = std::exp(p[j] - max_score);
+          denom += p[j];
+        }
+        double p_dot_dp = 0;
+        for (int64_t j = 0; j < visible; ++j) {
+          p[j] /= denom;
+          dp[j] = Dot(d_o, fwd.v.f32() + (begin + j) * kv_row + kvh * d, d);
+          p_dot_dp += p[j] * dp[j];
+        }
+        std::fill(dq_acc.begin(), dq_acc.end(), 0.0);
+        for (int64_t j = 0; j < visible; ++j) {
+          double ds = p[j] * (dp[j] - p_dot_dp) * fwd.scale;
+          const float* k = fwd.k.f32() + (begin + j) * kv_row + kvh * d;
+          double* dk = dk_acc.data() + (begin + j) * kv_row + kvh * d;
+          double* dv = dv_acc.data() + (begin + j) * kv_row + kvh * d;
+          for (int64_t i = 0; i < d; ++i) {
+            dq_acc[i] += ds * k[i];
+            dk[i] += ds * q[i];
+            dv[i] += p[j] * d_o[i];
+          }
+        }
+        float* dq = args.dq.f32() + row * q_row + h * d;
+        for (int64_t i = 0; i < d; ++i) dq[i] = static_cast<float>(dq_acc[i]);
+      }
+    }
+  }
+  for (int64_t i = 0; i < n * kv_row; ++i) {
+    args.dk.f32()[i] = static_cast<float>(dk_acc[i]);
+    args.dv.f32()[i] = static_cast<float>(dv_acc[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CrossEntropyCpu(const CrossEntropyArgs& args) {
+  constexpr std::string_view kOp = "CrossEntropy";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "logits", args.logits, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "targets", args.targets, DType::kI32, 1));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "losses", args.losses, DType::kF32, 1));
+  int64_t n = args.logits.dim(0), vocab = args.logits.dim(1);
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "targets", args.targets, {n}));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "losses", args.losses, {n}));
+  if (args.d_logits.defined()) {
+    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_logits", args.d_logits, DType::kF32, 2));
+    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_logits", args.d_logits, args.logits.shape()));
+  }
+  const int32_t* targets = args.targets.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (targets[i] < 0 || targets[i] >= vocab) {
+      return Invalid(kOp, "targets", absl::StrCat("target ", targets[i], " at ", i, " outside [0, ", vocab, ")"));
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float* x = args.logits.f32() + i * vocab;
+    double max_logit = *std::max_element(x, x + vocab);
+    double sum = 0;
+    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(x[j] - max_logit);
+    double lse = max_logit + std::log(sum);
+    args.losses.f32()[i] = static_cast<float>(lse - x[targets[i]]);
+    if (args.d_logits.defined()) {
+      float* dx = args.d_logits.f32() + i * vocab;
+      for (int64_t j = 0; j < vocab; ++j) {
+        double p = std::exp(x[j] - lse) - (j == targets[i] ? 1.0 : 0.0);
+        dx[j] = static_cast<float>(args.grad_scale * p);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace lair::kernels::cpu

@@ -1,0 +1,750 @@
+// CudaBackend: validation, memory and the mapping of each mixer onto the
+// generic scans of kernels/cuda/scan.h.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <initializer_list>
+#include <cmath>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/scan.h"
+
+namespace lair::kernels {
+namespace {
+
+using cuda::ElemType;
+using cuda::LogGate;
+using cuda::Operand;
+using cuda::ScanParams;
+using cuda::StateRef;
+
+absl::Status CudaStatus(cudaError_t err, std::string_view what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("CUDA ", std::string(what), ": ", cudaGetErrorString(err)));
+}
+
+// The stream outlives every tensor allocated on it (deleters hold it).
+struct StreamHolder {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  ~StreamHolder() {
+    if (stream) {
+      cudaSetDevice(device);
+      cudaStreamSynchronize(stream);
+      cudaStreamDestroy(stream);
+    }
+  }
+};
+
+bool IsFloat(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
+
+ElemType Elem(DType d) {
+  switch (d) {
+    case DType::kBF16:
+      return ElemType::kBF16;
+    case DType::kF16:
+      return ElemType::kF16;
+    default:
+      return ElemType::kF32;
+  }
+}
+
+Operand Op(const Tensor& t) { return Operand{t.raw(), Elem(t.dtype())}; }
+
+// A defined CUDA tensor of exactly `shape`, float dtype (F32 only when f32_only).
+absl::Status CheckTensor(const Tensor& t, const Shape& shape, std::string_view what,
+                         bool f32_only) {
+  if (!t.defined()) return absl::InvalidArgumentError(absl::StrCat(std::string(what), " is undefined"));
+  if (t.device() != Device::kCuda)
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), " is not on the CUDA device"));
+  LAIR_RETURN_IF_ERROR(ExpectShape(t, shape, what));
+  if (f32_only ? t.dtype() != DType::kF32 : !IsFloat(t.dtype()))
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), " has dtype ",
+                                                   std::string(DTypeName(t.dtype()))));
+  return absl::OkStatus();
+}
+
+// Offsets and slots in device memory, plus what the host learned from them.
+struct DeviceBatch {
+  const int32_t* cu_seqlens = nullptr;
+  const int32_t* slots = nullptr;
+  int64_t tokens = 0;
+  int max_len = 0;
+  Tensor keep_offsets, keep_slots;  // uploads made here
+};
+
+LogGate Gate(const Tensor& t, int token_stride, int head_stride) {
+  LogGate g;
+  g.ptr = t.defined() ? t.f32() : nullptr;
+  g.token_stride = token_stride;
+  g.head_stride = head_stride;
+  return g;
+}
+
+LogGate Shifted(LogGate g) {
+  g.shift = true;
+  return g;
+}
+
+class CudaBackend : public Backend {
+ public:
+  explicit CudaBackend(std::shared_ptr<StreamHolder> stream, std::string name)
+      : stream_(std::move(stream)), name_(std::move(name)), cpu_(MakeCpuBackend()) {}
+
+  Device device() const override { return Device::kCuda; }
+  std::string Name() const override { return name_; }
+
+  absl::StatusOr<Tensor> Allocate(DType dtype, Shape shape) override {
+    LAIR_ASSIGN_OR_RETURN(Tensor t, Uninitialized(dtype, std::move(shape)));
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(t.raw(), 0, t.nbytes(), s()), "memset"));
+    return t;
+  }
+
+  absl::StatusOr<Tensor> Upload(const Tensor& host, DType dtype) override {
+    if (host.device() != Device::kCpu) return absl::InvalidArgumentError("Upload needs a host tensor");
+    Tensor src = host;
+    if (host.dtype() != dtype) {
+      if (!IsFloat(host.dtype()) || !IsFloat(dtype))
+        return absl::InvalidArgumentError("Upload converts between float dtypes only");
+      const Tensor f = host.ToF32();
+      src = Tensor::Zeros(dtype, host.shape());
+      const float* in = f.f32();
+      for (int64_t i = 0; i < f.numel(); ++i) {
+        if (dtype == DType::kF32) {
+          src.f32()[i] = in[i];
+        } else if (dtype == DType::kBF16) {
+          src.data<uint16_t>()[i] = FloatToBF16(in[i]);
+        } else {
+          src.data<uint16_t>()[i] = FloatToF16(in[i]);
+        }
+      }
+    }
+    LAIR_ASSIGN_OR_RETURN(Tensor t, Uninitialized(dtype, host.shape()));
+    LAIR_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(t.raw(), src.raw(), t.nbytes(), cudaMemcpyHostToDevice, s()), "upload"));
+    // The host copy must stay alive until the copy ran.
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(s()), "upload"));
+    return t;
+  }
+
+  absl::StatusOr<Tensor> Download(const Tensor& device_tensor) override {
+    if (device_tensor.device() != Device::kCuda)
+      return absl::InvalidArgumentError("Download needs a CUDA tensor");
+    Tensor host = Tensor::Zeros(device_tensor.dtype(), device_tensor.shape());
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(host.raw(), device_tensor.raw(), host.nbytes(),
+                                                    cudaMemcpyDeviceToHost, s()),
+                                    "download"));
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(s()), "download"));
+    return host;
+  }
+
+  absl::Status Copy(const Tensor& src, const Tensor& dst) override {
+    if (src.device() != Device::kCuda || dst.device() != Device::kCuda || src.dtype() != dst.dtype() ||
+        src.numel() != dst.numel())
+      return absl::InvalidArgumentError(
+          absl::StrCat("Copy ", src.DebugString(), " to ", dst.DebugString()));
+    return CudaStatus(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, s()),
+                      "copy");
+  }
+
+  absl::Status Synchronize() override { return CudaStatus(cudaStreamSynchronize(s()), "synchronize"); }
+
+  absl::Status DecayForward(const SequenceBatch& batch, const DecayForwardArgs& a,
+                            MixerForm form) override {
+    LAIR_ASSIGN_OR_RETURN(DeviceBatch db, CheckDecay(batch, a));
+    ScanParams p = DecayScan(db, batch, a);
+    const StateRef pool = Pool(a.state, db.slots, a.key_dim, a.value_dim);
+    p.s_init = batch.zero_initial_state ? StateRef{} : pool;
+    p.s_final = pool;
+    p.o = a.o.raw();
+    p.o_type = Elem(a.o.dtype());
+    return Run(p, db, batch, form, "decay forward");
+  }
+
+  absl::Status DecayBackward(const SequenceBatch& batch, const DecayBackwardArgs& b) override {
+    const DecayForwardArgs& a = b.fwd;
+    LAIR_ASSIGN_OR_RETURN(DeviceBatch db, CheckDecay(batch, a));
+    const int64_t n = db.tokens;
+    const int H = a.heads, K = a.key_dim, V = a.value_dim, S = batch.num_seqs;
+    LAIR_RETURN_IF_ERROR(CheckTensor(b.d_o, {n, H, V}, "d_o", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(b.dq, {n, H, K}, "dq", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(b.dk, {n, H, K}, "dk", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(b.dv, {n, H, V}, "dv", false));
+    if (b.d_ht.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_ht, {S, H, K, V}, "d_ht", true));
+    if (b.dh0.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.dh0, {S, H, K, V}, "dh0", true));
+    switch (a.kind) {
+      case DecayKind::kConstant:
+        LAIR_RETURN_IF_ERROR(CheckTensor(b.d_log_gamma, {H}, "d_log_gamma", true));
+        break;
+      case DecayKind::kScalar:
+        LAIR_RETURN_IF_ERROR(CheckTensor(b.dg, {n, H}, "dg", true));
+        break;
+      case DecayKind::kLeftRight:
+        LAIR_RETURN_IF_ERROR(CheckTensor(b.dgv, {n, H, V}, "dgv", true));
+        [[fallthrough]];
+      case DecayKind::kVector:
+        LAIR_RETURN_IF_ERROR(CheckTensor(b.dgk, {n, H, K}, "dgk", true));
+        break;
+      case DecayKind::kNone:
+        break;
+    }
+    const bool right = a.kind == DecayKind::kLeftRight;
+    const bool decay_grads = a.kind != DecayKind::kNone;
+    const StateRef pool = Pool(a.state, db.slots, K, V);
+
+    // Forward again for s_n (the final-state term) and o (the right-decay term).
+    Tensor s_n, o_f;
+    if (decay_grads && (b.d_ht.defined() || right)) {
+      LAIR_ASSIGN_OR_RETURN(s_n, Uninitialized(DType::kF32, {S, H, K, V}));
+      LAIR_ASSIGN_OR_RETURN(o_f, Uninitialized(DType::kF32, {n, H, V}));
+      ScanParams p = DecayScan(db, batch, a);
+      p.s_init = batch.zero_initial_state ? StateRef{} : pool;
+      p.s_final = Dense(s_n.f32(), V);
+      p.o = o_f.raw();
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(p, s()), "decay backward (forward pass)"));
+    }
+
+    // The gates of each permutation; scalar decays commute, so they stay on the left.
+    const bool left_vec = a.kind == DecayKind::kVector || a.kind == DecayKind::kLeftRight;
+    const LogGate L = LeftGate(a);
+    const LogGate R = right ? Gate(a.gv, H * V, V) : LogGate{};
+    LAIR_ASSIGN_OR_RETURN(Tensor dq_f, Uninitialized(DType::kF32, {n, H, K}));
+    LAIR_ASSIGN_OR_RETURN(Tensor dk_f, Uninitialized(DType::kF32, {n, H, K}));
+    LAIR_ASSIGN_OR_RETURN(Tensor dv_f, Uninitialized(DType::kF32, {n, H, V}));
+
+    // dQ = f(dO, V, K, R, L), starting from s0ᵀ.
+    {
+      ScanParams p = Base(db, batch, H, V, K);
+      p.q = Op(b.d_o);
+      p.q_scale = a.scale;
+      p.k = Op(a.v);
+      p.v = Op(a.k);
+      if (left_vec) {
+        p.left = R;
+        p.left_vector = right;
+        p.right = L;
+      } else {
+        p.left = L;
+      }
+      if (!batch.zero_initial_state) p.s_init = Transposed(pool, V);
+      p.o = dq_f.raw();
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(p, s()), "decay backward dq"));
+    }
+    // dV = f(K, Q, dO, L+, R+, reverse) from dS_n; its last state is G_1.
+    Tensor g1;
+    {
+      ScanParams p = Base(db, batch, H, K, V);
+      p.reverse = true;
+      p.q = Op(a.k);
+      p.k = Op(a.q);
+      p.k_scale = a.scale;
+      p.v = Op(b.d_o);
+      p.left = Shifted(L);
+      p.left_vector = left_vec;
+      if (right) p.right = Shifted(R);
+      if (b.d_ht.defined()) p.s_init = Dense(b.d_ht.f32(), V);
+      if (b.dh0.defined()) {
+        LAIR_ASSIGN_OR_RETURN(g1, Uninitialized(DType::kF32, {S, H, K, V}));
+        p.s_final = Dense(g1.f32(), V);
+      }
+      p.o = dv_f.raw();
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(p, s()), "decay backward dv"));
+    }
+    // dK = f(V, dO, Q, R+, L+, reverse) from dS_nᵀ.
+    {
+      ScanParams p = Base(db, batch, H, V, K);
+      p.reverse = true;
+      p.q = Op(a.v);
+      p.k = Op(b.d_o);
+      p.k_scale = a.scale;
+      p.v = Op(a.q);
+      if (left_vec) {
+        if (right) p.left = Shifted(R);
+        p.left_vector = right;
+        p.right = Shifted(L);
+      } else {
+        p.left = Shifted(L);
+      }
+      if (b.d_ht.defined()) p.s_init = Transposed(Dense(b.d_ht.f32(), V), V);
+      p.o = dk_f.raw();
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(p, s()), "decay backward dk"));
+    }
+    if (b.dh0.defined()) {
+      LAIR_RETURN_IF_ERROR(CudaStatus(
+          cuda::LaunchScaleByFirstDecay(g1.f32(), S, H, K, V, db.cu_seqlens, L, left_vec, R,
+                                        b.dh0.f32(), s()),
+          "decay backward dh0"));
+    }
+    // Decay gradients: reverse cumsums of q⊙dq − k⊙dk (and o⊙do − v⊙dv).
+    if (decay_grads) {
+      cuda::DecayGradParams g;
+      g.num_seqs = S;
+      g.heads = H;
+      g.tokens = n;
+      g.cu_seqlens = db.cu_seqlens;
+      g.dim = K;
+      g.other = V;
+      g.x = Op(a.q);
+      g.dx = Op(dq_f);
+      g.y = Op(a.k);
+      g.dy = Op(dk_f);
+      if (b.d_ht.defined()) {
+        g.d_state = b.d_ht.f32();
+        g.state = s_n.f32();
+      }
+      g.reduce_features = !left_vec;
+      Tensor dg_all;
+      if (a.kind == DecayKind::kConstant) {
+        LAIR_ASSIGN_OR_RETURN(dg_all, Uninitialized(DType::kF32, {n, H}));
+        g.out = dg_all.f32();
+      } else {
+        g.out = left_vec ? b.dgk.f32() : b.dg.f32();
+      }
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchDecayGrad(g, s()), "decay backward dg"));
+      if (a.kind == DecayKind::kConstant) {
+        LAIR_RETURN_IF_ERROR(CudaStatus(
+            cuda::LaunchSumTokens(dg_all.f32(), n, H, b.d_log_gamma.f32(), s()), "d_log_gamma"));
+      }
+      if (right) {
+        g.dim = V;
+        g.other = K;
+        g.transposed = true;
+        g.x = Operand{o_f.raw(), ElemType::kF32};
+        g.dx = Op(b.d_o);
+        g.y = Op(a.v);
+        g.dy = Op(dv_f);
+        g.out = b.dgv.f32();
+        LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchDecayGrad(g, s()), "decay backward dgv"));
+      }
+    }
+    LAIR_RETURN_IF_ERROR(ConvertInto(dq_f, b.dq));
+    LAIR_RETURN_IF_ERROR(ConvertInto(dk_f, b.dk));
+    return ConvertInto(dv_f, b.dv);
+  }
+
+  absl::Status GsaForward(const SequenceBatch& batch, const GsaForwardArgs& a,
+                          MixerForm /*form*/) override {
+    LAIR_ASSIGN_OR_RETURN(DeviceBatch db, Prepare(batch, a.q));
+    const int64_t n = db.tokens;
+    const int H = a.heads, K = a.key_dim, V = a.value_dim, M = a.num_slots_m;
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.q, {n, H, K}, "q", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.k, {n, H, K}, "k", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.v, {n, H, V}, "v", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.s, {n, H, M}, "s", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.g, {n, H, M}, "g", true));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.o, {n, H, V}, "o", false));
+    LAIR_RETURN_IF_ERROR(CheckPool(a.state_k, H, K, M, batch, "state_k"));
+    LAIR_RETURN_IF_ERROR(CheckPool(a.state_v, H, M, V, batch, "state_v"));
+    if (K > 128 || M > 128 || K % 4 != 0 || M % 4 != 0)
+      return absl::InvalidArgumentError("GSA on CUDA needs key_dim and num_slots_m ≤ 128, multiples of 4");
+    LAIR_ASSIGN_OR_RETURN(Tensor z, Uninitialized(DType::kF32, {n, H, M}));
+    // Pass 1: Hk_t = Hk_{t-1} diag(e^{g_t}) + k_t s_tᵀ, z_t = scale·Hk_tᵀq_t.
+    {
+      ScanParams p = Base(db, batch, H, K, M);
+      p.q = Op(a.q);
+      p.q_scale = a.scale;
+      p.k = Op(a.k);
+      p.v = Op(a.s);
+      p.right = Gate(a.g, H * M, M);
+      const StateRef pool = Pool(a.state_k, db.slots, K, M);
+      p.s_init = batch.zero_initial_state ? StateRef{} : pool;
+      p.s_final = pool;
+      p.o = z.raw();
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(p, s()), "gsa pass 1"));
+    }
+    LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchSoftmaxRows(z.f32(), n * H, M, s()), "gsa softmax"));
+    // Pass 2: Hv_t = diag(e^{g_t}) Hv_{t-1} + s_t v_tᵀ, o_t = Hv_tᵀ p_t.
+    ScanParams p = Base(db, batch, H, M, V);
+    p.q = Operand{z.raw(), ElemType::kF32};
+    p.k = Op(a.s);
+    p.v = Op(a.v);
+    p.left = Gate(a.g, H * M, M);
+    p.left_vector = true;
+    const StateRef pool = Pool(a.state_v, db.slots, M, V);
+    p.s_init = batch.zero_initial_state ? StateRef{} : pool;
+    p.s_final = pool;
+    p.o = a.o.raw();
+    p.o_type = Elem(a.o.dtype());
+    return CudaStatus(cuda::LaunchScan(p, s()), "gsa pass 2");
+  }
+
+  absl::Status GsaBackward(const SequenceBatch&, const GsaBackwardArgs&) override {
+    return absl::UnimplementedError("GSA backward is not implemented on CUDA yet");
+  }
+
+  absl::Status MlstmForward(const SequenceBatch& batch, const MlstmForwardArgs& a,
+                            MixerForm form) override {
+    LAIR_ASSIGN_OR_RETURN(DeviceBatch db, Prepare(batch, a.q));
+    const int64_t n = db.tokens;
+    const int H = a.heads, K = a.key_dim, V = a.value_dim;
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.q, {n, H, K}, "q", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.k, {n, H, K}, "k", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.v, {n, H, V}, "v", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.i, {n, H}, "i", true));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.f, {n, H}, "f", true));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.h, {n, H, V}, "h", false));
+    LAIR_RETURN_IF_ERROR(CheckPool(a.state_c, H, K, V, batch, "state_c"));
+    const int64_t slots = a.state_c.dim(0);
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.state_n, {slots, H, K}, "state_n", true));
+    const bool exp_gate = a.kind == MlstmKind::kExp;
+    if (exp_gate) LAIR_RETURN_IF_ERROR(CheckTensor(a.state_m, {slots, H}, "state_m", true));
+    if (K > 128 || K % 4 != 0) return absl::InvalidArgumentError("mLSTM on CUDA needs key_dim ≤ 128, multiple of 4");
+
+    ScanParams p = Base(db, batch, H, K, V);
+    p.q = Op(a.q);
+    p.q_scale = 1.0f / std::sqrt(static_cast<float>(K));
+    p.k = Op(a.k);
+    p.v = Op(a.v);
+    p.left = Gate(a.f, H, 1);
+    p.left.fn = cuda::GateFn::kLogSigmoid;
+    p.key_weight = Gate(a.i, H, 1);
+    p.key_weight.fn = exp_gate ? cuda::GateFn::kIdentity : cuda::GateFn::kLogSigmoid;
+    p.stabilize = exp_gate;
+    p.norm = a.kind == MlstmKind::kExp      ? cuda::NormKind::kMlstmExp
+             : a.kind == MlstmKind::kSigNorm ? cuda::NormKind::kSigNorm
+                                             : cuda::NormKind::kNone;
+    p.eps = a.eps;
+    const StateRef pool = Pool(a.state_c, db.slots, K, V);
+    p.s_init = batch.zero_initial_state ? StateRef{} : pool;
+    p.s_final = pool;
+    // n and m are read by every dv tile and written by tile 0: read copies.
+    Tensor n0, m0;
+    if (!batch.zero_initial_state) {
+      LAIR_ASSIGN_OR_RETURN(n0, Uninitialized(DType::kF32, a.state_n.shape()));
+      LAIR_RETURN_IF_ERROR(Copy(a.state_n, n0));
+      p.n_init = n0.f32();
+      if (exp_gate) {
+        LAIR_ASSIGN_OR_RETURN(m0, Uninitialized(DType::kF32, a.state_m.shape()));
+        LAIR_RETURN_IF_ERROR(Copy(a.state_m, m0));
+        p.m_init = m0.f32();
+      }
+    }
+    p.n_final = a.state_n.f32();
+    if (exp_gate) p.m_final = a.state_m.f32();
+    p.o = a.h.raw();
+    p.o_type = Elem(a.h.dtype());
+    return Run(p, db, batch, form, "mlstm forward");
+  }
+
+  absl::Status MlstmBackward(const SequenceBatch&, const MlstmBackwardArgs&) override {
+    return absl::UnimplementedError("mLSTM backward is not implemented on CUDA yet");
+  }
+
+  // --- Dense operations ---------------------------------------------------
+  // Run on the host through the CPU reference backend: the CUDA tensors are
+  // downloaded, the op runs in fp32 there, the outputs are copied back. Correct
+  // and synchronous, not fast (a host round trip per call).
+  absl::Status Gemm(const GemmArgs& a) override {
+    GemmArgs h = a;
+    return OnHost({&h.a, &h.b, &h.c, &h.bias}, {{&a.c, &h.c}}, [&] { return cpu_->Gemm(h); });
+  }
+  absl::Status Embedding(const EmbeddingArgs& a) override {
+    EmbeddingArgs h = a;
+    return OnHost({&h.table, &h.ids, &h.out}, {{&a.out, &h.out}}, [&] { return cpu_->Embedding(h); });
+  }
+  absl::Status EmbeddingBackward(const EmbeddingBackwardArgs& a) override {
+    EmbeddingBackwardArgs h = a;
+    return OnHost({&h.ids, &h.d_out, &h.d_table}, {{&a.d_table, &h.d_table}},
+                  [&] { return cpu_->EmbeddingBackward(h); });
+  }
+  absl::Status Norm(const NormArgs& a) override {
+    NormArgs h = a;
+    return OnHost({&h.x, &h.weight, &h.gate, &h.y}, {{&a.y, &h.y}}, [&] { return cpu_->Norm(h); });
+  }
+  absl::Status NormBackward(const NormBackwardArgs& a) override {
+    NormBackwardArgs h = a;
+    return OnHost({&h.fwd.x, &h.fwd.weight, &h.fwd.gate, &h.d_y, &h.dx, &h.d_weight, &h.d_gate},
+                  {{&a.dx, &h.dx}, {&a.d_weight, &h.d_weight}, {&a.d_gate, &h.d_gate}},
+                  [&] { return cpu_->NormBackward(h); });
+  }
+  absl::Status Unary(const UnaryArgs& a) override {
+    UnaryArgs h = a;
+    return OnHost({&h.x, &h.y}, {{&a.y, &h.y}}, [&] { return cpu_->Unary(h); });
+  }
+  absl::Status UnaryBackward(const UnaryBackwardArgs& a) override {
+    UnaryBackwardArgs h = a;
+    return OnHost({&h.fwd.x, &h.d_y, &h.dx}, {{&a.dx, &h.dx}}, [&] { return cpu_->UnaryBackward(h); });
+  }
+  absl::Status Binary(const BinaryArgs& a) override {
+    BinaryArgs h = a;
+    return OnHost({&h.a, &h.b, &h.y}, {{&a.y, &h.y}}, [&] { return cpu_->Binary(h); });
+  }
+  absl::Status ReduceSum(const ReduceSumArgs& a) override {
+    ReduceSumArgs h = a;
+    return OnHost({&h.x, &h.y}, {{&a.y, &h.y}}, [&] { return cpu_->ReduceSum(h); });
+  }
+  absl::Status CopyColumns(const CopyColumnsArgs& a) override {
+    CopyColumnsArgs h = a;
+    return OnHost({&h.src, &h.dst}, {{&a.dst, &h.dst}}, [&] { return cpu_->CopyColumns(h); });
+  }
+  absl::Status Conv1d(const SequenceBatch& batch, const Conv1dArgs& a) override {
+    Conv1dArgs h = a;
+    return OnHost({&h.x, &h.weight, &h.bias, &h.y, &h.state}, {{&a.y, &h.y}, {&a.state, &h.state}},
+                  [&] { return cpu_->Conv1d(HostBatch(batch), h); });
+  }
+  absl::Status Conv1dBackward(const SequenceBatch& batch, const Conv1dBackwardArgs& a) override {
+    Conv1dBackwardArgs h = a;
+    return OnHost({&h.fwd.x, &h.fwd.weight, &h.fwd.bias, &h.fwd.state, &h.d_y, &h.dx, &h.d_weight,
+                   &h.d_bias},
+                  {{&a.dx, &h.dx}, {&a.d_weight, &h.d_weight}, {&a.d_bias, &h.d_bias}},
+                  [&] { return cpu_->Conv1dBackward(HostBatch(batch), h); });
+  }
+  absl::Status Rotary(const RotaryArgs& a) override {
+    RotaryArgs h = a;
+    return OnHost({&h.x, &h.positions, &h.y}, {{&a.y, &h.y}}, [&] { return cpu_->Rotary(h); });
+  }
+  absl::Status Attention(const SequenceBatch& batch, const AttentionArgs& a) override {
+    AttentionArgs h = a;
+    h.start_positions_device = nullptr;
+    return OnHost({&h.q, &h.k, &h.v, &h.o, &h.k_cache, &h.v_cache},
+                  {{&a.o, &h.o}, {&a.k_cache, &h.k_cache}, {&a.v_cache, &h.v_cache}},
+                  [&] { return cpu_->Attention(HostBatch(batch), h); });
+  }
+  absl::Status AttentionBackward(const SequenceBatch& batch, const AttentionBackwardArgs& a) override {
+    AttentionBackwardArgs h = a;
+    h.fwd.start_positions_device = nullptr;
+    return OnHost({&h.fwd.q, &h.fwd.k, &h.fwd.v, &h.d_o, &h.dq, &h.dk, &h.dv},
+                  {{&a.dq, &h.dq}, {&a.dk, &h.dk}, {&a.dv, &h.dv}},
+                  [&] { return cpu_->AttentionBackward(HostBatch(batch), h); });
+  }
+  absl::Status CrossEntropy(const CrossEntropyArgs& a) override {
+    CrossEntropyArgs h = a;
+    return OnHost({&h.logits, &h.targets, &h.losses, &h.d_logits},
+                  {{&a.losses, &h.losses}, {&a.d_logits, &h.d_logits}},
+                  [&] { return cpu_->CrossEntropy(h); });
+  }
+
+ private:
+  cudaStream_t s() const { return stream_->stream; }
+
+  // Replaces each CUDA tensor in `mirror` by a host copy (float data as F32),
+  // runs `op`, then copies each (device, host) output pair back.
+  template <typename Op>
+  absl::Status OnHost(std::initializer_list<Tensor*> mirror,
+                      std::initializer_list<std::pair<const Tensor*, Tensor*>> outputs, Op op) {
+    for (Tensor* t : mirror) {
+      if (!t->defined() || t->device() != Device::kCuda) continue;
+      LAIR_ASSIGN_OR_RETURN(Tensor host, Download(*t));
+      *t = (host.dtype() == DType::kBF16 || host.dtype() == DType::kF16) ? host.ToF32() : host;
+    }
+    LAIR_RETURN_IF_ERROR(op());
+    for (const auto& [device, host] : outputs) {
+      if (!device->defined() || device->device() != Device::kCuda) continue;
+      if (host->nbytes() != device->nbytes())
+        return absl::InvalidArgumentError(absl::StrCat("output ", device->DebugString(), " is not F32"));
+      LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(device->raw(), host->raw(), host->nbytes(),
+                                                      cudaMemcpyHostToDevice, s()),
+                                      "dense output"));
+    }
+    return CudaStatus(cudaStreamSynchronize(s()), "dense op");
+  }
+
+  // The batch as the CPU backend sees it (host offsets only).
+  static SequenceBatch HostBatch(SequenceBatch batch) {
+    batch.cu_seqlens_device = nullptr;
+    batch.state_slot_device = nullptr;
+    return batch;
+  }
+
+
+  // Device memory freed on the stream when the last handle goes.
+  absl::StatusOr<Tensor> Uninitialized(DType dtype, Shape shape) {
+    const size_t bytes = static_cast<size_t>(ShapeNumel(shape)) * DTypeSize(dtype);
+    void* ptr = nullptr;
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaMallocAsync(&ptr, bytes > 0 ? bytes : 16, s()), "malloc"));
+    std::shared_ptr<StreamHolder> holder = stream_;
+    std::shared_ptr<void> owner(ptr, [holder](void* p) { cudaFreeAsync(p, holder->stream); });
+    return Tensor::Wrap(ptr, dtype, std::move(shape), Device::kCuda, std::move(owner));
+  }
+
+  absl::Status ConvertInto(const Tensor& src, const Tensor& dst) {
+    return CudaStatus(cuda::LaunchConvert(src.raw(), Elem(src.dtype()), dst.raw(), Elem(dst.dtype()),
+                                          src.numel(), s()),
+                      "convert");
+  }
+
+  // Checks the offsets and slots on the host and finds their device copies.
+  absl::StatusOr<DeviceBatch> Prepare(const SequenceBatch& batch, const Tensor& q) {
+    DeviceBatch db;
+    const int S = batch.num_seqs;
+    if (S < 0 || batch.cu_seqlens.size() != static_cast<size_t>(S) + 1 ||
+        batch.state_slot.size() != static_cast<size_t>(S))
+      return absl::InvalidArgumentError("cu_seqlens needs num_seqs + 1 entries, state_slot num_seqs");
+    if (q.rank() != 3) return absl::InvalidArgumentError(absl::StrCat("q is ", q.DebugString()));
+    if (batch.cu_seqlens[0] != 0) return absl::InvalidArgumentError("cu_seqlens[0] must be 0");
+    for (int i = 0; i < S; ++i) {
+      const int len = batch.cu_seqlens[i + 1] - batch.cu_seqlens[i];
+      if (len < 0) return absl::InvalidArgumentError("cu_seqlens must not decrease");
+      db.max_len = std::max(db.max_len, len);
+    }
+    db.tokens = batch.cu_seqlens[S];
+    if (db.tokens != q.dim(0))
+      return absl::InvalidArgumentError(
+          absl::StrCat("cu_seqlens ends at ", db.tokens, " but q has ", q.dim(0), " tokens"));
+    if (batch.cu_seqlens_device) {
+      db.cu_seqlens = batch.cu_seqlens_device;
+    } else {
+      LAIR_ASSIGN_OR_RETURN(db.keep_offsets, UploadInts(batch.cu_seqlens));
+      db.cu_seqlens = db.keep_offsets.data<int32_t>();
+    }
+    if (batch.state_slot_device) {
+      db.slots = batch.state_slot_device;
+    } else {
+      LAIR_ASSIGN_OR_RETURN(db.keep_slots, UploadInts(batch.state_slot));
+      db.slots = db.keep_slots.data<int32_t>();
+    }
+    return db;
+  }
+
+  absl::StatusOr<Tensor> UploadInts(std::span<const int32_t> values) {
+    Tensor host = Tensor::Zeros(DType::kI32, {static_cast<int64_t>(values.size())});
+    std::copy(values.begin(), values.end(), host.data<int32_t>());
+    return Upload(host, DType::kI32);
+  }
+
+  absl::Status CheckPool(const Tensor& pool, int H, int d1, int d2, const SequenceBatch& batch,
+                         std::string_view what) {
+    if (!pool.defined() || pool.rank() != 4)
+      return absl::InvalidArgumentError(absl::StrCat(std::string(what), " must be [slots,H,.,.]"));
+    LAIR_RETURN_IF_ERROR(CheckTensor(pool, {pool.dim(0), H, d1, d2}, what, true));
+    for (int32_t slot : batch.state_slot)
+      if (slot < 0 || slot >= pool.dim(0))
+        return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": slot ", slot, " out of range"));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<DeviceBatch> CheckDecay(const SequenceBatch& batch, const DecayForwardArgs& a) {
+    LAIR_ASSIGN_OR_RETURN(DeviceBatch db, Prepare(batch, a.q));
+    const int64_t n = db.tokens;
+    const int H = a.heads, K = a.key_dim, V = a.value_dim;
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.q, {n, H, K}, "q", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.k, {n, H, K}, "k", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.v, {n, H, V}, "v", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.o, {n, H, V}, "o", false));
+    LAIR_RETURN_IF_ERROR(CheckPool(a.state, H, K, V, batch, "state"));
+    switch (a.kind) {
+      case DecayKind::kConstant:
+        LAIR_RETURN_IF_ERROR(CheckTensor(a.log_gamma, {H}, "log_gamma", true));
+        break;
+      case DecayKind::kScalar:
+        LAIR_RETURN_IF_ERROR(CheckTensor(a.g, {n, H}, "g", true));
+        break;
+      case DecayKind::kLeftRight:
+        LAIR_RETURN_IF_ERROR(CheckTensor(a.gv, {n, H, V}, "gv", true));
+        [[fallthrough]];
+      case DecayKind::kVector:
+        LAIR_RETURN_IF_ERROR(CheckTensor(a.gk, {n, H, K}, "gk", true));
+        break;
+      case DecayKind::kNone:
+        break;
+    }
+    if (K > 128 || V > 128 || K % 4 != 0 || V % 4 != 0)
+      return absl::InvalidArgumentError("the CUDA decay kernels need key_dim, value_dim ≤ 128, multiples of 4");
+    return db;
+  }
+
+  static ScanParams Base(const DeviceBatch& db, const SequenceBatch& batch, int H, int dk, int dv) {
+    ScanParams p;
+    p.num_seqs = batch.num_seqs;
+    p.heads = H;
+    p.dk = dk;
+    p.dv = dv;
+    p.cu_seqlens = db.cu_seqlens;
+    return p;
+  }
+
+  static LogGate LeftGate(const DecayForwardArgs& a) {
+    switch (a.kind) {
+      case DecayKind::kConstant:
+        return Gate(a.log_gamma, 0, 1);
+      case DecayKind::kScalar:
+        return Gate(a.g, a.heads, 1);
+      case DecayKind::kVector:
+      case DecayKind::kLeftRight:
+        return Gate(a.gk, a.heads * a.key_dim, a.key_dim);
+      case DecayKind::kNone:
+        break;
+    }
+    return LogGate{};
+  }
+
+  // The forward scan of a decay mixer, without state or output.
+  static ScanParams DecayScan(const DeviceBatch& db, const SequenceBatch& batch,
+                              const DecayForwardArgs& a) {
+    ScanParams p = Base(db, batch, a.heads, a.key_dim, a.value_dim);
+    p.q = Op(a.q);
+    p.q_scale = a.scale;
+    p.k = Op(a.k);
+    p.v = Op(a.v);
+    p.left = LeftGate(a);
+    p.left_vector = a.kind == DecayKind::kVector || a.kind == DecayKind::kLeftRight;
+    if (a.kind == DecayKind::kLeftRight) p.right = Gate(a.gv, a.heads * a.value_dim, a.value_dim);
+    return p;
+  }
+
+  // A [slots, H, d1, d2] pool addressed through the slot table.
+  static StateRef Pool(const Tensor& pool, const int32_t* slots, int d1, int d2) {
+    StateRef r;
+    r.ptr = pool.f32();
+    r.slot = slots;
+    r.slot_stride = static_cast<int64_t>(pool.dim(1)) * d1 * d2;
+    r.stride_a = d2;
+    r.stride_b = 1;
+    return r;
+  }
+
+  // A dense per-sequence [S, H, d1, d2] tensor.
+  static StateRef Dense(float* ptr, int d2) {
+    StateRef r;
+    r.ptr = ptr;
+    r.slot_stride = 0;
+    r.stride_a = d2;
+    r.stride_b = 1;
+    return r;
+  }
+
+  // The same storage seen as its transpose: [d1, d2] read as [d2, d1].
+  static StateRef Transposed(StateRef r, int d2) {
+    r.stride_a = 1;
+    r.stride_b = d2;
+    return r;
+  }
+
+  absl::Status Run(const ScanParams& p, const DeviceBatch& db, const SequenceBatch& batch,
+                   MixerForm form, std::string_view what) {
+    const bool one_token = db.tokens == batch.num_seqs && db.max_len <= 1;
+    const bool step = form != MixerForm::kChunked && one_token && p.dv % 32 == 0;
+    return CudaStatus(step ? cuda::LaunchStep(p, s()) : cuda::LaunchScan(p, s()), what);
+  }
+
+  std::shared_ptr<StreamHolder> stream_;
+  std::string name_;
+  std::unique_ptr<Backend> cpu_;  // runs the dense ops
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device_index) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+    return absl::UnavailableError("no CUDA device is present");
+  if (device_index < 0 || device_index >= count)
+    return absl::UnavailableError(absl::StrCat("no CUDA device ", device_index, " (", count, " present)"));
+  LAIR_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_index), "set device"));
+  cudaDeviceProp prop{};
+  LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, device_index), "device properties"));
+  auto holder = std::make_shared<StreamHolder>();
+  holder->device = device_index;
+  LAIR_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamCreateWithFlags(&holder->stream, cudaStreamNonBlocking), "stream"));
+  return std::unique_ptr<Backend>(
+      new CudaBackend(std::move(holder), absl::StrCat("cuda:", device_index, " (", prop.name, ")")));
+}
+
+}  // namespace lair::kernels

@@ -1,0 +1,26 @@
+// The CUDA implementation of kernels::Backend.
+//
+// Device memory comes from cudaMallocAsync on the backend's one stream (the
+// tensors' deleters free it on that stream); every operation is issued on the
+// stream and returns once queued, so errors of a launch show up at the latest
+// in the next Synchronize. Inputs may be F32, BF16 or F16; states and gates
+// are F32; arithmetic is fp32 (no TF32), so an F32 run matches the CPU
+// reference to rounding.
+//
+// Mixers run as the chunked scans of kernels/cuda/scan.h; a batch of
+// one-token sequences (N == num_seqs) runs the bandwidth-bound step kernel.
+// Backward is implemented for the decay family; GSA and mLSTM backward return
+// Unimplemented.
+#pragma once
+
+#include <memory>
+
+#include "core/status.h"
+#include "kernels/backend.h"
+
+namespace lair::kernels {
+
+// Unavailable when no CUDA device with that index is present.
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device_index);
+
+}  // namespace lair::kernels

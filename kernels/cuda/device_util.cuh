@@ -1,0 +1,57 @@
+// Device helpers shared by the CUDA mixer kernels: typed element access and
+// the per-token gate reader of scan.h's LogGate.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "kernels/cuda/scan.h"
+
+namespace lair::kernels::cuda {
+
+__device__ __forceinline__ float LoadElem(const void* p, ElemType t, int64_t i) {
+  switch (t) {
+    case ElemType::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case ElemType::kF16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ void StoreElem(void* p, ElemType t, int64_t i, float x) {
+  switch (t) {
+    case ElemType::kBF16:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x);
+      break;
+    case ElemType::kF16:
+      static_cast<__half*>(p)[i] = __float2half_rn(x);
+      break;
+    default:
+      static_cast<float*>(p)[i] = x;
+  }
+}
+
+// log σ(x) without overflow on either side.
+__device__ __forceinline__ float LogSigmoid(float x) {
+  return x >= 0.0f ? -log1pf(expf(-x)) : x - log1pf(expf(x));
+}
+
+// The gate of local token t (original time order) of a sequence starting at
+// token bos with len tokens; `feature` indexes vector gates (0 otherwise).
+__device__ __forceinline__ float GateAt(const LogGate& g, int64_t bos, int len, int t, int h,
+                                        int feature) {
+  if (g.ptr == nullptr) return 0.0f;
+  if (g.shift) {
+    if (t + 1 >= len) return 0.0f;  // L+[n] = 1: log-decay 0 past the end
+    ++t;
+  }
+  const float x = g.ptr[(bos + t) * static_cast<int64_t>(g.token_stride) +
+                        static_cast<int64_t>(h) * g.head_stride + feature];
+  return g.fn == GateFn::kLogSigmoid ? LogSigmoid(x) : x;
+}
+
+}  // namespace lair::kernels::cuda

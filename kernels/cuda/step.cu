@@ -1,0 +1,138 @@
+// One-token decode step (scan.h LaunchStep): memory-bound, so the kernel is a
+// single pass over the state tile with 16-byte loads and stores.
+//   s ← diag(e^{lk}) s diag(e^{lv}) · e^{m_prev − m} + e^{lw − m} k vᵀ,   o = sᵀ q'
+// (m ≡ 0 without the stabilizer). One CTA per (sequence, head, 32 columns):
+// 8 threads × float4 cover a 128-byte row segment, 32 row groups stride over dk.
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/scan.h"
+
+namespace lair::kernels::cuda {
+namespace {
+
+struct StepTraits {
+  static constexpr int kCols = 32;                     // dv columns per CTA
+  static constexpr int kThreads = 256;
+  static constexpr int kVec = 4;                       // floats per 16-byte access
+  static constexpr int kColThreads = kCols / kVec;     // 8
+  static constexpr int kRowGroups = kThreads / kColThreads;  // 32
+  static constexpr int kUnroll = 4;                    // rows in flight per thread
+  static constexpr int kMaxDk = 128;
+  static_assert(kRowGroups == 32, "the reduction uses one warp over the row groups");
+};
+
+__global__ void __launch_bounds__(StepTraits::kThreads) StepKernel(const ScanParams p) {
+  using T = StepTraits;
+  __shared__ float q[T::kMaxDk], k[T::kMaxDk], dl[T::kMaxDk];
+  __shared__ float v[T::kCols], er[T::kCols];
+  __shared__ float red[T::kRowGroups][T::kCols + 1];
+  __shared__ float scal[3];  // coefficient on s, weight on k vᵀ, q'ᵀn
+
+  const int tid = threadIdx.x;
+  const int h = blockIdx.y, seq = blockIdx.z;
+  const int e0 = blockIdx.x * T::kCols;
+  const int dk = p.dk;
+  const int64_t tok = p.cu_seqlens[seq];
+  const int64_t row = tok * p.heads + h;
+  const int slot = p.s_final.slot ? p.s_final.slot[seq] : seq;
+
+  // Token operands and gates into shared memory.
+  float m_prev = 0.0f;
+  if (p.stabilize && p.m_init) m_prev = p.m_init[static_cast<int64_t>(slot) * p.heads + h];
+  const float lg_scalar = p.left_vector ? 0.0f : GateAt(p.left, tok, 1, 0, h, 0);
+  const float lw = p.key_weight.ptr ? GateAt(p.key_weight, tok, 1, 0, h, 0) : 0.0f;
+  const float m_new = p.stabilize ? fmaxf(lg_scalar + m_prev, lw) : 0.0f;
+  const float coef = expf(lg_scalar + m_prev - m_new);
+  const float wk = expf(lw - m_new);
+  for (int a = tid; a < dk; a += T::kThreads) {
+    q[a] = LoadElem(p.q.ptr, p.q.type, row * dk + a) * p.q_scale;
+    k[a] = LoadElem(p.k.ptr, p.k.type, row * dk + a) * p.k_scale * wk;
+    dl[a] = p.left_vector ? expf(GateAt(p.left, tok, 1, 0, h, a)) : coef;
+  }
+  if (tid < T::kCols) {
+    v[tid] = LoadElem(p.v.ptr, p.v.type, row * p.dv + e0 + tid);
+    er[tid] = p.right.ptr ? expf(GateAt(p.right, tok, 1, 0, h, e0 + tid)) : 1.0f;
+  }
+  __syncthreads();
+
+  // Normalizer: n ← coef·n + wk·k (tile 0 writes it), q'ᵀn for the output.
+  if (p.n_final && tid < 32) {
+    float part = 0.0f;
+    for (int a = tid; a < dk; a += 32) {
+      const int64_t off = (static_cast<int64_t>(slot) * p.heads + h) * dk + a;
+      const float n = (p.n_init ? p.n_init[off] * coef : 0.0f) + k[a];
+      if (blockIdx.x == 0) p.n_final[off] = n;
+      part += q[a] * n;
+    }
+    for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+    if (tid == 0) scal[2] = part;
+  }
+
+  // The state pass: read, decay, add the outer product, accumulate sᵀq'.
+  const int cv = tid % T::kColThreads, rg = tid / T::kColThreads;
+  const int col = cv * T::kVec;
+  float* base = p.s_final.ptr + slot * p.s_final.slot_stride + static_cast<int64_t>(h) * dk * p.dv +
+                e0 + col;
+  const bool zero_init = p.s_init.ptr == nullptr;
+  const float4 vv = make_float4(v[col], v[col + 1], v[col + 2], v[col + 3]);
+  const float4 ee = make_float4(er[col], er[col + 1], er[col + 2], er[col + 3]);
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int a0 = rg; a0 < dk; a0 += T::kRowGroups * T::kUnroll) {
+    float4 s[T::kUnroll];
+#pragma unroll
+    for (int u = 0; u < T::kUnroll; ++u) {
+      const int a = a0 + u * T::kRowGroups;
+      s[u] = (a < dk && !zero_init) ? *reinterpret_cast<const float4*>(base + a * p.dv)
+                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < T::kUnroll; ++u) {
+      const int a = a0 + u * T::kRowGroups;
+      if (a >= dk) continue;
+      const float d = dl[a], ka = k[a], qa = q[a];
+      s[u].x = s[u].x * d * ee.x + ka * vv.x;
+      s[u].y = s[u].y * d * ee.y + ka * vv.y;
+      s[u].z = s[u].z * d * ee.z + ka * vv.z;
+      s[u].w = s[u].w * d * ee.w + ka * vv.w;
+      acc.x += qa * s[u].x;
+      acc.y += qa * s[u].y;
+      acc.z += qa * s[u].z;
+      acc.w += qa * s[u].w;
+      *reinterpret_cast<float4*>(base + a * p.dv) = s[u];
+    }
+  }
+  red[rg][col] = acc.x;
+  red[rg][col + 1] = acc.y;
+  red[rg][col + 2] = acc.z;
+  red[rg][col + 3] = acc.w;
+  __syncthreads();
+
+  if (tid < T::kCols) {
+    float o = 0.0f;
+    for (int g = 0; g < T::kRowGroups; ++g) o += red[g][tid];
+    if (p.norm == NormKind::kMlstmExp) {
+      o /= fmaxf(fabsf(scal[2]), expf(-m_new)) + p.eps;
+    } else if (p.norm == NormKind::kSigNorm) {
+      o /= fmaxf(fabsf(scal[2]), 1.0f) + p.eps;
+    }
+    StoreElem(p.o, p.o_type, row * p.dv + e0 + tid, o);
+  }
+  if (p.stabilize && p.m_final && blockIdx.x == 0 && tid == 0)
+    p.m_final[static_cast<int64_t>(slot) * p.heads + h] = m_new;
+}
+
+}  // namespace
+
+cudaError_t LaunchStep(const ScanParams& p, cudaStream_t stream) {
+  if (p.dk <= 0 || p.dk > StepTraits::kMaxDk || p.dv % StepTraits::kCols != 0 || p.reverse ||
+      p.left.shift || p.right.shift || p.s_final.ptr == nullptr ||
+      (p.s_init.ptr != nullptr && p.s_init.ptr != p.s_final.ptr) || p.s_final.stride_b != 1 ||
+      p.s_final.stride_a != p.dv || (p.left_vector && p.stabilize)) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.num_seqs == 0) return cudaSuccess;
+  const dim3 grid(p.dv / StepTraits::kCols, p.heads, p.num_seqs);
+  StepKernel<<<grid, StepTraits::kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace lair::kernels::cuda

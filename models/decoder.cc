@@ -1,0 +1,272 @@
+#include "models/decoder.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "models/families.h"
+
+namespace lair::models {
+
+using kernels::NormKind;
+using kernels::UnaryOp;
+
+std::string LayerPrefix(const SkeletonNames& names, int layer) {
+  return absl::StrReplaceAll(names.layer, {{"{i}", absl::StrCat(layer)}});
+}
+
+absl::StatusOr<DecoderSpec> DeclareSkeleton(const DecoderConfig& config, const SkeletonNames& names,
+                                            Params& params) {
+  const int64_t d = config.hidden_size, ffn = config.intermediate_size;
+  DecoderSpec spec;
+  LAIR_ASSIGN_OR_RETURN(spec.embedding, params.Add(names.embedding, {config.vocab_size, d}));
+  for (int i = 0; i < config.num_layers; ++i) {
+    std::string prefix = LayerPrefix(names, i);
+    LayerSpec layer;
+    LAIR_ASSIGN_OR_RETURN(layer.mixer_norm, params.Add(prefix + names.mixer_norm, {d}, InitSpec::Ones()));
+    if (!names.mlp_norm.empty()) {
+      LAIR_ASSIGN_OR_RETURN(layer.mlp_norm, params.Add(prefix + names.mlp_norm, {d}, InitSpec::Ones()));
+      LAIR_ASSIGN_OR_RETURN(layer.mlp_gate, params.AddMatrix(prefix + names.mlp_gate, {ffn, d}));
+      LAIR_ASSIGN_OR_RETURN(layer.mlp_up, params.AddMatrix(prefix + names.mlp_up, {ffn, d}));
+      LAIR_ASSIGN_OR_RETURN(layer.mlp_down, params.AddMatrix(prefix + names.mlp_down, {d, ffn}));
+    }
+    spec.layers.push_back(std::move(layer));
+  }
+  LAIR_ASSIGN_OR_RETURN(spec.final_norm, params.Add(names.final_norm, {d}, InitSpec::Ones()));
+  if (config.tie_word_embeddings) {
+    spec.lm_head = spec.embedding;
+  } else {
+    LAIR_ASSIGN_OR_RETURN(spec.lm_head, params.AddMatrix(names.lm_head, {config.vocab_size, d}));
+  }
+  return spec;
+}
+
+namespace {
+
+class Decoder : public Model {
+ public:
+  Decoder(DecoderConfig config, std::unique_ptr<Params> params, DecoderSpec spec,
+          kernels::Backend* backend, int max_context)
+      : config_(std::move(config)),
+        params_(std::move(params)),
+        spec_(std::move(spec)),
+        backend_(backend),
+        max_context_(max_context) {
+    StateLayout layout;
+    for (size_t i = 0; i < spec_.layers.size(); ++i) {
+      state_base_.push_back(static_cast<int>(layout.tensors.size()));
+      spec_.layers[i].mixer->DeclareState(absl::StrCat("layers.", i, "."), 1, &layout);
+    }
+  }
+
+  const std::string& family() const override { return config_.model_type; }
+  int vocab_size() const override { return config_.vocab_size; }
+  StateLayout state_layout() const override { return Layout(max_context_); }
+
+  absl::StatusOr<Tensor> Forward(const ForwardBatch& batch, StatePool& pool) override;
+  absl::StatusOr<LossAndGradients> LossAndGrad(const std::vector<int32_t>& tokens) override;
+
+ private:
+  StateLayout Layout(int max_context) const {
+    StateLayout layout;
+    for (size_t i = 0; i < spec_.layers.size(); ++i) {
+      spec_.layers[i].mixer->DeclareState(absl::StrCat("layers.", i, "."), max_context, &layout);
+    }
+    return layout;
+  }
+
+  absl::StatusOr<Tensor> UploadInts(const std::vector<int32_t>& values) {
+    Tensor host = Tensor::Zeros(DType::kI32, {static_cast<int64_t>(values.size())});
+    std::copy(values.begin(), values.end(), host.data<int32_t>());
+    return backend_->Upload(host, DType::kI32);
+  }
+
+  absl::Status CheckBatch(const ForwardBatch& batch, const StatePool& pool) const;
+
+  // Embedding through the head for the batch in `ctx`; with `last_rows`
+  // defined only those rows of the final hidden state reach the head.
+  absl::StatusOr<Var> Run(Graph& g, StepContext ctx, const Tensor& tokens, const Tensor& last_rows) const;
+
+  DecoderConfig config_;
+  std::unique_ptr<Params> params_;
+  DecoderSpec spec_;
+  kernels::Backend* backend_;
+  int max_context_;
+  std::vector<int> state_base_;  // per layer: index of its first state tensor
+};
+
+absl::Status Decoder::CheckBatch(const ForwardBatch& batch, const StatePool& pool) const {
+  const int n = static_cast<int>(batch.tokens.size()), seqs = batch.num_seqs();
+  if (seqs < 1) return absl::InvalidArgumentError("ForwardBatch: no sequences");
+  if (static_cast<int>(batch.cu_seqlens.size()) != seqs + 1 ||
+      static_cast<int>(batch.start_positions.size()) != seqs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ForwardBatch: ", seqs, " slots need ", seqs + 1, " cu_seqlens and ", seqs,
+                     " start_positions, got ", batch.cu_seqlens.size(), " and ", batch.start_positions.size()));
+  }
+  if (batch.cu_seqlens[0] != 0 || batch.cu_seqlens[seqs] != n) {
+    return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: cu_seqlens must run from 0 to ", n));
+  }
+  std::set<int32_t> slots;
+  for (int s = 0; s < seqs; ++s) {
+    if (batch.cu_seqlens[s + 1] <= batch.cu_seqlens[s]) {
+      return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: sequence ", s, " has no tokens"));
+    }
+    if (batch.slots[s] < 0 || batch.slots[s] >= pool.num_slots() || !slots.insert(batch.slots[s]).second) {
+      return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: slot ", batch.slots[s], " of sequence ", s,
+                                                     " is out of range or used twice"));
+    }
+    if (batch.start_positions[s] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: negative start position for sequence ", s));
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    if (batch.tokens[i] < 0 || batch.tokens[i] >= config_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: token ", batch.tokens[i], " at ", i,
+                                                     " outside the vocabulary of ", config_.vocab_size));
+    }
+  }
+  const StateLayout expected = state_layout();
+  bool same = pool.layout().tensors.size() == expected.tensors.size();
+  for (size_t i = 0; same && i < expected.tensors.size(); ++i) {
+    same = pool.layout().tensors[i].name == expected.tensors[i].name &&
+           pool.layout().tensors[i].shape == expected.tensors[i].shape;
+  }
+  if (!same) return absl::InvalidArgumentError("ForwardBatch: the state pool was made for another model");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Var> Decoder::Run(Graph& g, StepContext ctx, const Tensor& tokens,
+                                 const Tensor& last_rows) const {
+  const float eps = static_cast<float>(config_.norm_eps);
+  std::vector<Var> extras;
+  if (spec_.layer_extras) {
+    LAIR_ASSIGN_OR_RETURN(extras, spec_.layer_extras(g));
+  }
+  LAIR_ASSIGN_OR_RETURN(Var x, g.Embedding(spec_.embedding, tokens));
+  for (size_t i = 0; i < spec_.layers.size(); ++i) {
+    const LayerSpec& layer = spec_.layers[i];
+    ctx.state_base = state_base_[i];
+    ctx.layer_extra = extras.empty() ? Var{} : extras[i];
+    LAIR_ASSIGN_OR_RETURN(Var h, g.Norm(x, layer.mixer_norm, NormKind::kRms, eps));
+    LAIR_ASSIGN_OR_RETURN(Var mixed, layer.mixer->Forward(g, h, ctx));
+    LAIR_ASSIGN_OR_RETURN(x, g.Add(x, mixed));
+    if (layer.mlp_norm < 0) continue;
+    LAIR_ASSIGN_OR_RETURN(h, g.Norm(x, layer.mlp_norm, NormKind::kRms, eps));
+    LAIR_ASSIGN_OR_RETURN(Var gate, g.Linear(h, layer.mlp_gate));
+    LAIR_ASSIGN_OR_RETURN(gate, g.Unary(UnaryOp::kSilu, gate));
+    LAIR_ASSIGN_OR_RETURN(Var up, g.Linear(h, layer.mlp_up));
+    LAIR_ASSIGN_OR_RETURN(Var act, g.Mul(gate, up));
+    LAIR_ASSIGN_OR_RETURN(Var down, g.Linear(act, layer.mlp_down));
+    LAIR_ASSIGN_OR_RETURN(x, g.Add(x, down));
+  }
+  if (last_rows.defined()) {
+    LAIR_ASSIGN_OR_RETURN(x, g.GatherRows(x, last_rows));
+  }
+  LAIR_ASSIGN_OR_RETURN(x, g.Norm(x, spec_.final_norm, NormKind::kRms, eps));
+  LAIR_ASSIGN_OR_RETURN(Var logits, g.Linear(x, spec_.lm_head));
+  if (spec_.logit_soft_cap > 0) {
+    LAIR_ASSIGN_OR_RETURN(logits, g.Unary(UnaryOp::kTanh, logits, spec_.logit_soft_cap, 0.0f,
+                                          1.0f / spec_.logit_soft_cap));
+  }
+  return logits;
+}
+
+absl::StatusOr<Tensor> Decoder::Forward(const ForwardBatch& batch, StatePool& pool) {
+  LAIR_RETURN_IF_ERROR(CheckBatch(batch, pool));
+  const int seqs = batch.num_seqs();
+  std::vector<int32_t> positions, last;
+  int max_seqlen = 0;
+  for (int s = 0; s < seqs; ++s) {
+    int len = batch.cu_seqlens[s + 1] - batch.cu_seqlens[s];
+    max_seqlen = std::max(max_seqlen, len);
+    for (int j = 0; j < len; ++j) positions.push_back(batch.start_positions[s] + j);
+    last.push_back(batch.cu_seqlens[s + 1] - 1);
+  }
+  StepContext ctx;
+  ctx.batch.num_seqs = seqs;
+  ctx.batch.cu_seqlens = batch.cu_seqlens;
+  ctx.batch.state_slot = batch.slots;
+  ctx.batch.max_seqlen = max_seqlen;
+  Tensor cu_device, slot_device;
+  if (backend_->device() != Device::kCpu) {
+    LAIR_ASSIGN_OR_RETURN(cu_device, UploadInts(batch.cu_seqlens));
+    LAIR_ASSIGN_OR_RETURN(slot_device, UploadInts(batch.slots));
+    ctx.batch.cu_seqlens_device = cu_device.data<int32_t>();
+    ctx.batch.state_slot_device = slot_device.data<int32_t>();
+  }
+  ctx.pool = &pool;
+  ctx.start_positions = batch.start_positions;
+  LAIR_ASSIGN_OR_RETURN(ctx.positions, UploadInts(positions));
+  LAIR_ASSIGN_OR_RETURN(Tensor tokens, UploadInts(batch.tokens));
+  Tensor last_rows;
+  if (!batch.all_logits) {
+    LAIR_ASSIGN_OR_RETURN(last_rows, UploadInts(last));
+  }
+  Graph g(backend_, &params_->tensors(), /*record=*/false);
+  LAIR_ASSIGN_OR_RETURN(Var logits, Run(g, ctx, tokens, last_rows));
+  return backend_->Download(logits.t);
+}
+
+absl::StatusOr<LossAndGradients> Decoder::LossAndGrad(const std::vector<int32_t>& tokens) {
+  if (tokens.size() < 2) return absl::InvalidArgumentError("LossAndGrad: needs at least 2 tokens");
+  // Logits at positions 0..T-2 depend only on tokens 0..T-2 (causality).
+  const int n = static_cast<int>(tokens.size()) - 1;
+  std::vector<int32_t> inputs(tokens.begin(), tokens.end() - 1), targets(tokens.begin() + 1, tokens.end());
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= config_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("LossAndGrad: token ", t, " outside the vocabulary"));
+    }
+  }
+  LAIR_ASSIGN_OR_RETURN(StatePool pool, StatePool::Create(backend_, Layout(n), 1));
+  std::vector<int32_t> cu_seqlens = {0, n}, slots = {0}, starts = {0}, positions(n);
+  for (int i = 0; i < n; ++i) positions[i] = i;
+  StepContext ctx;
+  ctx.batch.num_seqs = 1;
+  ctx.batch.cu_seqlens = cu_seqlens;
+  ctx.batch.state_slot = slots;
+  ctx.batch.zero_initial_state = true;
+  ctx.batch.max_seqlen = n;
+  Tensor cu_device, slot_device;
+  if (backend_->device() != Device::kCpu) {
+    LAIR_ASSIGN_OR_RETURN(cu_device, UploadInts(cu_seqlens));
+    LAIR_ASSIGN_OR_RETURN(slot_device, UploadInts(slots));
+    ctx.batch.cu_seqlens_device = cu_device.data<int32_t>();
+    ctx.batch.state_slot_device = slot_device.data<int32_t>();
+  }
+  ctx.pool = &pool;
+  ctx.start_positions = starts;
+  ctx.form = kernels::MixerForm::kChunked;
+  LAIR_ASSIGN_OR_RETURN(ctx.positions, UploadInts(positions));
+  LAIR_ASSIGN_OR_RETURN(Tensor input_ids, UploadInts(inputs));
+  LAIR_ASSIGN_OR_RETURN(Tensor target_ids, UploadInts(targets));
+  Graph g(backend_, &params_->tensors(), /*record=*/true);
+  LAIR_ASSIGN_OR_RETURN(Var logits, Run(g, ctx, input_ids, Tensor()));
+  LAIR_ASSIGN_OR_RETURN(double loss_sum, g.CrossEntropy(logits, target_ids, 1.0f / n));
+  LAIR_RETURN_IF_ERROR(g.Backward());
+  LossAndGradients result;
+  result.loss = loss_sum / n;
+  for (int id = 0; id < params_->size(); ++id) {
+    const Tensor& param = params_->tensors()[id];
+    Tensor grad = g.ParamGrad(id);
+    Tensor host;
+    if (grad.defined()) {
+      LAIR_ASSIGN_OR_RETURN(host, backend_->Download(grad));
+      host = host.Reshape(param.shape());
+    } else {
+      host = Tensor::Zeros(DType::kF32, param.shape());
+    }
+    result.gradients.emplace_back(params_->name(id), std::move(host));
+  }
+  return result;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> MakeDecoder(const DecoderConfig& config, std::unique_ptr<Params> params,
+                                   DecoderSpec spec, kernels::Backend* backend, int max_context) {
+  return std::make_unique<Decoder>(config, std::move(params), std::move(spec), backend, max_context);
+}
+
+}  // namespace lair::models

@@ -1,0 +1,100 @@
+// The one decoder skeleton every family shares:
+//
+//   x = embedding[tokens]
+//   for each layer:  x = x + mixer(norm(x));  x = x + down(silu(gate(norm(x))) · up(norm(x)))
+//   logits = cap(head(norm(x)))
+//
+// (the MLP half is absent for families without one, such as Mamba2; cap is
+// c·tanh(·/c) when the family soft-caps its logits). A family contributes a
+// Mixer per layer, the checkpoint names of the skeleton's weights and,
+// optionally, per-layer inputs computed once per forward from model-level
+// parameters (HGRN2's lower bounds); see models/families.h.
+//
+// Thread safety: as models/model.h.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "models/config.h"
+#include "models/graph.h"
+#include "models/model.h"
+#include "models/params.h"
+#include "models/state_pool.h"
+
+namespace lair::models {
+
+// What a mixer sees of the current step.
+struct StepContext {
+  kernels::SequenceBatch batch;               // packed sequences and their slots
+  const StatePool* pool = nullptr;
+  int state_base = 0;                         // index of this layer's first pool tensor
+  Tensor positions;                           // [N] I32 device: absolute position of each token
+  std::span<const int32_t> start_positions;   // [num_seqs] host: tokens already in each slot
+  kernels::MixerForm form = kernels::MixerForm::kAuto;
+  Var layer_extra;                            // this layer's output of DecoderSpec::layer_extras
+
+  // The layer's i-th declared state tensor (the whole pool, [num_slots, ...]).
+  const Tensor& State(int i) const { return pool->tensor(state_base + i); }
+};
+
+// A layer's token mixer: the only per-family computation.
+class Mixer {
+ public:
+  virtual ~Mixer() = default;
+  // Appends this layer's per-slot state tensors, named "<prefix>..." (a KV
+  // cache holds `max_context` tokens), in the order State(i) reads them.
+  virtual void DeclareState(const std::string& prefix, int max_context, StateLayout* layout) const = 0;
+  // x: [N, hidden] normalized block input; returns [N, hidden].
+  virtual absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const = 0;
+};
+
+// Checkpoint names of the skeleton's weights ("{i}" is the layer index).
+struct SkeletonNames {
+  std::string embedding;   // "model.embeddings.weight"
+  std::string layer;       // "model.layers.{i}."
+  std::string mixer_norm;  // "attn_norm.weight", under `layer`
+  std::string mlp_norm;    // "mlp_norm.weight"; empty: no MLP
+  std::string mlp_gate, mlp_up, mlp_down;  // under `layer`
+  std::string final_norm;  // "model.norm.weight"
+  std::string lm_head = "lm_head.weight";
+};
+
+struct LayerSpec {
+  int mixer_norm = -1;
+  std::unique_ptr<Mixer> mixer;
+  int mlp_norm = -1, mlp_gate = -1, mlp_up = -1, mlp_down = -1;  // -1: no MLP
+};
+
+struct DecoderSpec {
+  int embedding = -1;
+  std::vector<LayerSpec> layers;
+  int final_norm = -1;
+  int lm_head = -1;  // == embedding when tied
+  float logit_soft_cap = 0.0f;  // 0: none
+  // Optional: one value per layer, computed at the start of every forward.
+  std::function<absl::StatusOr<std::vector<Var>>(Graph&)> layer_extras;
+};
+
+// "model.layers.{i}." with the index filled in.
+std::string LayerPrefix(const SkeletonNames& names, int layer);
+
+// Declares the embedding, every layer's norms and MLP, the final norm and the
+// head (tied to the embedding when config.tie_word_embeddings). The family
+// then sets each layer's mixer.
+absl::StatusOr<DecoderSpec> DeclareSkeleton(const DecoderConfig& config, const SkeletonNames& names,
+                                            Params& params);
+
+// A Model over a finished spec. `params` holds the weights on `backend`.
+std::unique_ptr<Model> MakeDecoder(const DecoderConfig& config, std::unique_ptr<Params> params,
+                                   DecoderSpec spec, kernels::Backend* backend, int max_context);
+
+// The family's spec for any parsed config, weights declared through `params`
+// (models/families.h has one builder per family).
+absl::StatusOr<DecoderSpec> BuildDecoderSpec(const ModelConfig& config, Params& params);
+
+}  // namespace lair::models

@@ -1,0 +1,141 @@
+#include "models/families.h"
+
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+
+namespace lair::models {
+
+absl::StatusOr<DecoderSpec> BuildDecoderSpec(const ModelConfig& config, Params& params) {
+  struct Visitor {
+    Params& params;
+    absl::StatusOr<DecoderSpec> operator()(const GlaConfig& c) { return BuildGla(c, params); }
+    absl::StatusOr<DecoderSpec> operator()(const GsaConfig& c) { return BuildGsa(c, params); }
+    absl::StatusOr<DecoderSpec> operator()(const LinearAttnConfig& c) { return BuildLinearAttn(c, params); }
+    absl::StatusOr<DecoderSpec> operator()(const RetNetConfig& c) { return BuildRetNet(c, params); }
+    absl::StatusOr<DecoderSpec> operator()(const Hgrn2Config& c) { return BuildHgrn2(c, params); }
+    absl::StatusOr<DecoderSpec> operator()(const Mamba2Config& c) { return BuildMamba2(c, params); }
+    absl::StatusOr<DecoderSpec> operator()(const XlstmConfig& c) { return BuildXlstm(c, params); }
+    absl::StatusOr<DecoderSpec> operator()(const LlamaConfig& c) { return BuildLlama(c, params); }
+  };
+  return std::visit(Visitor{params}, config);
+}
+
+SkeletonNames FlaSkeletonNames() {
+  SkeletonNames names;
+  names.embedding = "model.embeddings.weight";
+  names.layer = "model.layers.{i}.";
+  names.mixer_norm = "attn_norm.weight";
+  names.mlp_norm = "mlp_norm.weight";
+  names.mlp_gate = "mlp.gate_proj.weight";
+  names.mlp_up = "mlp.up_proj.weight";
+  names.mlp_down = "mlp.down_proj.weight";
+  names.final_norm = "model.norm.weight";
+  return names;
+}
+
+Var SplitHeads(Graph& g, const Var& x, int heads) {
+  return g.Reshape(x, {x.dim(0), heads, x.dim(-1) / heads});
+}
+
+absl::StatusOr<Var> RepeatKvHeads(Graph& g, const Var& x, int groups) {
+  if (groups == 1) return x;
+  int64_t n = x.dim(0), kv = x.dim(1), d = x.dim(2);
+  LAIR_ASSIGN_OR_RETURN(Var repeated, g.Expand(g.Reshape(x, {n, kv, 1, d}), {n, kv, groups, d}));
+  return g.Reshape(repeated, {n, kv * groups, d});
+}
+
+absl::StatusOr<ShortConv> ShortConv::Declare(Params& params, const std::string& prefix, int channels,
+                                             const ShortConvConfig& config, bool silu) {
+  ShortConv conv;
+  conv.channels = channels;
+  conv.width = config.size;
+  conv.silu = silu;
+  LAIR_ASSIGN_OR_RETURN(conv.weight, params.Add(prefix + ".weight", {channels, 1, config.size},
+                                                InitSpec::Normal()));
+  if (config.bias) {
+    LAIR_ASSIGN_OR_RETURN(conv.bias, params.Add(prefix + ".bias", {channels}, InitSpec::Zeros()));
+  }
+  return conv;
+}
+
+void ShortConv::DeclareState(const std::string& name, StateLayout* layout) const {
+  layout->tensors.push_back({name, DType::kF32, {channels, width - 1}});
+}
+
+absl::StatusOr<Var> ShortConv::Forward(Graph& g, const Var& x, const StepContext& ctx,
+                                       int state_index) const {
+  Var x2 = g.Reshape(x, {x.dim(0), channels});
+  LAIR_ASSIGN_OR_RETURN(Var y, g.Conv1d(ctx.batch, x2, weight, bias, silu, ctx.State(state_index)));
+  return g.Reshape(y, x.shape());
+}
+
+absl::StatusOr<ProjectionTriple> ProjectionTriple::Declare(Params& params, const std::string& prefix,
+                                                           const std::array<std::string, 3>& names,
+                                                           int hidden, const std::array<int, 3>& dims,
+                                                           const ShortConvConfig& config, bool conv_silu) {
+  ProjectionTriple t;
+  t.use_conv = config.use;
+  for (int i = 0; i < 3; ++i) {
+    LAIR_ASSIGN_OR_RETURN(t.proj[i], params.AddMatrix(prefix + names[i] + "_proj.weight", {dims[i], hidden}));
+    if (t.use_conv) {
+      LAIR_ASSIGN_OR_RETURN(t.conv[i], ShortConv::Declare(params, prefix + names[i] + "_conv1d", dims[i],
+                                                          config, conv_silu));
+    }
+  }
+  return t;
+}
+
+void ProjectionTriple::DeclareState(const std::string& prefix, StateLayout* layout) const {
+  if (!use_conv) return;
+  for (int i = 0; i < 3; ++i) conv[i].DeclareState(absl::StrCat(prefix, "conv", i), layout);
+}
+
+absl::StatusOr<std::array<Var, 3>> ProjectionTriple::Forward(Graph& g, const Var& x, const StepContext& ctx,
+                                                             int first_state) const {
+  std::array<Var, 3> out;
+  for (int i = 0; i < 3; ++i) {
+    LAIR_ASSIGN_OR_RETURN(out[i], g.Linear(x, proj[i]));
+    if (use_conv) {
+      LAIR_ASSIGN_OR_RETURN(out[i], conv[i].Forward(g, out[i], ctx, first_state + i));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<HeadOutputGate> HeadOutputGate::Declare(Params& params, const std::string& prefix,
+                                                       int hidden, int value_dim, int head_v_dim,
+                                                       bool use_output_gate, bool fuse_norm,
+                                                       bool elementwise_affine, double eps) {
+  HeadOutputGate out;
+  out.eps = static_cast<float>(eps);
+  if (use_output_gate) {
+    LAIR_ASSIGN_OR_RETURN(out.gate, params.AddMatrix(prefix + "g_proj.weight", {value_dim, hidden}));
+  }
+  if (elementwise_affine) {
+    std::string name = fuse_norm && use_output_gate ? "g_norm_swish_gate.weight" : "g_norm.weight";
+    LAIR_ASSIGN_OR_RETURN(out.norm, params.Add(prefix + name, {head_v_dim}, InitSpec::Ones()));
+  }
+  return out;
+}
+
+absl::StatusOr<Var> HeadOutputGate::Forward(Graph& g, const Var& x, const Var& o) const {
+  Var normed;
+  if (gate >= 0) {
+    LAIR_ASSIGN_OR_RETURN(Var r, g.Linear(x, gate));
+    LAIR_ASSIGN_OR_RETURN(normed, g.Norm(o, norm, kernels::NormKind::kRms, eps, 0, kernels::NormGate::kAfter,
+                                         g.Reshape(r, o.shape())));
+  } else {
+    LAIR_ASSIGN_OR_RETURN(normed, g.Norm(o, norm, kernels::NormKind::kRms, eps));
+  }
+  return g.Reshape(normed, {o.dim(0), o.dim(1) * o.dim(2)});
+}
+
+absl::StatusOr<Var> Activation(Graph& g, const std::string& name, const Var& x) {
+  if (name == "relu") return g.Unary(kernels::UnaryOp::kRelu, x);
+  if (name == "sigmoid") return g.Unary(kernels::UnaryOp::kSigmoid, x);
+  if (name == "silu" || name == "swish") return g.Unary(kernels::UnaryOp::kSilu, x);
+  return absl::InvalidArgumentError(absl::StrCat("unsupported activation '", name, "'"));
+}
+
+}  // namespace lair::models

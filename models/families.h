@@ -1,0 +1,92 @@
+// One builder per family (models/<family>.cc): each declares its mixer's
+// weights under the reference checkpoint names, wraps them in a Mixer per
+// layer and fills in the skeleton (models/decoder.h). Errors name the config
+// field or the tensor.
+//
+// Helpers shared by the fla families (heads, grouped kv heads, the short
+// convolution) are here too, so each family file holds only its mixer.
+#pragma once
+
+#include <array>
+#include <string>
+
+#include "models/config.h"
+#include "models/decoder.h"
+
+namespace lair::models {
+
+absl::StatusOr<DecoderSpec> BuildGla(const GlaConfig& config, Params& params);
+absl::StatusOr<DecoderSpec> BuildGsa(const GsaConfig& config, Params& params);
+absl::StatusOr<DecoderSpec> BuildLinearAttn(const LinearAttnConfig& config, Params& params);
+absl::StatusOr<DecoderSpec> BuildRetNet(const RetNetConfig& config, Params& params);
+absl::StatusOr<DecoderSpec> BuildHgrn2(const Hgrn2Config& config, Params& params);
+absl::StatusOr<DecoderSpec> BuildMamba2(const Mamba2Config& config, Params& params);
+absl::StatusOr<DecoderSpec> BuildXlstm(const XlstmConfig& config, Params& params);
+absl::StatusOr<DecoderSpec> BuildLlama(const LlamaConfig& config, Params& params);
+
+// The skeleton names of fla's causal LMs (model.embeddings, attn_norm,
+// mlp_norm, gate/up/down_proj, model.norm, lm_head).
+SkeletonNames FlaSkeletonNames();
+
+// [N, H·D] -> [N, H, D].
+Var SplitHeads(Graph& g, const Var& x, int heads);
+
+// [N, kv_heads, D] -> [N, kv_heads·groups, D], each kv head repeated
+// `groups` times in a row (einops '(h g) d'), for grouped query heads.
+absl::StatusOr<Var> RepeatKvHeads(Graph& g, const Var& x, int groups);
+
+// fla's ShortConvolution on one projection: a depthwise causal conv
+// (`<prefix>.weight` [C,1,W], optional `<prefix>.bias`) with its window in
+// the pool.
+struct ShortConv {
+  int weight = -1, bias = -1;
+  int channels = 0, width = 0;
+  bool silu = false;
+
+  static absl::StatusOr<ShortConv> Declare(Params& params, const std::string& prefix, int channels,
+                                           const ShortConvConfig& config, bool silu);
+  void DeclareState(const std::string& name, StateLayout* layout) const;
+  // `state_index` is the index (relative to the layer) of its window.
+  absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx, int state_index) const;
+};
+
+// Three input projections `<prefix><name>_proj.weight` (no bias), each
+// followed, when config.use, by its short convolution `<prefix><name>_conv1d`
+// whose windows are layer states first_state, first_state+1, first_state+2.
+struct ProjectionTriple {
+  std::array<int, 3> proj = {-1, -1, -1};
+  std::array<ShortConv, 3> conv;
+  bool use_conv = false;
+
+  static absl::StatusOr<ProjectionTriple> Declare(Params& params, const std::string& prefix,
+                                                  const std::array<std::string, 3>& names, int hidden,
+                                                  const std::array<int, 3>& dims,
+                                                  const ShortConvConfig& config, bool conv_silu);
+  // Appends the conv windows (none without convolutions).
+  void DeclareState(const std::string& prefix, StateLayout* layout) const;
+  absl::StatusOr<std::array<Var, 3>> Forward(Graph& g, const Var& x, const StepContext& ctx,
+                                             int first_state) const;
+};
+
+// fla's per-head output stage of GLA and RetNet: RMSNorm over each head's
+// value vector (weight shared by the heads), times swish(g_proj(x)) when the
+// layer has an output gate. The fused and unfused reference paths compute
+// the same function; fuse_norm only picks the weight's name
+// (g_norm_swish_gate or g_norm).
+struct HeadOutputGate {
+  int norm = -1;  // -1: elementwise_affine is false
+  int gate = -1;  // g_proj; -1: no output gate
+  float eps = 1e-6f;
+
+  static absl::StatusOr<HeadOutputGate> Declare(Params& params, const std::string& prefix, int hidden,
+                                                int value_dim, int head_v_dim, bool use_output_gate,
+                                                bool fuse_norm, bool elementwise_affine, double eps);
+  // x: the layer input [N, hidden]; o: [N, H, head_v_dim]. Returns [N, H·head_v_dim].
+  absl::StatusOr<Var> Forward(Graph& g, const Var& x, const Var& o) const;
+};
+
+// An activation by its fla/transformers ACT2FN name (relu, sigmoid,
+// silu/swish) applied elementwise.
+absl::StatusOr<Var> Activation(Graph& g, const std::string& name, const Var& x);
+
+}  // namespace lair::models

@@ -1,0 +1,149 @@
+// Graph: the model code's view of kernels::Backend, with reverse-mode
+// gradients.
+//
+// Model code (models/decoder.cc and the family files) builds every forward
+// pass from these operations and nothing else, so it runs unchanged on any
+// backend. Each operation runs its forward on the backend immediately and,
+// when the graph records (training) and an input carries a gradient, appends
+// its backward to a tape. Backward() replays the tape in reverse with the
+// backends' backward ops, accumulating one gradient tensor per value.
+// Parameters are the model's weights, addressed by index; ParamGrad() returns
+// a parameter's gradient after Backward().
+//
+// Stateful operations (Conv1d, Attention, the mixers) read and update pool
+// slots. Recording them requires batch.zero_initial_state and start positions
+// of 0, because their backward ops reread the initial state from the pool.
+// SequenceBatch spans captured by recorded operations must outlive
+// Backward().
+//
+// Thread safety: a Graph is used by one thread; it is built per forward pass.
+#pragma once
+
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/backend.h"
+
+namespace lair::models {
+
+// A value: a device tensor and, when gradients flow through it, its
+// gradient slot in the graph (-1 otherwise).
+struct Var {
+  Tensor t;
+  int grad = -1;
+  const Shape& shape() const { return t.shape(); }
+  int64_t dim(int axis) const { return t.dim(axis); }
+};
+
+// The tensor inputs of a decay mixer (kernels::DecayForwardArgs with Vars).
+struct DecayInputs {
+  kernels::DecayKind kind = kernels::DecayKind::kNone;
+  float scale = 1.0f;
+  Var q, k, v;       // [N,H,K], [N,H,K], [N,H,V]
+  Tensor log_gamma;  // [H], kConstant (a constant, no gradient)
+  Var g;             // [N,H], kScalar
+  Var gk;            // [N,H,K], kVector
+};
+
+struct GsaInputs {
+  float scale = 1.0f;
+  Var q, k, v;  // [N,H,K], [N,H,K], [N,H,V]
+  Var s, g;     // [N,H,M]
+};
+
+struct MlstmInputs {
+  kernels::MlstmKind kind = kernels::MlstmKind::kExp;
+  float eps = 1e-6f;
+  Var q, k, v;  // [N,H,K], [N,H,K], [N,H,V]
+  Var i, f;     // [N,H]
+};
+
+class Graph {
+ public:
+  // `params` (the model's weights, on `backend`) must outlive the graph.
+  Graph(kernels::Backend* backend, const std::vector<Tensor>* params, bool record);
+
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  kernels::Backend* backend() const { return backend_; }
+
+  // Parameter `id` as a value (with a gradient slot when recording).
+  Var Param(int id);
+  // A constant value (no gradient).
+  static Var Constant(Tensor t) { return Var{std::move(t), -1}; }
+
+  // --- Operations (shapes as in kernels/dense.h) ---------------------------
+  // x [..., in] · weight[out, in]ᵀ (+ bias[out]) → [..., out]. bias_id < 0: none.
+  absl::StatusOr<Var> Linear(const Var& x, int weight_id, int bias_id = -1);
+  // op(a) · op(b) for rank-2 values.
+  absl::StatusOr<Var> MatMul(const Var& a, const Var& b, bool trans_a, bool trans_b);
+  // Rows of `table` (a parameter) picked by `ids` [N] I32 → [N, D].
+  absl::StatusOr<Var> Embedding(int table_id, const Tensor& ids);
+  // Rows of an activation picked by `ids` (no gradient: inference only).
+  absl::StatusOr<Var> GatherRows(const Var& x, const Tensor& ids);
+  // Norm over groups of the last dimension; weight_id < 0: no weight; `gate`
+  // (same shape as x) used unless gate_mode is kNone.
+  absl::StatusOr<Var> Norm(const Var& x, int weight_id, kernels::NormKind kind, float eps,
+                           int group_size = 0, kernels::NormGate gate_mode = kernels::NormGate::kNone,
+                           const Var& gate = {});
+  // alpha · f(in_scale · x) + beta.
+  absl::StatusOr<Var> Unary(kernels::UnaryOp op, const Var& x, float alpha = 1.0f, float beta = 0.0f,
+                            float in_scale = 1.0f);
+  // x broadcast to `shape` (dimensions of x equal to shape's or 1).
+  absl::StatusOr<Var> Expand(const Var& x, Shape shape);
+  // a ∘ b, broadcasting both to the larger shape.
+  absl::StatusOr<Var> Binary(kernels::BinaryOp op, const Var& a, const Var& b);
+  absl::StatusOr<Var> Add(const Var& a, const Var& b) { return Binary(kernels::BinaryOp::kAdd, a, b); }
+  absl::StatusOr<Var> Mul(const Var& a, const Var& b) { return Binary(kernels::BinaryOp::kMul, a, b); }
+  // Columns [begin, begin + width) of the last dimension, as [..., width].
+  absl::StatusOr<Var> Columns(const Var& x, int64_t begin, int64_t width);
+  // The same data under another shape.
+  Var Reshape(const Var& x, Shape shape);
+
+  // Stateful operations over a packed batch (state pools from a StatePool).
+  absl::StatusOr<Var> Conv1d(const kernels::SequenceBatch& batch, const Var& x, int weight_id,
+                             int bias_id, bool silu, const Tensor& state);
+  absl::StatusOr<Var> Rotary(const Var& x, const Tensor& positions, int rotary_dim, float theta);
+  absl::StatusOr<Var> Attention(const kernels::SequenceBatch& batch, const Var& q, const Var& k,
+                                const Var& v, float scale, const Tensor& k_cache,
+                                const Tensor& v_cache, std::span<const int32_t> start_positions);
+  absl::StatusOr<Var> Decay(const kernels::SequenceBatch& batch, const DecayInputs& in,
+                            const Tensor& state, kernels::MixerForm form);
+  absl::StatusOr<Var> Gsa(const kernels::SequenceBatch& batch, const GsaInputs& in,
+                          const Tensor& state_k, const Tensor& state_v, kernels::MixerForm form);
+  absl::StatusOr<Var> Mlstm(const kernels::SequenceBatch& batch, const MlstmInputs& in,
+                            const Tensor& state_c, const Tensor& state_n, const Tensor& state_m,
+                            kernels::MixerForm form);
+
+  // Sum over rows of the cross-entropy of `logits` [N,V] against `targets`
+  // [N] I32; when recording, seeds logits' gradient with grad_scale · dL/dlogits.
+  absl::StatusOr<double> CrossEntropy(const Var& logits, const Tensor& targets, float grad_scale);
+
+  // Runs the tape backwards. REQUIRES: recording, CrossEntropy called.
+  absl::Status Backward();
+  // Parameter `id`'s gradient after Backward(); undefined when none reached it.
+  Tensor ParamGrad(int id) const;
+
+ private:
+  absl::StatusOr<Tensor> New(const Shape& shape);
+  // A gradient slot for a new value when recording and any input has one.
+  int NewGrad(std::initializer_list<const Var*> inputs);
+  // Adds `grad` into slot `id` (taking it over when the slot is empty and
+  // `owned`; copying it otherwise).
+  absl::Status Accumulate(int id, const Tensor& grad, bool owned);
+  // The broadcast-reduced gradient of a value of shape `shape` from `grad`.
+  absl::StatusOr<Tensor> ReduceTo(const Tensor& grad, const Shape& shape);
+  void Record(std::function<absl::Status()> backward) { tape_.push_back(std::move(backward)); }
+
+  kernels::Backend* backend_;
+  const std::vector<Tensor>* params_;
+  bool record_;
+  std::vector<int> param_grads_;  // parameter id -> gradient slot (-1: none yet)
+  std::vector<Tensor> grads_;     // gradient slot -> accumulated gradient (may be undefined)
+  std::vector<std::function<absl::Status()>> tape_;
+};
+
+}  // namespace lair::models

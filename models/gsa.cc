@@ -1,0 +1,79 @@
+// GSA (fla `gsa`): gated slot attention over num_slots memory slots,
+//   q, k = φ(q_proj x, k_proj x) (φ = swish or relu),  v = swish(v_proj x),
+//   g = logsigmoid(f_proj x) / gate_logit_normalizer,  s = 1 − exp(g),
+// the two-pass GSA mixer (scale 1 as the layer passes it), then
+// o_proj(RMSNorm(swish(o))) with the norm over the whole value width.
+#include "models/families.h"
+
+namespace lair::models {
+namespace {
+
+using kernels::UnaryOp;
+
+class GsaMixer : public Mixer {
+ public:
+  GsaMixer(const GsaConfig& config, ProjectionTriple qkv, int f, int norm, int o)
+      : config_(config), qkv_(std::move(qkv)), f_(f), norm_(norm), o_(o) {}
+
+  void DeclareState(const std::string& prefix, int, StateLayout* layout) const override {
+    const int h = config_.num_heads, m = config_.num_slots;
+    layout->tensors.push_back({prefix + "slots_k", DType::kF32, {h, config_.head_k_dim, m}});
+    layout->tensors.push_back({prefix + "slots_v", DType::kF32, {h, m, config_.head_v_dim}});
+    qkv_.DeclareState(prefix, layout);
+  }
+
+  absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const override {
+    const int groups = config_.num_heads / config_.num_kv_heads;
+    LAIR_ASSIGN_OR_RETURN(auto qkv, qkv_.Forward(g, x, ctx, 2));
+    GsaInputs in;
+    in.scale = static_cast<float>(config_.scale);
+    LAIR_ASSIGN_OR_RETURN(in.q, Activation(g, config_.feature_map, SplitHeads(g, qkv[0], config_.num_heads)));
+    LAIR_ASSIGN_OR_RETURN(Var k, Activation(g, config_.feature_map, SplitHeads(g, qkv[1], config_.num_kv_heads)));
+    LAIR_ASSIGN_OR_RETURN(Var v, g.Unary(UnaryOp::kSilu, SplitHeads(g, qkv[2], config_.num_kv_heads)));
+    LAIR_ASSIGN_OR_RETURN(Var f, g.Linear(x, f_));
+    LAIR_ASSIGN_OR_RETURN(Var gate, g.Unary(UnaryOp::kLogSigmoid, SplitHeads(g, f, config_.num_kv_heads),
+                                            1.0f / config_.gate_logit_normalizer));
+    LAIR_ASSIGN_OR_RETURN(Var s, g.Unary(UnaryOp::kExp, gate, -1.0f, 1.0f));
+    LAIR_ASSIGN_OR_RETURN(in.k, RepeatKvHeads(g, k, groups));
+    LAIR_ASSIGN_OR_RETURN(in.v, RepeatKvHeads(g, v, groups));
+    LAIR_ASSIGN_OR_RETURN(in.g, RepeatKvHeads(g, gate, groups));
+    LAIR_ASSIGN_OR_RETURN(in.s, RepeatKvHeads(g, s, groups));
+    LAIR_ASSIGN_OR_RETURN(Var o, g.Gsa(ctx.batch, in, ctx.State(0), ctx.State(1), ctx.form));
+    o = g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)});
+    LAIR_ASSIGN_OR_RETURN(o, g.Unary(UnaryOp::kSilu, o));
+    LAIR_ASSIGN_OR_RETURN(o, g.Norm(o, norm_, kernels::NormKind::kRms, static_cast<float>(config_.base.norm_eps)));
+    return g.Linear(o, o_);
+  }
+
+ private:
+  GsaConfig config_;
+  ProjectionTriple qkv_;
+  int f_, norm_, o_;
+};
+
+}  // namespace
+
+absl::StatusOr<DecoderSpec> BuildGsa(const GsaConfig& config, Params& params) {
+  SkeletonNames names = FlaSkeletonNames();
+  LAIR_ASSIGN_OR_RETURN(DecoderSpec spec, DeclareSkeleton(config.base, names, params));
+  const int hidden = config.base.hidden_size, groups = config.num_heads / config.num_kv_heads;
+  for (int i = 0; i < config.base.num_layers; ++i) {
+    std::string p = LayerPrefix(names, i) + "attn.";
+    LAIR_ASSIGN_OR_RETURN(
+        ProjectionTriple qkv,
+        ProjectionTriple::Declare(params, p, {"q", "k", "v"}, hidden,
+                                  {config.key_dim, config.key_dim / groups, config.value_dim / groups},
+                                  config.conv, true));
+    LAIR_ASSIGN_OR_RETURN(int f, params.AddMatrix(p + "f_proj.weight",
+                                                  {config.num_kv_heads * config.num_slots, hidden}));
+    int norm = -1;
+    if (config.elementwise_affine) {
+      LAIR_ASSIGN_OR_RETURN(norm, params.Add(p + "g_norm.weight", {hidden}, InitSpec::Ones()));
+    }
+    LAIR_ASSIGN_OR_RETURN(int o, params.AddMatrix(p + "o_proj.weight", {hidden, config.value_dim}));
+    spec.layers[i].mixer = std::make_unique<GsaMixer>(config, std::move(qkv), f, norm, o);
+  }
+  return spec;
+}
+
+}  // namespace lair::models

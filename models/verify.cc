@@ -1,0 +1,162 @@
+#include "models/verify.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/safetensors.h"
+#include "models/model.h"
+#include "models/state_pool.h"
+
+namespace lair::models {
+namespace {
+
+absl::StatusOr<std::vector<int32_t>> ReadIds(const SafetensorsFile& file, std::string_view name) {
+  LAIR_ASSIGN_OR_RETURN(Tensor t, file.Get(name));
+  if (t.dtype() != DType::kI64 && t.dtype() != DType::kI32) {
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", std::string(name), " is not an integer tensor"));
+  }
+  std::vector<int32_t> ids(t.numel());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    ids[i] = static_cast<int32_t>(t.dtype() == DType::kI64 ? t.data<int64_t>()[i] : t.data<int32_t>()[i]);
+  }
+  return ids;
+}
+
+int32_t ArgMax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
+
+// Host F32 [rows, V] from a list of [1, V] rows.
+Tensor Stack(const std::vector<Tensor>& rows) {
+  int64_t vocab = rows.empty() ? 0 : rows[0].numel();
+  Tensor out = Tensor::Zeros(DType::kF32, {static_cast<int64_t>(rows.size()), vocab});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::copy(rows[i].f32(), rows[i].f32() + vocab, out.f32() + i * vocab);
+  }
+  return out;
+}
+
+class Verifier {
+ public:
+  Verifier(Model* model, StatePool* pool, double logits_tol) : model_(model), pool_(pool), tol_(logits_tol) {}
+
+  // Logits of every position of `prompt` fed as one prefill into `slot`.
+  absl::StatusOr<Tensor> Prefill(const std::vector<int32_t>& prompt, int slot) {
+    LAIR_RETURN_IF_ERROR(pool_->Zero(slot));
+    ForwardBatch batch;
+    batch.tokens = prompt;
+    batch.cu_seqlens = {0, static_cast<int32_t>(prompt.size())};
+    batch.slots = {slot};
+    batch.start_positions = {0};
+    batch.all_logits = true;
+    return model_->Forward(batch, *pool_);
+  }
+
+  // Logits [1, V] after appending `token` at `position` of `slot`.
+  absl::StatusOr<Tensor> Step(int32_t token, int position, int slot) {
+    ForwardBatch batch;
+    batch.tokens = {token};
+    batch.cu_seqlens = {0, 1};
+    batch.slots = {slot};
+    batch.start_positions = {position};
+    return model_->Forward(batch, *pool_);
+  }
+
+  absl::StatusOr<Tensor> Stepwise(const std::vector<int32_t>& prompt, int slot) {
+    LAIR_RETURN_IF_ERROR(pool_->Zero(slot));
+    std::vector<Tensor> rows;
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      LAIR_ASSIGN_OR_RETURN(Tensor row, Step(prompt[i], static_cast<int>(i), slot));
+      rows.push_back(std::move(row));
+    }
+    return Stack(rows);
+  }
+
+ private:
+  Model* model_;
+  StatePool* pool_;
+  double tol_;
+};
+
+absl::Status Compare(ModelReport* report, const std::string& label, const Tensor& ours, const Tensor& ref,
+                     double tolerance) {
+  if (ours.numel() != ref.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(label, ": got ", ours.DebugString(), ", golden ", ref.DebugString()));
+  }
+  Tensor ref32 = ref.ToF32();
+  report->checks.push_back({label, RelativeError(ours.ToF32(), ref32), tolerance});
+  return absl::OkStatus();
+}
+
+absl::Status Run(const std::string& dir, kernels::Backend* backend, const VerifyModelOptions& options,
+                 ModelReport* report) {
+  const bool bf16 = options.weight_dtype != DType::kF32;
+  const double logits_tol = bf16 ? 2e-2 : 1e-4, grad_tol = bf16 ? 5e-2 : 1e-3;
+  LAIR_ASSIGN_OR_RETURN(auto golden, SafetensorsFile::Open(dir + "/golden.safetensors"));
+  LAIR_ASSIGN_OR_RETURN(std::vector<int32_t> prompt_a, ReadIds(*golden, "prompt_a"));
+  LAIR_ASSIGN_OR_RETURN(std::vector<int32_t> prompt_b, ReadIds(*golden, "prompt_b"));
+  LAIR_ASSIGN_OR_RETURN(std::vector<int32_t> greedy_ref, ReadIds(*golden, "greedy_a"));
+  LoadOptions load;
+  load.weight_dtype = options.weight_dtype;
+  load.max_context = static_cast<int>(std::max(prompt_a.size() + greedy_ref.size(), prompt_b.size()));
+  LAIR_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir, backend, load));
+  LAIR_ASSIGN_OR_RETURN(StatePool pool, StatePool::Create(backend, model->state_layout(), 2));
+  Verifier v(model.get(), &pool, logits_tol);
+
+  for (const auto& [name, prompt] : {std::pair<std::string, const std::vector<int32_t>*>{"a", &prompt_a},
+                                     {"b", &prompt_b}}) {
+    LAIR_ASSIGN_OR_RETURN(Tensor ref, golden->Get("logits_" + name));
+    LAIR_ASSIGN_OR_RETURN(Tensor prefill, v.Prefill(*prompt, 1));
+    LAIR_RETURN_IF_ERROR(Compare(report, "prefill logits_" + name, prefill, ref, logits_tol));
+    LAIR_ASSIGN_OR_RETURN(Tensor stepwise, v.Stepwise(*prompt, 1));
+    LAIR_RETURN_IF_ERROR(Compare(report, "step logits_" + name, stepwise, ref, logits_tol));
+  }
+
+  // Greedy continuation of prompt_a from its prefilled state.
+  LAIR_ASSIGN_OR_RETURN(Tensor prefill, v.Prefill(prompt_a, 0));
+  const int64_t vocab = prefill.dim(1);
+  int32_t next = ArgMax(prefill.f32() + (prefill.dim(0) - 1) * vocab, vocab);
+  std::vector<Tensor> greedy_logits;
+  int mismatches = 0;
+  for (size_t i = 0; i < greedy_ref.size(); ++i) {
+    if (next != greedy_ref[i]) ++mismatches;
+    // Feed the golden token so one early mismatch does not derail the logits check.
+    LAIR_ASSIGN_OR_RETURN(Tensor row, v.Step(greedy_ref[i], static_cast<int>(prompt_a.size() + i), 0));
+    next = ArgMax(row.f32(), vocab);
+    greedy_logits.push_back(std::move(row));
+  }
+  report->checks.push_back({"greedy tokens", static_cast<double>(mismatches) / greedy_ref.size(), 0.0});
+  LAIR_ASSIGN_OR_RETURN(Tensor greedy_logits_ref, golden->Get("greedy_logits_a"));
+  LAIR_RETURN_IF_ERROR(Compare(report, "greedy logits", Stack(greedy_logits), greedy_logits_ref, logits_tol));
+
+  const std::string grads_path = dir + "/grads.safetensors";
+  if (!options.gradients || !std::filesystem::exists(grads_path)) return absl::OkStatus();
+  LAIR_ASSIGN_OR_RETURN(auto grads, SafetensorsFile::Open(grads_path));
+  LAIR_ASSIGN_OR_RETURN(LossAndGradients ours, model->LossAndGrad(prompt_b));
+  LAIR_ASSIGN_OR_RETURN(Tensor loss_ref, grads->Get("loss"));
+  LAIR_RETURN_IF_ERROR(Compare(report, "loss", Tensor::FromFloats({1}, {static_cast<float>(ours.loss)}),
+                               loss_ref, logits_tol));
+  for (const auto& [name, grad] : ours.gradients) {
+    absl::StatusOr<Tensor> ref = grads->Get(name);
+    if (!ref.ok()) {
+      report->checks.push_back({"grad " + name + " (absent from grads.safetensors)", 1.0, grad_tol});
+      continue;
+    }
+    LAIR_RETURN_IF_ERROR(Compare(report, "grad " + name, grad, *ref, grad_tol));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool ModelReport::passed() const {
+  if (!status.ok() || checks.empty()) return false;
+  return std::all_of(checks.begin(), checks.end(), [](const ModelCheck& c) { return c.passed(); });
+}
+
+ModelReport VerifyModel(const std::string& dir, kernels::Backend* backend, const VerifyModelOptions& options) {
+  ModelReport report;
+  report.status = Run(dir, backend, options, &report);
+  return report;
+}
+
+}  // namespace lair::models

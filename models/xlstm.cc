@@ -1,0 +1,93 @@
+// xLSTM (transformers `xlstm`, mLSTM blocks): q, k, v projections, input and
+// forget gate pre-activations soft-capped at gate_soft_cap, the mLSTM cell
+// with exponential input gate (kernels::MlstmKind::kExp), a per-head
+// LayerNorm, the sigmoid output gate and out_proj; logits soft-capped at
+// output_logit_soft_cap.
+#include "models/families.h"
+
+namespace lair::models {
+namespace {
+
+using kernels::UnaryOp;
+
+class MlstmMixer : public Mixer {
+ public:
+  struct Weights {
+    int q = -1, k = -1, v = -1, o_gate = -1, i_gate = -1, i_bias = -1, f_gate = -1, f_bias = -1;
+    int norm = -1, out = -1;
+  };
+
+  MlstmMixer(const XlstmConfig& config, Weights w) : config_(config), w_(w) {}
+
+  void DeclareState(const std::string& prefix, int, StateLayout* layout) const override {
+    const int h = config_.num_heads;
+    layout->tensors.push_back({prefix + "c", DType::kF32, {h, config_.qk_head_dim, config_.v_head_dim}});
+    layout->tensors.push_back({prefix + "n", DType::kF32, {h, config_.qk_head_dim}});
+    layout->tensors.push_back({prefix + "m", DType::kF32, {h}});
+  }
+
+  absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const override {
+    const int h = config_.num_heads;
+    const float cap = static_cast<float>(config_.gate_soft_cap);
+    MlstmInputs in;
+    in.kind = kernels::MlstmKind::kExp;
+    in.eps = static_cast<float>(config_.eps);
+    LAIR_ASSIGN_OR_RETURN(Var q, g.Linear(x, w_.q));
+    LAIR_ASSIGN_OR_RETURN(Var k, g.Linear(x, w_.k));
+    LAIR_ASSIGN_OR_RETURN(Var v, g.Linear(x, w_.v));
+    in.q = SplitHeads(g, q, h);
+    in.k = SplitHeads(g, k, h);
+    in.v = SplitHeads(g, v, h);
+    LAIR_ASSIGN_OR_RETURN(Var i, g.Linear(x, w_.i_gate, w_.i_bias));
+    LAIR_ASSIGN_OR_RETURN(in.i, g.Unary(UnaryOp::kTanh, i, cap, 0.0f, 1.0f / cap));
+    LAIR_ASSIGN_OR_RETURN(Var f, g.Linear(x, w_.f_gate, w_.f_bias));
+    LAIR_ASSIGN_OR_RETURN(in.f, g.Unary(UnaryOp::kTanh, f, cap, 0.0f, 1.0f / cap));
+    LAIR_ASSIGN_OR_RETURN(Var cell, g.Mlstm(ctx.batch, in, ctx.State(0), ctx.State(1), ctx.State(2), ctx.form));
+    cell = g.Reshape(cell, {cell.dim(0), config_.v_dim});
+    LAIR_ASSIGN_OR_RETURN(Var normed, g.Norm(cell, w_.norm, kernels::NormKind::kLayer,
+                                             static_cast<float>(config_.base.norm_eps), config_.v_head_dim));
+    LAIR_ASSIGN_OR_RETURN(Var o, g.Linear(x, w_.o_gate));
+    LAIR_ASSIGN_OR_RETURN(o, g.Unary(UnaryOp::kSigmoid, o));
+    LAIR_ASSIGN_OR_RETURN(Var gated, g.Mul(o, normed));
+    return g.Linear(gated, w_.out);
+  }
+
+ private:
+  XlstmConfig config_;
+  Weights w_;
+};
+
+}  // namespace
+
+absl::StatusOr<DecoderSpec> BuildXlstm(const XlstmConfig& config, Params& params) {
+  SkeletonNames names;
+  names.embedding = "backbone.embeddings.weight";
+  names.layer = "backbone.blocks.{i}.";
+  names.mixer_norm = "norm_mlstm.weight";
+  names.mlp_norm = "norm_ffn.weight";
+  names.mlp_gate = "ffn.proj_up_gate.weight";
+  names.mlp_up = "ffn.proj_up.weight";
+  names.mlp_down = "ffn.proj_down.weight";
+  names.final_norm = "backbone.out_norm.weight";
+  LAIR_ASSIGN_OR_RETURN(DecoderSpec spec, DeclareSkeleton(config.base, names, params));
+  spec.logit_soft_cap = static_cast<float>(config.output_logit_soft_cap);
+  const int hidden = config.base.hidden_size, h = config.num_heads;
+  for (int i = 0; i < config.base.num_layers; ++i) {
+    std::string p = LayerPrefix(names, i) + "mlstm_layer.";
+    MlstmMixer::Weights w;
+    LAIR_ASSIGN_OR_RETURN(w.q, params.AddMatrix(p + "q.weight", {config.qk_dim, hidden}));
+    LAIR_ASSIGN_OR_RETURN(w.k, params.AddMatrix(p + "k.weight", {config.qk_dim, hidden}));
+    LAIR_ASSIGN_OR_RETURN(w.v, params.AddMatrix(p + "v.weight", {config.v_dim, hidden}));
+    LAIR_ASSIGN_OR_RETURN(w.o_gate, params.AddMatrix(p + "ogate_preact.weight", {config.v_dim, hidden}));
+    LAIR_ASSIGN_OR_RETURN(w.i_gate, params.AddMatrix(p + "igate_preact.weight", {h, hidden}, InitSpec::Zeros()));
+    LAIR_ASSIGN_OR_RETURN(w.i_bias, params.Add(p + "igate_preact.bias", {h}, InitSpec::Constant(-10.0f)));
+    LAIR_ASSIGN_OR_RETURN(w.f_gate, params.AddMatrix(p + "fgate_preact.weight", {h, hidden}, InitSpec::Zeros()));
+    LAIR_ASSIGN_OR_RETURN(w.f_bias, params.Add(p + "fgate_preact.bias", {h}, {InitSpec::kLinspace, 3.0f, 6.0f}));
+    LAIR_ASSIGN_OR_RETURN(w.norm, params.Add(p + "multihead_norm.weight", {config.v_dim}, InitSpec::Ones()));
+    LAIR_ASSIGN_OR_RETURN(w.out, params.AddMatrix(p + "out_proj.weight", {hidden, config.v_dim}));
+    spec.layers[i].mixer = std::make_unique<MlstmMixer>(config, w);
+  }
+  return spec;
+}
+
+}  // namespace lair::models

@@ -1,0 +1,93 @@
+// The OpenAI wire format: parsing /v1/completions and /v1/chat/completions
+// bodies into an OpenAiRequest, and writing responses, stream chunks and SSE
+// frames. Pure functions over JSON; no I/O and no engine access.
+//
+// Parsing follows OpenAI's parameters (plus vLLM's common extensions top_k,
+// min_p, repetition_penalty, ignore_eos, stop_token_ids,
+// include_stop_str_in_output, add_generation_prompt). A field of the wrong
+// type or out of range is a ParamError naming it; a well-formed request for
+// something LAIR does not do (echo=true, suffix, response_format other than
+// text, non-text message parts) is Unimplemented naming it. Unknown fields
+// are ignored, as OpenAI-compatible servers do.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "engine/request.h"
+#include "engine/request_output.h"
+#include "nlohmann/json.hpp"
+#include "server/engine_client.h"
+
+namespace lair::server {
+
+enum class ApiKind { kCompletion, kChat };
+
+struct OpenAiRequest {
+  ApiKind kind = ApiKind::kCompletion;
+  std::string model;                   // may be empty: the served model
+  std::vector<PromptInput> prompts;    // completions: one engine request each
+  nlohmann::ordered_json messages;     // chat: messages with string content
+  bool add_generation_prompt = true;   // chat
+  engine::SamplingParams sampling;     // logprobs: -1 none, else top alternatives wanted
+  bool stream = false;
+  bool include_usage = false;          // stream_options.include_usage
+};
+
+// Parses a request body. Malformed JSON or a body that is not an object is
+// an InvalidArgument; `chat_default_max_tokens` applies when a chat request
+// gives neither max_tokens nor max_completion_tokens (completions default to
+// OpenAI's 16).
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view body,
+                                                 int chat_default_max_tokens);
+
+// What identifies one response across its chunks.
+struct ResponseHeader {
+  ApiKind kind = ApiKind::kCompletion;
+  std::string id;       // "cmpl-..." or "chatcmpl-..."
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+};
+ResponseHeader NewResponseHeader(ApiKind kind, std::string model);
+
+// A token id's text, for logprobs.
+using TokenTextFn = std::function<std::string(int32_t)>;
+
+// One finished choice of a non-streaming response.
+struct Choice {
+  int index = 0;
+  std::string text;
+  std::vector<engine::TokenLogprob> logprobs;
+  engine::FinishReason finish_reason = engine::FinishReason::kNone;
+};
+
+// The non-streaming response body. `with_logprobs` says whether the client
+// asked for logprobs (else "logprobs": null).
+nlohmann::json FullResponse(const ResponseHeader& header, const std::vector<Choice>& choices,
+                            const engine::Usage& usage, bool with_logprobs, const TokenTextFn& token_text);
+
+// One stream chunk for choice `index`: `text` and `logprobs` new since the
+// last chunk, the finish reason once finished. `first` adds the chat role
+// delta; `usage_null` adds "usage": null (stream_options.include_usage).
+struct ChunkContent {
+  int index = 0;
+  std::string text;
+  std::vector<engine::TokenLogprob> logprobs;
+  engine::FinishReason finish_reason = engine::FinishReason::kNone;
+  bool first = false;
+};
+nlohmann::json StreamChunk(const ResponseHeader& header, const ChunkContent& content, bool with_logprobs,
+                           bool usage_null, const TokenTextFn& token_text);
+// The last chunk when include_usage: no choices, the totals.
+nlohmann::json UsageChunk(const ResponseHeader& header, const engine::Usage& usage);
+
+// Server-sent-event framing: "data: JSON\n\n"; the stream ends with kSseDone.
+std::string SseEvent(const nlohmann::json& data);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+}  // namespace lair::server

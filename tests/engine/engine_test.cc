@@ -1,0 +1,334 @@
+// Engine tests over the fake runner: behaviour a client can see.
+#include "engine/engine.h"
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/engine/fakes.h"
+
+namespace lair::engine {
+namespace {
+
+using testing::Collector;
+using testing::Completion;
+using testing::FakeRunner;
+using testing::FakeTokenizer;
+
+std::vector<int32_t> Prompt(int length, int salt) {
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < length; ++i) tokens.push_back((i * 37 + salt * 101) % 500);
+  return tokens;
+}
+
+EngineRequest Request(const std::string& id, int prompt_len, int salt, int max_tokens) {
+  EngineRequest r;
+  r.request_id = id;
+  r.prompt_tokens = Prompt(prompt_len, salt);
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+struct Harness {
+  explicit Harness(EngineConfig config, bool with_tokenizer = false) {
+    auto fake = std::make_unique<FakeRunner>();
+    runner = fake.get();
+    auto created = Engine::Create(std::move(fake), with_tokenizer ? &tokenizer : nullptr, config);
+    EXPECT_TRUE(created.ok()) << created.status();
+    engine = std::move(*created);
+  }
+  absl::Status Submit(EngineRequest r) { return engine->Submit(std::move(r), collector.Callback()); }
+
+  FakeTokenizer tokenizer;
+  Collector collector;
+  FakeRunner* runner = nullptr;  // owned by engine
+  std::unique_ptr<Engine> engine;
+};
+
+// Runs each request alone in a fresh engine.
+Completion Alone(EngineRequest r, bool with_tokenizer = false) {
+  EngineConfig config;
+  config.state_memory_bytes = 64 * 1024;
+  Harness h(config, with_tokenizer);
+  const std::string id = r.request_id;
+  EXPECT_TRUE(h.Submit(std::move(r)).ok());
+  EXPECT_TRUE(h.collector.WaitFinished(1));
+  return h.collector.Get(id);
+}
+
+TEST(EngineTest, BatchInvarianceOf32ConcurrentGreedyRequests) {
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 32; ++i) requests.push_back(Request(absl::StrCat("r", i), 5 + i * 3, i, 12));
+  EngineConfig config;
+  config.max_batch_tokens = 64;  // forces chunked prefill next to decodes
+  config.state_memory_bytes = 64 * 1024;
+  Harness h(config);
+  for (const EngineRequest& r : requests) ASSERT_TRUE(h.Submit(r).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(32));
+  EXPECT_GT(h.engine->Stats().steps_total, 0);
+  for (const EngineRequest& r : requests) {
+    Completion together = h.collector.Get(r.request_id);
+    Completion alone = Alone(r);
+    EXPECT_EQ(together.tokens, alone.tokens) << r.request_id;
+    EXPECT_EQ(together.tokens.size(), 12u);
+    EXPECT_EQ(together.reason, FinishReason::kLength);
+  }
+}
+
+TEST(EngineTest, PreemptionAndResumeGiveIdenticalOutputs) {
+  EngineConfig config;
+  config.state_memory_bytes = 2 * 1024;  // two slots for eight requests
+  config.preempt_quantum_tokens = 3;
+  config.max_batch_tokens = 16;
+  Harness h(config);
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 8; ++i) requests.push_back(Request(absl::StrCat("p", i), 10 + i, i, 20));
+  for (const EngineRequest& r : requests) ASSERT_TRUE(h.Submit(r).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(8));
+  EXPECT_GT(h.engine->Stats().preemptions_total, 0);
+  EXPECT_GT(h.runner->restores.load(), 0);
+  for (const EngineRequest& r : requests) {
+    EXPECT_EQ(h.collector.Get(r.request_id).tokens, Alone(r).tokens) << r.request_id;
+  }
+}
+
+TEST(EngineTest, FullCacheQueuesInsteadOfFailing) {
+  EngineConfig config;
+  config.state_memory_bytes = 1024;  // one slot
+  Harness h(config);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(h.Submit(Request(absl::StrCat("q", i), 4, i, 3)).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(5));
+  for (int i = 0; i < 5; ++i) {
+    Completion c = h.collector.Get(absl::StrCat("q", i));
+    EXPECT_EQ(c.reason, FinishReason::kLength);
+    EXPECT_EQ(c.tokens.size(), 3u);
+  }
+  EXPECT_EQ(h.engine->Stats().slots_total, 1);
+}
+
+TEST(EngineTest, CancellationFreesTheSlot) {
+  EngineConfig config;
+  config.state_memory_bytes = 1024;  // one slot
+  Harness h(config);
+  ASSERT_TRUE(h.Submit(Request("long", 4, 1, 30000)).ok());
+  ASSERT_TRUE(h.Submit(Request("next", 4, 2, 2)).ok());
+  // "next" can only run once "long" gives its slot back.
+  while (h.engine->Stats().generated_tokens_total < 5) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(h.collector.finished(), 0);
+  h.engine->Cancel("long");
+  ASSERT_TRUE(h.collector.WaitFinished(2));
+  EXPECT_EQ(h.collector.Get("long").reason, FinishReason::kCancelled);
+  EXPECT_EQ(h.collector.Get("next").reason, FinishReason::kLength);
+  h.engine->Shutdown(absl::Seconds(5));
+  EXPECT_EQ(h.engine->Stats().slots_used, 0);
+}
+
+TEST(EngineTest, StopStringSplitAcrossTokens) {
+  EngineRequest r = Request("s", 6, 3, 40);
+  Completion free_run = Alone(r, /*with_tokenizer=*/true);
+  ASSERT_GE(free_run.text.size(), 30u);
+  // Three letters starting inside a token: "xy|zw" style boundaries.
+  const std::string stop = free_run.text.substr(21, 3);
+  const size_t first = free_run.text.find(stop);
+  r.sampling.stop = {stop};
+  Completion stopped = Alone(r, true);
+  EXPECT_EQ(stopped.reason, FinishReason::kStop);
+  EXPECT_EQ(stopped.stop_reason, stop);
+  EXPECT_EQ(stopped.text, free_run.text.substr(0, first));
+  // Generation stopped at the token that completed the stop string.
+  ASSERT_LE(stopped.tokens.size(), free_run.tokens.size());
+  const std::vector<int32_t> prefix(free_run.tokens.begin(),
+                                    free_run.tokens.begin() + stopped.tokens.size());
+  EXPECT_EQ(stopped.tokens, prefix);
+  FakeTokenizer tokenizer;
+  EXPECT_NE(tokenizer.Decode(prefix, true).find(stop), std::string::npos);
+  EXPECT_EQ(tokenizer.Decode(std::span(prefix).first(prefix.size() - 1), true).find(stop),
+            std::string::npos);
+  r.sampling.include_stop_str_in_output = true;
+  EXPECT_EQ(Alone(r, true).text, free_run.text.substr(0, first + stop.size()));
+}
+
+TEST(EngineTest, SeedsReproduceRegardlessOfBatch) {
+  auto seeded = [](const std::string& id, uint64_t seed) {
+    EngineRequest r = Request(id, 7, 4, 16);
+    r.sampling.temperature = 0.9f;
+    r.sampling.top_p = 0.9f;
+    r.sampling.seed = seed;
+    return r;
+  };
+  EngineConfig config;
+  config.state_memory_bytes = 64 * 1024;
+  Harness h(config);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(h.Submit(Request(absl::StrCat("x", i), 9, i, 16)).ok());
+  ASSERT_TRUE(h.Submit(seeded("a", 42)).ok());
+  ASSERT_TRUE(h.Submit(seeded("b", 43)).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(12));
+  const Completion alone = Alone(seeded("a", 42));
+  EXPECT_EQ(h.collector.Get("a").tokens, alone.tokens);
+  EXPECT_NE(h.collector.Get("b").tokens, alone.tokens);
+}
+
+TEST(EngineTest, NGreaterThanOneSharesThePrefill) {
+  EngineRequest r = Request("n", 50, 5, 6);
+  r.sampling.n = 4;
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 9;
+  EngineConfig config;
+  config.state_memory_bytes = 64 * 1024;
+  Harness h(config);
+  ASSERT_TRUE(h.Submit(r).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(4));
+  // One prefill of 50 tokens, then 5 decode tokens per completion.
+  EXPECT_EQ(h.runner->tokens_run.load(), 50 + 4 * 5);
+  EXPECT_EQ(h.runner->copies.load(), 3);
+  std::vector<std::vector<int32_t>> outputs;
+  for (int i = 0; i < 4; ++i) {
+    Completion c = h.collector.Get("n", i);
+    EXPECT_EQ(c.tokens.size(), 6u);
+    EXPECT_EQ(c.usage.prompt_tokens, 50);
+    outputs.push_back(c.tokens);
+  }
+  EXPECT_NE(outputs[0], outputs[1]);  // own RNG per completion
+  // Completion 0 matches the same request with n = 1.
+  r.sampling.n = 1;
+  EXPECT_EQ(Alone(r).tokens, outputs[0]);
+}
+
+TEST(EngineTest, RunnerFailureFinishesOnlyThatRequest) {
+  EngineConfig config;
+  config.state_memory_bytes = 64 * 1024;
+  Harness h(config);
+  h.runner->set_fail_token(499);
+  EngineRequest bad = Request("bad", 4, 0, 5);
+  bad.prompt_tokens[2] = 499;
+  ASSERT_TRUE(h.Submit(bad).ok());
+  ASSERT_TRUE(h.Submit(Request("good", 4, 1, 5)).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(2));
+  EXPECT_EQ(h.collector.Get("bad").reason, FinishReason::kError);
+  EXPECT_EQ(h.collector.Get("bad").status.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(h.collector.Get("good").reason, FinishReason::kLength);
+  ASSERT_TRUE(h.Submit(Request("after", 4, 2, 2)).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(3));
+  EXPECT_EQ(h.collector.Get("after").reason, FinishReason::kLength);
+}
+
+TEST(EngineTest, ValidationErrorsNameTheField) {
+  EngineConfig config;
+  config.state_memory_bytes = 64 * 1024;
+  config.max_prompt_tokens = 100;
+  config.max_new_tokens = 1000;
+  Harness h(config);
+  struct Case {
+    const char* field;
+    void (*mutate)(EngineRequest&);
+  };
+  const Case cases[] = {
+      {"prompt_tokens", [](EngineRequest& r) { r.prompt_tokens.clear(); }},
+      {"prompt_tokens", [](EngineRequest& r) { r.prompt_tokens.assign(101, 1); }},
+      {"prompt_tokens", [](EngineRequest& r) { r.prompt_tokens[0] = 512; }},
+      {"request_id", [](EngineRequest& r) { r.request_id.clear(); }},
+      {"sampling.n", [](EngineRequest& r) { r.sampling.n = 0; }},
+      {"sampling.max_tokens", [](EngineRequest& r) { r.sampling.max_tokens = 0; }},
+      {"sampling.max_tokens", [](EngineRequest& r) { r.sampling.max_tokens = 1001; }},
+      {"sampling.temperature", [](EngineRequest& r) { r.sampling.temperature = -0.5f; }},
+      {"sampling.top_p", [](EngineRequest& r) { r.sampling.top_p = 0; }},
+      {"sampling.top_p", [](EngineRequest& r) { r.sampling.top_p = 1.5f; }},
+      {"sampling.top_k", [](EngineRequest& r) { r.sampling.top_k = -1; }},
+      {"sampling.min_p", [](EngineRequest& r) { r.sampling.min_p = 1.5f; }},
+      {"sampling.repetition_penalty", [](EngineRequest& r) { r.sampling.repetition_penalty = 0; }},
+      {"sampling.logprobs", [](EngineRequest& r) { r.sampling.logprobs = 21; }},
+      {"sampling.logit_bias", [](EngineRequest& r) { r.sampling.logit_bias[-1] = 1; }},
+      {"sampling.stop_token_ids", [](EngineRequest& r) { r.sampling.stop_token_ids = {600}; }},
+      {"sampling.stop", [](EngineRequest& r) { r.sampling.stop = {"x"}; }},  // no tokenizer
+  };
+  for (const Case& c : cases) {
+    EngineRequest r = Request("v", 4, 0, 4);
+    c.mutate(r);
+    absl::Status s = h.Submit(r);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_TRUE(absl::StartsWith(s.message(), c.field)) << c.field << " vs " << s.message();
+  }
+  ASSERT_TRUE(h.Submit(Request("dup", 4, 0, 30000)).ok());
+  absl::Status dup = h.Submit(Request("dup", 4, 0, 4));
+  EXPECT_EQ(dup.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(dup.message(), "request_id"));
+  h.engine->Shutdown(absl::ZeroDuration());
+  EXPECT_EQ(h.Submit(Request("late", 4, 0, 4)).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(h.collector.WaitFinished(1));
+  EXPECT_EQ(h.collector.Get("dup").reason, FinishReason::kCancelled);
+}
+
+TEST(EngineTest, QueueFullIsResourceExhausted) {
+  EngineConfig config;
+  config.state_memory_bytes = 1024;
+  config.max_waiting = 2;
+  Harness h(config);
+  int accepted = 0;
+  absl::Status last;
+  for (int i = 0; i < 50 && last.ok(); ++i) {
+    last = h.Submit(Request(absl::StrCat("w", i), 4, i, 30000));
+    if (last.ok()) ++accepted;
+  }
+  EXPECT_EQ(last.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_LE(accepted, 3);  // one may already hold the slot
+  h.engine->Shutdown(absl::ZeroDuration());
+  EXPECT_EQ(h.collector.finished(), accepted);
+}
+
+TEST(EngineTest, ShutdownLetsRunningRequestsFinishWithinGrace) {
+  EngineConfig config;
+  config.state_memory_bytes = 64 * 1024;
+  Harness h(config);
+  ASSERT_TRUE(h.Submit(Request("short", 4, 0, 5)).ok());
+  h.engine->Shutdown(absl::Seconds(10));
+  EXPECT_EQ(h.collector.Get("short").reason, FinishReason::kLength);
+  h.engine->Shutdown(absl::Seconds(10));  // idempotent
+}
+
+TEST(EngineTest, RandomizedLoadEndsWithEveryRequestDoneAndNoSlotLeaked) {
+  EngineConfig config;
+  config.state_memory_bytes = 6 * 1024;
+  config.max_batch_tokens = 48;
+  config.preempt_quantum_tokens = 8;
+  Harness h(config, /*with_tokenizer=*/true);
+  std::mt19937 rng(1234);
+  int completions = 0;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 120; ++i) {
+    EngineRequest r = Request(absl::StrCat("z", i), 1 + rng() % 60, i, 1 + rng() % 25);
+    r.sampling.n = 1 + rng() % 3;
+    r.sampling.temperature = (rng() % 2) * 0.8f;
+    r.sampling.top_k = rng() % 4 == 0 ? 5 : 0;
+    r.sampling.top_p = rng() % 4 == 0 ? 0.7f : 1.0f;
+    r.sampling.repetition_penalty = rng() % 5 == 0 ? 1.3f : 1.0f;
+    r.sampling.logprobs = static_cast<int>(rng() % 3) - 1;
+    r.sampling.ignore_eos = rng() % 2 == 0;
+    if (rng() % 4 == 0) r.sampling.stop = {"ab"};
+    if (rng() % 3 == 0) r.sampling.seed = rng();
+    completions += r.sampling.n;
+    ASSERT_TRUE(h.Submit(r).ok());
+    ids.push_back(r.request_id);
+    if (rng() % 5 == 0) h.engine->Cancel(ids[rng() % ids.size()]);
+  }
+  ASSERT_TRUE(h.collector.WaitFinished(completions, absl::Seconds(25)));
+  for (int i = 0; i < 120; ++i) {
+    Completion c = h.collector.Get(ids[i]);
+    EXPECT_TRUE(c.reason == FinishReason::kStop || c.reason == FinishReason::kLength ||
+                c.reason == FinishReason::kCancelled)
+        << ids[i] << " " << FinishReasonName(c.reason);
+  }
+  h.engine->Shutdown(absl::Seconds(5));
+  EngineStats stats = h.engine->Stats();
+  EXPECT_EQ(stats.slots_used, 0);
+  EXPECT_EQ(stats.running, 0);
+  EXPECT_EQ(stats.waiting, 0);
+}
+
+}  // namespace
+}  // namespace lair::engine

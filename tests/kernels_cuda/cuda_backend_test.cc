@@ -1,0 +1,213 @@
+// CudaBackend against CpuBackend on random packed batches (ragged lengths,
+// shuffled slots, nonzero initial states): every decay kind forward (chunked
+// and the one-token step) and backward, GSA forward, every mLSTM kind forward
+// (chunked and step), in f32 (rounding-level agreement) and bf16 (inputs
+// rounded, fp32 accumulation). Skips when no GPU is present.
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+
+namespace lair::kernels {
+namespace {
+
+constexpr double kF32Tol = 1e-4;
+constexpr double kBf16Tol = 2e-2;
+
+class CudaVsCpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeBackend("cuda");
+    if (!gpu.ok()) GTEST_SKIP() << "no CUDA backend here: " << gpu.status().message();
+    gpu_ = std::move(*gpu);
+    cpu_ = MakeCpuBackend();
+  }
+
+  Tensor Rand(Shape shape, float lo, float hi) {
+    Tensor t = Tensor::Zeros(DType::kF32, std::move(shape));
+    std::uniform_real_distribution<float> dist(lo, hi);
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = dist(rng_);
+    return t;
+  }
+  // Host tensor → GPU tensor of dtype `dt` (and what the CPU should see: the
+  // same values rounded through `dt`).
+  Tensor Gpu(const Tensor& host, DType dt) {
+    absl::StatusOr<Tensor> t = gpu_->Upload(host, dt);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return *t;
+  }
+  Tensor Cpu(const Tensor& host, DType dt) {
+    return dt == DType::kF32 ? host.Clone() : Down(Gpu(host, dt)).ToF32();
+  }
+  Tensor Down(const Tensor& device) {
+    absl::StatusOr<Tensor> t = gpu_->Download(device);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return *t;
+  }
+  void Expect(const Tensor& gpu_tensor, const Tensor& cpu_tensor, double tol, const std::string& what) {
+    const double err = RelativeError(Down(gpu_tensor).ToF32(), cpu_tensor);
+    EXPECT_LE(err, tol) << what;
+    EXPECT_FALSE(std::isnan(err)) << what;
+  }
+
+  // Ragged lengths (one of them 1 and one 0), slots shuffled in a pool of seqs + 1.
+  void MakeBatch(std::vector<int> lens) {
+    offsets_ = {0};
+    for (int len : lens) offsets_.push_back(offsets_.back() + len);
+    slots_.clear();
+    for (size_t s = 0; s < lens.size(); ++s) slots_.push_back(static_cast<int32_t>(lens.size() - s));
+    batch_.num_seqs = static_cast<int>(lens.size());
+    batch_.cu_seqlens = offsets_;
+    batch_.state_slot = slots_;
+    batch_.max_seqlen = 0;
+    for (int len : lens) batch_.max_seqlen = std::max(batch_.max_seqlen, len);
+  }
+
+  std::mt19937 rng_{7};
+  std::unique_ptr<Backend> gpu_, cpu_;
+  std::vector<int32_t> offsets_, slots_;
+  SequenceBatch batch_;
+};
+
+constexpr DecayKind kKinds[] = {DecayKind::kNone, DecayKind::kConstant, DecayKind::kScalar,
+                                DecayKind::kVector, DecayKind::kLeftRight};
+
+TEST_F(CudaVsCpu, DecayForwardAndBackward) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const double tol = dt == DType::kF32 ? kF32Tol : kBf16Tol;
+    for (DecayKind kind : kKinds) {
+      for (bool step : {false, true}) {
+        MakeBatch(step ? std::vector<int>{1, 1, 1} : std::vector<int>{70, 1, 0, 33});
+        const int64_t n = offsets_.back();
+        const int H = 2, K = 64, V = 96, S = batch_.num_seqs;
+        const std::string what = std::string(DTypeName(dt)) + " kind " +
+                                 std::to_string(static_cast<int>(kind)) + (step ? " step" : " chunked");
+        const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
+        const Tensor lg = Rand({H}, -0.5f, -0.01f), g = Rand({n, H}, -1, -0.01f);
+        const Tensor gk = Rand({n, H, K}, -1, -0.01f), gv = Rand({n, H, V}, -1, -0.01f);
+        const Tensor h0 = Rand({S + 1, H, K, V}, -1, 1), d_o = Rand({n, H, V}, -1, 1);
+        const Tensor d_ht = Rand({S, H, K, V}, -1, 1);
+        DecayForwardArgs c, d;
+        for (DecayForwardArgs* a : {&c, &d}) {
+          a->kind = kind;
+          a->heads = H, a->key_dim = K, a->value_dim = V, a->scale = 0.125f;
+        }
+        c.q = Cpu(q, dt), c.k = Cpu(k, dt), c.v = Cpu(v, dt);
+        d.q = Gpu(q, dt), d.k = Gpu(k, dt), d.v = Gpu(v, dt);
+        c.log_gamma = lg.Clone(), c.g = g.Clone(), c.gk = gk.Clone(), c.gv = gv.Clone();
+        d.log_gamma = Gpu(lg, DType::kF32), d.g = Gpu(g, DType::kF32);
+        d.gk = Gpu(gk, DType::kF32), d.gv = Gpu(gv, DType::kF32);
+        c.o = Tensor::Zeros(DType::kF32, {n, H, V});
+        d.o = Gpu(Rand({n, H, V}, 7, 8), dt);  // poisoned: every element must be written
+        c.state = h0.Clone();
+        d.state = Gpu(h0, DType::kF32);
+        const Tensor h0_gpu = Gpu(h0, DType::kF32);
+
+        ASSERT_TRUE(cpu_->DecayForward(batch_, c, MixerForm::kChunked).ok());
+        const MixerForm form = step ? MixerForm::kRecurrent : MixerForm::kChunked;
+        ASSERT_TRUE(gpu_->DecayForward(batch_, d, form).ok()) << what;
+        Expect(d.o, c.o, tol, what + " o");
+        Expect(d.state, c.state, tol, what + " final state");
+        if (step) continue;
+
+        // Backward from the initial states.
+        DecayBackwardArgs cb, db;
+        cb.fwd = c, db.fwd = d;
+        cb.fwd.state = h0.Clone();
+        db.fwd.state = h0_gpu;
+        cb.d_o = Cpu(d_o, dt), db.d_o = Gpu(d_o, dt);
+        cb.d_ht = d_ht.Clone(), db.d_ht = Gpu(d_ht, DType::kF32);
+        auto outs = [&](DecayBackwardArgs& b, bool on_gpu) {
+          auto make = [&](Shape s, DType t) {
+            return on_gpu ? Gpu(Rand(s, 7, 8), t) : Tensor::Zeros(DType::kF32, s);
+          };
+          b.dq = make({n, H, K}, dt), b.dk = make({n, H, K}, dt), b.dv = make({n, H, V}, dt);
+          b.d_log_gamma = make({H}, DType::kF32), b.dg = make({n, H}, DType::kF32);
+          b.dgk = make({n, H, K}, DType::kF32), b.dgv = make({n, H, V}, DType::kF32);
+          b.dh0 = make({S, H, K, V}, DType::kF32);
+        };
+        outs(cb, false);
+        outs(db, true);
+        ASSERT_TRUE(cpu_->DecayBackward(batch_, cb).ok());
+        const absl::Status st = gpu_->DecayBackward(batch_, db);
+        ASSERT_TRUE(st.ok()) << what << ": " << st;
+        const double gtol = dt == DType::kF32 ? 1e-3 : 5e-2;
+        Expect(db.dq, cb.dq, gtol, what + " dq");
+        Expect(db.dk, cb.dk, gtol, what + " dk");
+        Expect(db.dv, cb.dv, gtol, what + " dv");
+        Expect(db.dh0, cb.dh0, gtol, what + " dh0");
+        if (kind == DecayKind::kConstant) Expect(db.d_log_gamma, cb.d_log_gamma, gtol, what + " dlg");
+        if (kind == DecayKind::kScalar) Expect(db.dg, cb.dg, gtol, what + " dg");
+        if (kind == DecayKind::kVector || kind == DecayKind::kLeftRight)
+          Expect(db.dgk, cb.dgk, gtol, what + " dgk");
+        if (kind == DecayKind::kLeftRight) Expect(db.dgv, cb.dgv, gtol, what + " dgv");
+      }
+    }
+  }
+}
+
+TEST_F(CudaVsCpu, GsaForward) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    MakeBatch({70, 1, 0, 33});
+    const int64_t n = offsets_.back();
+    const int H = 2, K = 64, V = 64, M = 16, S = batch_.num_seqs;
+    const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
+    const Tensor g = Rand({n, H, M}, -1, -0.01f), s = Rand({n, H, M}, 0, 1);
+    const Tensor hk = Rand({S + 1, H, K, M}, -1, 1), hv = Rand({S + 1, H, M, V}, -1, 1);
+    GsaForwardArgs c, d;
+    for (GsaForwardArgs* a : {&c, &d}) a->heads = H, a->key_dim = K, a->value_dim = V, a->num_slots_m = M, a->scale = 0.125f;
+    c.q = Cpu(q, dt), c.k = Cpu(k, dt), c.v = Cpu(v, dt), c.s = Cpu(s, dt), c.g = g.Clone();
+    d.q = Gpu(q, dt), d.k = Gpu(k, dt), d.v = Gpu(v, dt), d.s = Gpu(s, dt), d.g = Gpu(g, DType::kF32);
+    c.o = Tensor::Zeros(DType::kF32, {n, H, V});
+    d.o = Gpu(Rand({n, H, V}, 7, 8), dt);
+    c.state_k = hk.Clone(), c.state_v = hv.Clone();
+    d.state_k = Gpu(hk, DType::kF32), d.state_v = Gpu(hv, DType::kF32);
+    ASSERT_TRUE(cpu_->GsaForward(batch_, c, MixerForm::kChunked).ok());
+    ASSERT_TRUE(gpu_->GsaForward(batch_, d, MixerForm::kChunked).ok());
+    const double tol = dt == DType::kF32 ? kF32Tol : kBf16Tol;
+    Expect(d.o, c.o, tol, "gsa o");
+    Expect(d.state_k, c.state_k, tol, "gsa hk");
+    Expect(d.state_v, c.state_v, tol, "gsa hv");
+  }
+}
+
+TEST_F(CudaVsCpu, MlstmForward) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (MlstmKind kind : {MlstmKind::kExp, MlstmKind::kSig, MlstmKind::kSigNorm}) {
+      for (bool step : {false, true}) {
+        MakeBatch(step ? std::vector<int>{1, 1, 1} : std::vector<int>{70, 1, 0, 33});
+        const int64_t n = offsets_.back();
+        const int H = 2, K = 64, V = 64, S = batch_.num_seqs;
+        const std::string what = "mlstm kind " + std::to_string(static_cast<int>(kind)) +
+                                 (step ? " step " : " chunked ") + std::string(DTypeName(dt));
+        const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
+        const Tensor ig = Rand({n, H}, -3, 3), fg = Rand({n, H}, -1, 5);
+        const Tensor c0 = Rand({S + 1, H, K, V}, -1, 1), n0 = Rand({S + 1, H, K}, -1, 1);
+        const Tensor m0 = Rand({S + 1, H}, -1, 1);
+        MlstmForwardArgs c, d;
+        for (MlstmForwardArgs* a : {&c, &d}) a->kind = kind, a->heads = H, a->key_dim = K, a->value_dim = V;
+        c.q = Cpu(q, dt), c.k = Cpu(k, dt), c.v = Cpu(v, dt), c.i = ig.Clone(), c.f = fg.Clone();
+        d.q = Gpu(q, dt), d.k = Gpu(k, dt), d.v = Gpu(v, dt), d.i = Gpu(ig, DType::kF32), d.f = Gpu(fg, DType::kF32);
+        c.h = Tensor::Zeros(DType::kF32, {n, H, V});
+        d.h = Gpu(Rand({n, H, V}, 7, 8), dt);
+        c.state_c = c0.Clone(), c.state_n = n0.Clone(), c.state_m = m0.Clone();
+        d.state_c = Gpu(c0, DType::kF32), d.state_n = Gpu(n0, DType::kF32), d.state_m = Gpu(m0, DType::kF32);
+        ASSERT_TRUE(cpu_->MlstmForward(batch_, c, MixerForm::kChunked).ok());
+        const absl::Status st = gpu_->MlstmForward(batch_, d, step ? MixerForm::kRecurrent : MixerForm::kChunked);
+        ASSERT_TRUE(st.ok()) << what << ": " << st;
+        const double tol = dt == DType::kF32 ? kF32Tol : kBf16Tol;
+        Expect(d.h, c.h, tol, what + " h");
+        Expect(d.state_c, c.state_c, tol, what + " c");
+        Expect(d.state_n, c.state_n, tol, what + " n");
+        if (kind == MlstmKind::kExp) Expect(d.state_m, c.state_m, tol, what + " m");
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lair::kernels
