@@ -2,10 +2,13 @@
 // runs one sequence of --seq-len tokens with --heads heads of K = V = --dim
 // (GSA: --slots slots) from random inputs, once per column after one untimed
 // warm-up of the chunked forward, and prints tokens per second: chunked
-// forward, recurrent forward, and the backward.
+// forward, recurrent forward, and the backward. On the CPU it also prints
+// tokens per CPU-second of the process, which other load on a shared machine
+// disturbs much less than the wall clock.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <functional>
 #include <memory>
 #include <random>
@@ -56,12 +59,20 @@ struct OpCalls {
   std::function<absl::Status()> backward;
 };
 
-// Seconds one call takes, or the error it returned.
-absl::StatusOr<double> Time(kernels::Backend& backend, const std::function<absl::Status()>& call) {
+// How long one call took.
+struct Timing {
+  double wall = 0;  // seconds
+  double cpu = 0;   // CPU-seconds of the whole process (all its threads)
+};
+
+// Times one call, or returns the error it returned.
+absl::StatusOr<Timing> Time(kernels::Backend& backend, const std::function<absl::Status()>& call) {
   const auto start = std::chrono::steady_clock::now();
+  const std::clock_t cpu_start = std::clock();
   LAIR_RETURN_IF_ERROR(call());
   LAIR_RETURN_IF_ERROR(backend.Synchronize());
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return Timing{std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC};
 }
 
 // The batch of one sequence of T tokens in slot 0 (device copies on CUDA).
@@ -215,10 +226,12 @@ absl::StatusOr<OpCalls> MlstmCalls(kernels::Backend& backend, const kernels::Seq
                  [&backend, &batch, grad] { return backend.MlstmBackward(batch, grad); }};
 }
 
-// "123,456" tokens per second, or the error's code.
-std::string Throughput(const absl::StatusOr<double>& seconds, int tokens) {
-  if (!seconds.ok()) return std::string(absl::StatusCodeToString(seconds.status().code()));
-  const auto rate = static_cast<long long>(tokens / *seconds);
+// "123,456" tokens per (CPU-)second, or the error's code.
+std::string Throughput(const absl::StatusOr<Timing>& timing, bool cpu_time, int tokens) {
+  if (!timing.ok()) return std::string(absl::StatusCodeToString(timing.status().code()));
+  const double seconds = cpu_time ? timing->cpu : timing->wall;
+  if (seconds <= 0) return "-";
+  const auto rate = static_cast<long long>(tokens / seconds);
   std::string digits = std::to_string(rate), out;
   for (size_t i = 0; i < digits.size(); ++i) {
     if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
@@ -243,9 +256,6 @@ int RunBenchOps(const BenchOpsFlags& flags) {
   std::printf(
       "backend %s; one sequence of T = %d tokens, %d heads, K = V = %d, chunk %d, GSA slots %d\n",
       b.Name().c_str(), flags.seq_len, flags.heads, flags.dim, flags.chunk_size, flags.slots);
-  std::printf("%-18s %16s %16s %16s\n", "op (tokens/s)", "chunked fwd", "recurrent fwd",
-              "backward");
-
   using kernels::DecayKind;
   const std::vector<std::function<absl::StatusOr<OpCalls>()>> makers = {
       [&] { return DecayCalls(b, batch, flags, DecayKind::kNone, "no_decay"); },
@@ -256,6 +266,11 @@ int RunBenchOps(const BenchOpsFlags& flags) {
       [&] { return GsaCalls(b, batch, flags); },
       [&] { return MlstmCalls(b, batch, flags); },
   };
+  struct Row {
+    std::string name;
+    absl::StatusOr<Timing> chunked, recurrent, backward;
+  };
+  std::vector<Row> rows;
   int failures = 0;
   for (const auto& make : makers) {
     absl::StatusOr<OpCalls> calls = make();
@@ -266,15 +281,25 @@ int RunBenchOps(const BenchOpsFlags& flags) {
     }
     // Warm-up: first-touch page faults and BLAS buffers stay out of the figures.
     const absl::Status warm = calls->forward(kernels::MixerForm::kChunked);
-    const absl::StatusOr<double> chunked =
-        warm.ok() ? Time(b, [&] { return calls->forward(kernels::MixerForm::kChunked); })
-                  : absl::StatusOr<double>(warm);
-    const absl::StatusOr<double> recurrent =
-        Time(b, [&] { return calls->forward(kernels::MixerForm::kRecurrent); });
-    const absl::StatusOr<double> backward = Time(b, calls->backward);
-    std::printf(
-        "%-18s %16s %16s %16s\n", calls->name.c_str(), Throughput(chunked, flags.seq_len).c_str(),
-        Throughput(recurrent, flags.seq_len).c_str(), Throughput(backward, flags.seq_len).c_str());
+    if (!warm.ok()) {
+      rows.push_back(Row{calls->name, warm, warm, warm});
+      continue;
+    }
+    Row row{calls->name, Time(b, [&] { return calls->forward(kernels::MixerForm::kChunked); }),
+            Time(b, [&] { return calls->forward(kernels::MixerForm::kRecurrent); }),
+            Time(b, calls->backward)};
+    rows.push_back(std::move(row));
+  }
+  for (bool cpu_time : {false, true}) {
+    if (cpu_time && b.device() != Device::kCpu) break;
+    std::printf("\n%-18s %16s %16s %16s\n", cpu_time ? "tokens/CPU-second" : "tokens/second",
+                "chunked fwd", "recurrent fwd", "backward");
+    for (const Row& row : rows) {
+      std::printf("%-18s %16s %16s %16s\n", row.name.c_str(),
+                  Throughput(row.chunked, cpu_time, flags.seq_len).c_str(),
+                  Throughput(row.recurrent, cpu_time, flags.seq_len).c_str(),
+                  Throughput(row.backward, cpu_time, flags.seq_len).c_str());
+    }
   }
   return failures == 0 ? 0 : 1;
 }

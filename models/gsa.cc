@@ -41,7 +41,7 @@ class GsaMixer : public Mixer {
     LAIR_ASSIGN_OR_RETURN(Var o, g.Gsa(ctx.batch, in, ctx.State(0), ctx.State(1), ctx.form));
     o = g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)});
     LAIR_ASSIGN_OR_RETURN(o, g.Unary(UnaryOp::kSilu, o));
-    LAIR_ASSIGN_OR_RETURN(o, g.Norm(o, norm_, kernels::NormKind::kRms, static_cast<float>(config_.base.norm_eps)));
+    LAIR_ASSIGN_OR_RETURN(o, g.Norm(o, norm_, kernels::NormKind::kRms, 1e-5f));
     return g.Linear(o, o_);
   }
 

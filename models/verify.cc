@@ -37,7 +37,7 @@ Tensor Stack(const std::vector<Tensor>& rows) {
 
 class Verifier {
  public:
-  Verifier(Model* model, StatePool* pool, double logits_tol) : model_(model), pool_(pool), tol_(logits_tol) {}
+  Verifier(Model* model, StatePool* pool) : model_(model), pool_(pool) {}
 
   // Logits of every position of `prompt` fed as one prefill into `slot`.
   absl::StatusOr<Tensor> Prefill(const std::vector<int32_t>& prompt, int slot) {
@@ -74,7 +74,6 @@ class Verifier {
  private:
   Model* model_;
   StatePool* pool_;
-  double tol_;
 };
 
 absl::Status Compare(ModelReport* report, const std::string& label, const Tensor& ours, const Tensor& ref,
@@ -100,7 +99,7 @@ absl::Status Run(const std::string& dir, kernels::Backend* backend, const Verify
   load.max_context = static_cast<int>(std::max(prompt_a.size() + greedy_ref.size(), prompt_b.size()));
   LAIR_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(dir, backend, load));
   LAIR_ASSIGN_OR_RETURN(StatePool pool, StatePool::Create(backend, model->state_layout(), 2));
-  Verifier v(model.get(), &pool, logits_tol);
+  Verifier v(model.get(), &pool);
 
   for (const auto& [name, prompt] : {std::pair<std::string, const std::vector<int32_t>*>{"a", &prompt_a},
                                      {"b", &prompt_b}}) {

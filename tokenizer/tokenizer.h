@@ -77,11 +77,11 @@ class IncrementalDecoder {
  private:
   const Tokenizer& tokenizer_;
   bool skip_special_tokens_;
-  // Only the window's tokens are kept; earlier ones are final.
+  // The window: context tokens (already emitted) then new ones. Earlier
+  // tokens are final and dropped.
   std::vector<int32_t> tokens_;
-  size_t prefix_offset_ = 0;  // start of the window: context tokens begin here
-  size_t read_offset_ = 0;    // tokens before this index are emitted text
-  std::string prefix_text_;   // Decode(tokens_[prefix_offset_, read_offset_))
+  size_t read_offset_ = 0;   // tokens before this index are the context
+  std::string prefix_text_;  // Decode(tokens_[0, read_offset_))
 };
 
 }  // namespace lair

@@ -149,6 +149,15 @@ void FirstStepDecay(const LogDecayView& d, int dim, std::vector<float>& out) {
   }
 }
 
+// Below this many multiply-adds per call (a decode step of a few heads) the
+// work runs on the calling thread: starting threads would cost more.
+constexpr int64_t kMinParallelWork = int64_t{1} << 18;
+
+int ThreadsFor(const SequenceBatch& batch, const DecayForwardArgs& a, int threads) {
+  const int64_t tokens = batch.cu_seqlens[batch.num_seqs];
+  return tokens * a.heads * a.key_dim * a.value_dim < kMinParallelWork ? 1 : threads;
+}
+
 UlaForm PickForm(const SequenceBatch& batch, MixerForm form) {
   if (form == MixerForm::kRecurrent) return UlaForm::kRecurrent;
   if (form == MixerForm::kChunked) return UlaForm::kChunked;
@@ -319,7 +328,7 @@ absl::Status DecayForwardCpu(const SequenceBatch& batch, const DecayForwardArgs&
   const Tensor o = F32Target(args.o);
   const UlaForm ula_form = PickForm(batch, form);
   const int64_t kv = int64_t{K} * V;
-  ParallelFor(int64_t{batch.num_seqs} * H, threads, [&](int64_t item) {
+  ParallelFor(int64_t{batch.num_seqs} * H, ThreadsFor(batch, args, threads), [&](int64_t item) {
     const int seq = static_cast<int>(item / H), head = static_cast<int>(item % H);
     const int64_t first = batch.cu_seqlens[seq];
     float* state = args.state.f32() + (int64_t{batch.state_slot[seq]} * H + head) * kv;
@@ -367,7 +376,7 @@ absl::Status DecayBackwardCpu(const SequenceBatch& batch, const DecayBackwardArg
                                 F32Target(args.dk),
                                 F32Target(args.dv),
                                 log_gamma_partial};
-  ParallelFor(seqs * H, threads, [&](int64_t item) {
+  ParallelFor(seqs * H, ThreadsFor(batch, f, threads), [&](int64_t item) {
     BackwardItem(context, static_cast<int>(item / H), static_cast<int>(item % H));
   });
   if (f.kind == DecayKind::kConstant && args.d_log_gamma.defined()) {

@@ -10,7 +10,7 @@ namespace lair::kernels::cpu {
 namespace {
 
 // Secondary chunk size of the vector-decay intra-chunk part (gla.md §5.4):
-// the diagonal blocks of this size are the only part not done by BLAS.
+// the query rows that share one reference row for their rescaling.
 constexpr int kSubChunk = 16;
 
 // The operands of one pass copied into contiguous rows in iteration order
@@ -318,8 +318,8 @@ class ChunkedPass {
     }
     for (int s0 = 0; s0 < len; s0 += kSubChunk) {
       const int s1 = std::min(s0 + kSubChunk, len), m = s1 - s0;
-      const bool fast = (!left || Span(bl_, dk_, s0, s1 - 1) <= 1e30) &&
-                        (!right || Span(br_, dv_, s0, s1 - 1) <= 1e30);
+      const bool fast = (!left || Span(bl_, dk_, s0, s1 - 1) <= kMaxSpan) &&
+                        (!right || Span(br_, dv_, s0, s1 - 1) <= kMaxSpan);
       const int keys = fast ? s1 : s0;  // key rows that go through the matmul
       const float* kr = k;
       const float* vr = v;

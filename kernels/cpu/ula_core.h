@@ -20,15 +20,16 @@
 // Two forms compute the same thing. The recurrent form follows the recurrence
 // token by token. The chunked form works on chunks of `chunk_size` tokens with
 // BLAS matmuls (§1.5.2): the inter-chunk part through the state entering the
-// chunk, the intra-chunk part through a masked c×c matrix. Every exponential
-// it takes has a non-positive argument, so strongly decaying gates underflow
-// towards zero instead of overflowing:
+// chunk, the intra-chunk part through a masked c×c matrix. No exponential it
+// takes can overflow, so strongly decaying gates underflow towards zero:
 //   * cumulative log-decays are chunk-local (and summed in double);
 //   * scalar decays build the decay matrix exp(b_i − b_j) only for j ≤ i;
-//   * vector decays use secondary chunking (gla.md §5.4): blocks between
-//     different sub-chunks are rescaled relative to the first row of the query
-//     sub-chunk, so both factors are ≤ 1, and the diagonal sub-chunk blocks
-//     are accumulated with running products of per-step decays.
+//   * vector decays use secondary chunking (gla.md §5.4): each query
+//     sub-chunk of 16 rows rescales queries, keys and values relative to its
+//     first row, so factors towards earlier keys are ≤ 1; its own diagonal
+//     block joins the matmul when the decay across the sub-chunk spans at
+//     most e^40, and is otherwise accumulated with running products of
+//     per-step decays (each ≤ 1).
 //
 // Thread safety: UlaPass touches only its arguments; passes over disjoint
 // outputs and states may run concurrently.

@@ -1,0 +1,18 @@
+# lair_cuda_dense: the dense operations of kernels/dense.h on CUDA
+# (kernels/cuda/dense_ops.h), included from kernels/cuda/CMakeLists.txt.
+# Spills and local-memory use are build errors; --resource-usage prints each
+# kernel's registers and shared memory.
+lair_library(lair_cuda_dense STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/dense_ops.cc
+  ${CMAKE_CURRENT_LIST_DIR}/dense_gemm.cu
+  ${CMAKE_CURRENT_LIST_DIR}/dense_norm.cu
+  ${CMAKE_CURRENT_LIST_DIR}/dense_elementwise.cu
+  ${CMAKE_CURRENT_LIST_DIR}/dense_conv.cu
+  ${CMAKE_CURRENT_LIST_DIR}/dense_attention.cu
+  ${CMAKE_CURRENT_LIST_DIR}/dense_loss.cu)
+target_link_libraries(lair_cuda_dense
+  PUBLIC lair_core CUDA::cudart
+  PRIVATE CUDA::cublasLt absl::strings)
+target_compile_options(lair_cuda_dense PRIVATE
+  $<$<COMPILE_LANGUAGE:CUDA>:--resource-usage -Xptxas=-warn-spills,-warn-lmem-usage
+    -Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror>)

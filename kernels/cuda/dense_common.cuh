@@ -1,0 +1,111 @@
+// Device helpers shared by the dense kernels (dense_*.cu): activations written
+// as the CPU reference writes them, warp and block reductions, the sequence of
+// a packed token, 16-byte vector access and the column-sum finisher.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace lair::kernels::cuda::dense {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// σ(x) = 1 / (1 + e^−x), silu(x) = x·σ(x), silu'(x) = σ(x)·(1 + x·(1 − σ(x))).
+__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float Silu(float x) { return x * Sigmoid(x); }
+__device__ __forceinline__ float SiluGrad(float x) {
+  const float s = Sigmoid(x);
+  return s * (1.0f + x * (1.0f - s));
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// Σ over a team of kTeam threads: one warp (32) or the whole block (a multiple
+// of 32, kTeam/32 floats of `shared`). Every thread of the team gets the sum.
+template <int kTeam>
+__device__ __forceinline__ float TeamSum(float v, float* shared) {
+  v = WarpSum(v);
+  if constexpr (kTeam > 32) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();  // earlier readers of `shared` are done
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kTeam / 32; ++w) v += shared[w];
+  }
+  return v;
+}
+
+// The sequence s with cu_seqlens[s] ≤ token < cu_seqlens[s + 1] (empty
+// sequences are skipped: the last offset not above `token`).
+__device__ __forceinline__ int SequenceOf(const int32_t* cu_seqlens, int num_seqs, int64_t token) {
+  int lo = 0, hi = num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (cu_seqlens[mid] <= token) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// kVec consecutive floats at p (16-byte aligned when kVec == 4).
+template <int kVec>
+__device__ __forceinline__ void LoadVec(const float* p, float (&v)[kVec]) {
+  if constexpr (kVec == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] = p[i];
+  }
+}
+
+template <int kVec>
+__device__ __forceinline__ void StoreVec(float* p, const float (&v)[kVec]) {
+  if constexpr (kVec == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) p[i] = v[i];
+  }
+}
+
+inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+inline unsigned BlocksFor(int64_t work, int threads) {
+  return static_cast<unsigned>((work + threads - 1) / threads);
+}
+
+// out[o] (+)= Σ_s partial[s·count + o] for o < count, summed in double in
+// split order: the second stage of the deterministic column sums. Entries
+// o ≥ split_at go to out_b[o − split_at] (conv: d_bias after d_weight).
+// Defined in dense_elementwise.cu.
+cudaError_t LaunchFinishColumnSums(const double* partial, int splits, int64_t count, float* out,
+                                   int64_t split_at, float* out_b, bool accumulate,
+                                   cudaStream_t stream);
+
+// Where a column sum's value goes when the sum is not split: out[o] or
+// out_b[o − split_at], added or stored.
+__device__ __forceinline__ void StoreColumnSum(double sum, int64_t o, float* out, int64_t split_at,
+                                               float* out_b, bool accumulate) {
+  float* dst = o < split_at ? out + o : out_b + (o - split_at);
+  *dst = accumulate ? *dst + static_cast<float>(sum) : static_cast<float>(sum);
+}
+
+}  // namespace lair::kernels::cuda::dense

@@ -1,0 +1,275 @@
+// RMS / Layer normalization over groups of a row, with the gate modes of
+// kernels/dense.h, and its backward. One team per group: a warp for groups up
+// to kWarpGroupMax columns, a 256-thread block above. The team walks its group
+// in kVec-wide steps (16-byte loads when the group and pointers allow), once
+// per statistic; re-reads hit L1/L2. fp32 math:
+//   u = x · silu(gate) (kBefore) or x,  μ = mean(u) (Layer) or 0,
+//   r = 1/√(mean((u − μ)²) + ε),  x̂ = (u − μ)·r,
+//   y = x̂ · w · silu(gate) (kAfter) or x̂ · w.
+// Backward, with dz = dy·silu(gate) (kAfter) or dy and ĝ = dz·w:
+//   du = r·(ĝ − mean(ĝ) [Layer] − x̂·mean(ĝ·x̂)),  dx = du·silu(gate) (kBefore) or du,
+//   d_gate = dy·x̂·w·silu'(gate) (kAfter) or du·x·silu'(gate) (kBefore),
+//   d_w[c] += Σ_rows dz·x̂  (a second, column-parallel kernel, double sums).
+#include "kernels/cuda/dense_common.cuh"
+#include "kernels/cuda/dense_launch.h"
+
+namespace lair::kernels::cuda::dense {
+namespace {
+
+constexpr int kWarpGroupMax = 1024;
+constexpr int kWarpTeamBlock = 128;  // 4 warp teams per block
+constexpr int kBlockTeam = 256;
+constexpr int kColumnThreads = 256;
+
+// The team's group: its first element in [rows, cols], its column offset,
+// and this thread's rank in the team. False when the team has no group.
+template <int kTeam>
+__device__ __forceinline__ bool FindGroup(const NormParams& p, int64_t* base, int64_t* g0,
+                                          int64_t* group_index, int* tid) {
+  const int64_t per_row = p.cols / p.group;
+  int64_t team;
+  if constexpr (kTeam == 32) {
+    team = blockIdx.x * static_cast<int64_t>(kWarpTeamBlock / 32) + threadIdx.x / 32;
+    *tid = threadIdx.x % 32;
+  } else {
+    team = blockIdx.x;
+    *tid = threadIdx.x;
+  }
+  if (team >= p.rows * per_row) return false;
+  const int64_t r = team / per_row;
+  *g0 = (team - r * per_row) * p.group;
+  *base = r * p.cols + *g0;
+  *group_index = team;
+  return true;
+}
+
+// u = x·silu(gate) (kBefore) or x, kVec elements at offset `at`.
+template <int kVec>
+__device__ __forceinline__ void LoadU(const NormParams& p, int64_t at, float (&u)[kVec]) {
+  LoadVec<kVec>(p.x + at, u);
+  if (p.gate_mode == NormGate::kBefore) {
+    float g[kVec];
+    LoadVec<kVec>(p.gate + at, g);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) u[e] *= Silu(g[e]);
+  }
+}
+
+// μ and r of the group at `base` (every team thread gets them).
+template <int kTeam, int kVec>
+__device__ __forceinline__ float2 GroupStats(const NormParams& p, int64_t base, int tid,
+                                             float* shared) {
+  float mean = 0.0f;
+  if (p.kind == NormKind::kLayer) {
+    float sum = 0.0f;
+    for (int64_t i = tid * kVec; i < p.group; i += kTeam * kVec) {
+      float u[kVec];
+      LoadU<kVec>(p, base + i, u);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) sum += u[e];
+    }
+    mean = TeamSum<kTeam>(sum, shared) / static_cast<float>(p.group);
+  }
+  float sq = 0.0f;
+  for (int64_t i = tid * kVec; i < p.group; i += kTeam * kVec) {
+    float u[kVec];
+    LoadU<kVec>(p, base + i, u);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) sq += (u[e] - mean) * (u[e] - mean);
+  }
+  const float var = TeamSum<kTeam>(sq, shared) / static_cast<float>(p.group);
+  return make_float2(mean, 1.0f / sqrtf(var + p.eps));
+}
+
+template <int kTeam, int kVec>
+__global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
+    NormKernel(const NormParams p) {
+  __shared__ float shared[kBlockTeam / 32];
+  int64_t base, g0, group_index;
+  int tid;
+  if (!FindGroup<kTeam>(p, &base, &g0, &group_index, &tid)) return;
+  const float2 stats = GroupStats<kTeam, kVec>(p, base, tid, shared);
+  for (int64_t i = tid * kVec; i < p.group; i += kTeam * kVec) {
+    float y[kVec], w[kVec];
+    LoadU<kVec>(p, base + i, y);
+    if (p.weight) {
+      LoadVec<kVec>(p.weight + g0 + i, w);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) w[e] = 1.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) y[e] = (y[e] - stats.x) * stats.y * w[e];
+    if (p.gate_mode == NormGate::kAfter) {
+      float g[kVec];
+      LoadVec<kVec>(p.gate + base + i, g);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) y[e] *= Silu(g[e]);
+    }
+    StoreVec<kVec>(p.y + base + i, y);
+  }
+}
+
+// Per element of the group: x̂, ĝ = dz·w, and (kAfter, when wanted) d_gate.
+template <int kVec>
+__device__ __forceinline__ void BackwardTerms(const NormBackwardParams& b, int64_t at, int64_t col,
+                                              float2 stats, float (&xhat)[kVec],
+                                              float (&ghat)[kVec], bool write_gate) {
+  const NormParams& p = b.fwd;
+  float dy[kVec], w[kVec];
+  LoadU<kVec>(p, at, xhat);
+  LoadVec<kVec>(b.d_y + at, dy);
+  if (p.weight) {
+    LoadVec<kVec>(p.weight + col, w);
+  } else {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) w[e] = 1.0f;
+  }
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) xhat[e] = (xhat[e] - stats.x) * stats.y;
+  if (p.gate_mode == NormGate::kAfter) {
+    float g[kVec], dg[kVec];
+    LoadVec<kVec>(p.gate + at, g);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      dg[e] = dy[e] * xhat[e] * w[e] * SiluGrad(g[e]);
+      dy[e] *= Silu(g[e]);
+    }
+    if (write_gate) StoreVec<kVec>(b.d_gate + at, dg);
+  }
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) ghat[e] = dy[e] * w[e];
+}
+
+template <int kTeam, int kVec>
+__global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
+    NormBackwardKernel(const NormBackwardParams b) {
+  __shared__ float shared[kBlockTeam / 32];
+  const NormParams& p = b.fwd;
+  int64_t base, g0, group_index;
+  int tid;
+  if (!FindGroup<kTeam>(p, &base, &g0, &group_index, &tid)) return;
+  const float2 stats = GroupStats<kTeam, kVec>(p, base, tid, shared);
+  if (b.stats && tid == 0) b.stats[group_index] = stats;
+
+  // Σ ĝ and Σ ĝ·x̂ over the group.
+  float sum_g = 0.0f, sum_gx = 0.0f;
+  for (int64_t i = tid * kVec; i < p.group; i += kTeam * kVec) {
+    float xhat[kVec], ghat[kVec];
+    BackwardTerms<kVec>(b, base + i, g0 + i, stats, xhat, ghat, b.d_gate != nullptr);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      sum_g += ghat[e];
+      sum_gx += ghat[e] * xhat[e];
+    }
+  }
+  const float inv_n = 1.0f / static_cast<float>(p.group);
+  const float mean_g = p.kind == NormKind::kLayer ? TeamSum<kTeam>(sum_g, shared) * inv_n : 0.0f;
+  const float mean_gx = TeamSum<kTeam>(sum_gx, shared) * inv_n;
+
+  for (int64_t i = tid * kVec; i < p.group; i += kTeam * kVec) {
+    float xhat[kVec], du[kVec];
+    BackwardTerms<kVec>(b, base + i, g0 + i, stats, xhat, du, false);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) du[e] = stats.y * (du[e] - mean_g - xhat[e] * mean_gx);
+    if (p.gate_mode == NormGate::kBefore) {
+      float x[kVec], g[kVec], dg[kVec];
+      LoadVec<kVec>(p.x + base + i, x);
+      LoadVec<kVec>(p.gate + base + i, g);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        dg[e] = du[e] * x[e] * SiluGrad(g[e]);
+        du[e] *= Silu(g[e]);
+      }
+      if (b.d_gate) StoreVec<kVec>(b.d_gate + base + i, dg);
+    }
+    StoreVec<kVec>(b.dx + base + i, du);
+  }
+}
+
+// d_w[c] (+)= Σ_{rows of this split} dz·x̂, one thread per column, from the
+// saved (μ, r) of each group.
+__global__ void __launch_bounds__(kColumnThreads) NormWeightGradKernel(const NormBackwardParams b) {
+  const NormParams& p = b.fwd;
+  const int64_t c = blockIdx.x * static_cast<int64_t>(kColumnThreads) + threadIdx.x;
+  if (c >= p.cols) return;
+  const int64_t per_row = p.cols / p.group, gi = c / p.group;
+  const int64_t chunk = (p.rows + b.splits - 1) / b.splits;
+  const int64_t lo = blockIdx.y * chunk;
+  const int64_t hi = lo + chunk < p.rows ? lo + chunk : p.rows;
+  double sum = 0.0;
+  for (int64_t r = lo; r < hi; ++r) {
+    const int64_t at = r * p.cols + c;
+    float u = p.x[at], dz = b.d_y[at];
+    if (p.gate_mode == NormGate::kBefore) u *= Silu(p.gate[at]);
+    if (p.gate_mode == NormGate::kAfter) dz *= Silu(p.gate[at]);
+    const float2 st = b.stats[r * per_row + gi];
+    sum += static_cast<double>(dz) * ((u - st.x) * st.y);
+  }
+  if (b.splits == 1) {
+    StoreColumnSum(sum, c, b.d_weight, p.cols, nullptr, true);
+  } else {
+    b.partial[blockIdx.y * p.cols + c] = sum;
+  }
+}
+
+bool Vectorizable(const NormParams& p) {
+  return p.group % 4 == 0 && Aligned16(p.x) && Aligned16(p.y) &&
+         (p.weight == nullptr || Aligned16(p.weight)) && (p.gate == nullptr || Aligned16(p.gate));
+}
+
+template <int kTeam, int kVec>
+void LaunchForward(const NormParams& p, int64_t groups, cudaStream_t stream) {
+  if constexpr (kTeam == 32) {
+    NormKernel<32, kVec><<<BlocksFor(groups, kWarpTeamBlock / 32), kWarpTeamBlock, 0, stream>>>(p);
+  } else {
+    NormKernel<kBlockTeam, kVec><<<static_cast<unsigned>(groups), kBlockTeam, 0, stream>>>(p);
+  }
+}
+
+template <int kTeam, int kVec>
+void LaunchBackward(const NormBackwardParams& b, int64_t groups, cudaStream_t stream) {
+  if constexpr (kTeam == 32) {
+    NormBackwardKernel<32, kVec>
+        <<<BlocksFor(groups, kWarpTeamBlock / 32), kWarpTeamBlock, 0, stream>>>(b);
+  } else {
+    NormBackwardKernel<kBlockTeam, kVec><<<static_cast<unsigned>(groups), kBlockTeam, 0, stream>>>(b);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchNorm(const NormParams& p, cudaStream_t stream) {
+  const int64_t groups = p.rows * (p.cols / p.group);
+  if (groups == 0) return cudaSuccess;
+  const bool vec = Vectorizable(p);
+  if (p.group <= kWarpGroupMax) {
+    vec ? LaunchForward<32, 4>(p, groups, stream) : LaunchForward<32, 1>(p, groups, stream);
+  } else {
+    vec ? LaunchForward<kBlockTeam, 4>(p, groups, stream)
+        : LaunchForward<kBlockTeam, 1>(p, groups, stream);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchNormBackward(const NormBackwardParams& b, cudaStream_t stream) {
+  const NormParams& p = b.fwd;
+  const int64_t groups = p.rows * (p.cols / p.group);
+  if (groups == 0) return cudaSuccess;
+  const bool vec = Vectorizable(p) && Aligned16(b.d_y) && Aligned16(b.dx) &&
+                   (b.d_gate == nullptr || Aligned16(b.d_gate));
+  if (p.group <= kWarpGroupMax) {
+    vec ? LaunchBackward<32, 4>(b, groups, stream) : LaunchBackward<32, 1>(b, groups, stream);
+  } else {
+    vec ? LaunchBackward<kBlockTeam, 4>(b, groups, stream)
+        : LaunchBackward<kBlockTeam, 1>(b, groups, stream);
+  }
+  if (b.d_weight == nullptr) return cudaGetLastError();
+  const dim3 grid(BlocksFor(p.cols, kColumnThreads), static_cast<unsigned>(b.splits));
+  NormWeightGradKernel<<<grid, kColumnThreads, 0, stream>>>(b);
+  if (b.splits == 1) return cudaGetLastError();
+  return LaunchFinishColumnSums(b.partial, b.splits, p.cols, b.d_weight, p.cols, nullptr, true,
+                                stream);
+}
+
+}  // namespace lair::kernels::cuda::dense

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# One device call: build LAIR with CUDA, run the CUDA tests, check the CUDA
+# backend against the golden ops fixtures (f32 and bf16), time our kernels and
+# the reference kernels (fla, mlstm_kernels) side by side, print a table.
+#
+# Runs in the repository root of the device machine, which has CUDA, CMake,
+# ninja and PyTorch/Triton but none of our Debian -dev packages and no
+# network, so the call carries them:
+#   .carry/debs/*.deb      absl, nlohmann-json, CLI11, OpenBLAS, GoogleTest (apt-get download)
+#   .carry/fixtures/       a copy of ../shared/fixtures/ops
+#   .whl/*.whl             fla-core, flash-linear-attention, mlstm_kernels (pip download)
+# Logs go to $OUT (or ./gpu-check-out). Stages: STAGES="build test verify bench ref".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+STAGES=${STAGES:-"build test verify bench ref"}
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+ROOT=/tmp/debroot
+LIB=$ROOT/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH=$LIB:$LIB/openblas-pthread:${LD_LIBRARY_PATH:-}
+BUILD=build-gpu
+status() { echo "== $* ($(date +%T))"; }
+
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+
+if has build; then
+  status build
+  mkdir -p $ROOT
+  for f in .carry/debs/*.deb; do dpkg -x "$f" $ROOT; done
+  cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAIR_WITH_SERVER=OFF -DLAIR_WITH_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$ROOT/usr;$LIB/cmake;$ROOT/usr/share/cmake" \
+    -DCMAKE_CXX_FLAGS="-isystem $ROOT/usr/include -isystem $ROOT/usr/include/x86_64-linux-gnu/openblas-pthread" \
+    -DBLAS_LIBRARIES="$LIB/openblas-pthread/libopenblas.so" -DLAIR_DEFAULT_FIXTURES="$PWD/.carry" \
+    >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+  ninja -C $BUILD -j16 lair kernels_cuda_backend_test >"$OUT/build.log" 2>&1 ||
+    { grep -B2 -A10 -m5 "error" "$OUT/build.log"; tail -20 "$OUT/build.log"; exit 1; }
+fi
+
+if has test; then
+  status test
+  timeout 240 $BUILD/bin/kernels_cuda_backend_test 2>&1 | tee "$OUT/test.log" | grep -E "^\[  (FAILED|PASSED|  OK|SKIPPED)|Failure|error|Expected|Which is|rel" | head -60
+fi
+
+if has verify; then
+  for dt in f32 bf16; do
+    status verify $dt
+    timeout 120 $BUILD/bin/lair verify ops --dir .carry/fixtures --device cuda --dtype $dt >"$OUT/verify_$dt.log" 2>&1
+    echo "exit $?"
+    grep -iE "fail|error|unimpl|pass|ok " "$OUT/verify_$dt.log" | head -40
+  done
+fi
+
+if has bench; then
+  status bench kernels
+  timeout 300 $BUILD/bin/lair bench kernels 2>&1 | tee "$OUT/bench_lair.log"
+fi
+
+if has ref; then
+  status reference
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+    export PYTHONPATH=/tmp/site
+  PYTHONUNBUFFERED=1 timeout 300 python3 scripts/bench_reference.py 2>"$OUT/bench_ref.err" | tee "$OUT/bench_ref.log"
+  grep -m3 -B1 -A3 "Error" "$OUT/bench_ref.err" | head -30
+fi
+
+status table
+python3 - "$OUT" <<'EOF'
+import sys, re, os
+out = sys.argv[1]
+def read(name):
+    p = os.path.join(out, name)
+    return open(p).read().splitlines() if os.path.exists(p) else []
+ours, ref = {}, {}
+for line in read("bench_lair.log"):
+    m = re.match(r"lair (\S+) T=(\d+) (fwd|fwdbwd) (.*)", line)
+    if m: ours[m.groups()[:3]] = m.group(4)
+for line in read("bench_ref.log"):
+    m = re.match(r"ref (\S+) T=(\d+) (fwd|fwdbwd) (.*)", line)
+    if m: ref[m.groups()[:3]] = m.group(4)
+print(f"{'op':<12}{'T':>6} {'mode':<7}{'lair ms':>10}{'ref ms':>10}{'lair/ref':>9}")
+for key in sorted(set(ours) | set(ref), key=lambda k: (k[0], int(k[1]), k[2])):
+    a, b = ours.get(key, "-"), ref.get(key, "-")
+    try: ratio = f"{float(a) / float(b):.2f}"
+    except ValueError: ratio = ""
+    print(f"{key[0]:<12}{key[1]:>6} {key[2]:<7}{a[:10]:>10}{b[:10]:>10}{ratio:>9}")
+for line in read("bench_lair.log"):
+    if line.startswith("lair step_") or line.startswith("lair copy"): print(line)
+EOF

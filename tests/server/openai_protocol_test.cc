@@ -1,0 +1,169 @@
+#include "server/openai_protocol.h"
+
+#include "gtest/gtest.h"
+#include "server/api_error.h"
+
+namespace lair::server {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status ParseStatus(ApiKind kind, const std::string& body) {
+  return ParseOpenAiRequest(kind, body, 512).status();
+}
+
+TEST(OpenAiProtocolTest, ParsesCompletionParameters) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(ApiKind::kCompletion, R"({
+      "model": "m", "prompt": ["a", [1, 2]], "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
+      "top_k": -1, "min_p": 0.1, "n": 3, "stop": "x", "seed": 42, "logprobs": 2,
+      "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2,
+      "logit_bias": {"5": -100}, "stream": true, "stream_options": {"include_usage": true},
+      "user": "u", "echo": false, "unknown_field": {"ignored": true}})", 512);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->model, "m");
+  ASSERT_EQ(r->prompts.size(), 2u);
+  EXPECT_EQ(std::get<std::string>(r->prompts[0]), "a");
+  EXPECT_EQ(std::get<std::vector<int32_t>>(r->prompts[1]), (std::vector<int32_t>{1, 2}));
+  const engine::SamplingParams& s = r->sampling;
+  EXPECT_EQ(s.max_tokens, 7);
+  EXPECT_FLOAT_EQ(s.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(s.top_p, 0.9f);
+  EXPECT_EQ(s.top_k, 0);
+  EXPECT_FLOAT_EQ(s.min_p, 0.1f);
+  EXPECT_EQ(s.n, 3);
+  EXPECT_EQ(s.stop, std::vector<std::string>{"x"});
+  EXPECT_EQ(s.seed, 42u);
+  EXPECT_EQ(s.logprobs, 2);
+  EXPECT_FLOAT_EQ(s.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(s.frequency_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(s.repetition_penalty, 1.2f);
+  EXPECT_FLOAT_EQ(s.logit_bias.at(5), -100.0f);
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+}
+
+TEST(OpenAiProtocolTest, ParsesChatMessagesAndLogprobs) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(ApiKind::kChat, R"({
+      "messages": [{"role": "system", "content": "s"},
+                   {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+      "logprobs": true, "top_logprobs": 3, "max_completion_tokens": 9})", 512);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->messages.size(), 2u);
+  EXPECT_EQ(r->messages[1]["content"], "ab");
+  EXPECT_EQ(r->sampling.logprobs, 3);
+  EXPECT_EQ(r->sampling.max_tokens, 9);
+  absl::StatusOr<OpenAiRequest> defaults = ParseOpenAiRequest(ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}]})", 77);
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->sampling.max_tokens, 77);
+  EXPECT_EQ(defaults->sampling.logprobs, -1);
+}
+
+TEST(OpenAiProtocolTest, ErrorsNameTheParam) {
+  struct Case {
+    ApiKind kind;
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {ApiKind::kCompletion, R"({"prompt": "x", "max_tokens": "ten"})", "max_tokens"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "max_tokens": 0})", "max_tokens"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "temperature": "hot"})", "temperature"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "temperature": 3})", "temperature"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "top_p": 0})", "top_p"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "n": 0})", "n"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "stop": 5})", "stop"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "seed": 1.5})", "seed"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 50})", "logprobs"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "logit_bias": {"abc": 1}})", "logit_bias"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options"},
+      {ApiKind::kCompletion, R"({"prompt": 5})", "prompt"},
+      {ApiKind::kCompletion, R"({"prompt": [-1]})", "prompt"},
+      {ApiKind::kCompletion, R"({})", "prompt"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "model": 3})", "model"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "stream": "yes"})", "stream"},
+      {ApiKind::kChat, R"({"messages": "hi"})", "messages"},
+      {ApiKind::kChat, R"({"messages": [{"content": "no role"}]})", "messages"},
+      {ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs"},
+      {ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 1})", "logprobs"},
+  };
+  for (const Case& c : cases) {
+    absl::Status status = ParseStatus(c.kind, c.body);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.body;
+    EXPECT_EQ(ErrorParam(status), c.param) << c.body << " -> " << status;
+    EXPECT_EQ(HttpStatusFor(status), 400);
+  }
+}
+
+TEST(OpenAiProtocolTest, MalformedAndUnsupported) {
+  absl::Status malformed = ParseStatus(ApiKind::kCompletion, "{\"prompt\": ");
+  EXPECT_EQ(malformed.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseStatus(ApiKind::kCompletion, "[1, 2]").code(), absl::StatusCode::kInvalidArgument);
+  absl::Status echo = ParseStatus(ApiKind::kCompletion, R"({"prompt": "x", "echo": true})");
+  EXPECT_EQ(HttpStatusFor(echo), 422);
+  EXPECT_EQ(ErrorParam(echo), "echo");
+}
+
+TEST(OpenAiProtocolTest, ErrorBodyHasOpenAiShape) {
+  Json body = OpenAiErrorBody(ParamError("max_tokens", "must be an integer"));
+  EXPECT_EQ(body["error"]["message"], "max_tokens: must be an integer");
+  EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(body["error"]["param"], "max_tokens");
+  EXPECT_EQ(body["error"]["code"], "invalid_argument");
+  Json not_found = OpenAiErrorBody(absl::NotFoundError("no model"));
+  EXPECT_TRUE(not_found["error"]["param"].is_null());
+  EXPECT_EQ(HttpStatusFor(absl::NotFoundError("")), 404);
+  EXPECT_EQ(HttpStatusFor(absl::UnauthenticatedError("")), 401);
+  EXPECT_EQ(HttpStatusFor(absl::ResourceExhaustedError("")), 429);
+  EXPECT_EQ(HttpStatusFor(absl::FailedPreconditionError("")), 503);
+  EXPECT_EQ(HttpStatusFor(absl::InternalError("")), 500);
+}
+
+std::string TokenText(int32_t id) { return std::string(1, static_cast<char>(id)); }
+
+TEST(OpenAiProtocolTest, SseFramingOfChunks) {
+  ResponseHeader header{ApiKind::kChat, "chatcmpl-1", 100, "m"};
+  ChunkContent first{0, "Hi", {}, engine::FinishReason::kNone, true};
+  std::string frame = SseEvent(StreamChunk(header, first, false, true, TokenText));
+  ASSERT_EQ(frame.rfind("data: ", 0), 0u);
+  ASSERT_EQ(frame.substr(frame.size() - 2), "\n\n");
+  EXPECT_EQ(frame.find('\n'), frame.size() - 2) << "one line per event";
+  Json chunk = Json::parse(frame.substr(6));
+  EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+  EXPECT_EQ(chunk["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(chunk["choices"][0]["delta"]["content"], "Hi");
+  EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(chunk.contains("usage") && chunk["usage"].is_null());
+
+  ChunkContent last{0, "", {}, engine::FinishReason::kLength, false};
+  Json end = StreamChunk(header, last, false, false, TokenText);
+  EXPECT_EQ(end["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(end["choices"][0]["delta"].empty());
+  EXPECT_FALSE(end.contains("usage"));
+
+  Json usage = UsageChunk(header, engine::Usage{3, 4});
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 7);
+  EXPECT_EQ(std::string(kSseDone), "data: [DONE]\n\n");
+}
+
+TEST(OpenAiProtocolTest, LogprobShapes) {
+  std::vector<engine::TokenLogprob> logprobs = {{'a', -0.5f, {{'a', -0.5f}, {'b', -1.5f}}}};
+  ResponseHeader completion{ApiKind::kCompletion, "cmpl-1", 1, "m"};
+  Json c = FullResponse(completion, {{0, "a", logprobs, engine::FinishReason::kStop}}, {1, 1}, true, TokenText);
+  EXPECT_EQ(c["object"], "text_completion");
+  EXPECT_EQ(c["choices"][0]["text"], "a");
+  EXPECT_EQ(c["choices"][0]["logprobs"]["tokens"][0], "a");
+  EXPECT_FLOAT_EQ(c["choices"][0]["logprobs"]["token_logprobs"][0].get<float>(), -0.5f);
+  EXPECT_FLOAT_EQ(c["choices"][0]["logprobs"]["top_logprobs"][0]["b"].get<float>(), -1.5f);
+  ResponseHeader chat{ApiKind::kChat, "chatcmpl-1", 1, "m"};
+  Json h = FullResponse(chat, {{0, "a", logprobs, engine::FinishReason::kStop}}, {1, 1}, true, TokenText);
+  EXPECT_EQ(h["choices"][0]["message"]["content"], "a");
+  const Json& entry = h["choices"][0]["logprobs"]["content"][0];
+  EXPECT_EQ(entry["token"], "a");
+  EXPECT_EQ(entry["bytes"], Json::array({97}));
+  EXPECT_EQ(entry["top_logprobs"][1]["token"], "b");
+  EXPECT_EQ(h["usage"]["total_tokens"], 2);
+}
+
+}  // namespace
+}  // namespace lair::server
