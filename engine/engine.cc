@@ -1,6 +1,19 @@
-// The engine thread: admits requests, runs Step() until shutdown.
+// EngineImpl: the engine thread and its locked input queue.
+//
+// Threading: Submit, Cancel, Stats and Shutdown only touch the state under
+// mu_ (the input and cancel queues, live ids, the stats snapshot). The
+// engine thread owns everything else (scheduler, state cache, sequences,
+// request groups) and takes mu_ only to drain the queues and publish stats,
+// never while calling the runner or a callback.
+//
+// Each loop iteration: admit submitted requests, apply cancels (slots freed
+// at once), cancel everything past the shutdown deadline, run one Step(),
+// send outputs, publish stats. A failure inside a request (its state could
+// not be restored, or the runner failed its sequence) finishes that request
+// with kError; the loop goes on.
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <optional>
 #include <random>
 #include <thread>

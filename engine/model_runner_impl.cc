@@ -11,6 +11,15 @@
 
 namespace lair::engine {
 
+absl::StatusOr<std::unique_ptr<ModelRunnerImpl>> ModelRunnerImpl::Load(
+    const std::string& dir, std::string_view device, const models::LoadOptions& options) {
+  LAIR_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::MakeBackend(device));
+  LAIR_ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model,
+                        models::Model::Load(dir, backend.get(), options));
+  const int max_context = model->family() == "llama" ? options.max_context : 0;
+  return std::make_unique<ModelRunnerImpl>(std::move(backend), std::move(model), max_context);
+}
+
 ModelRunnerImpl::ModelRunnerImpl(std::unique_ptr<kernels::Backend> backend,
                                  std::unique_ptr<models::Model> model, int max_context)
     : backend_(std::move(backend)), model_(std::move(model)), max_context_(max_context) {}

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "engine/batch_builder.h"
 #include "engine/model_runner.h"
@@ -27,6 +28,14 @@ class ModelRunnerImpl final : public ModelRunner {
  public:
   // The state budget used on the CPU when EngineConfig::state_memory_bytes is 0.
   static constexpr int64_t kCpuStateMemoryBytes = int64_t{1} << 30;
+
+  // Loads the checkpoint in `dir` on `device` ("cpu", "cuda", "cuda:N"; see
+  // kernels::MakeBackend). The context limit is options.max_context for
+  // softmax-attention families (llama) and unbounded for recurrent ones.
+  // Errors are those of MakeBackend and Model::Load.
+  static absl::StatusOr<std::unique_ptr<ModelRunnerImpl>> Load(const std::string& dir,
+                                                               std::string_view device,
+                                                               const models::LoadOptions& options);
 
   // Takes ownership of `backend` and of `model` (loaded on that backend).
   // `max_context` is the model's per-sequence token limit (the KV length for

@@ -111,9 +111,11 @@ TokenLogprob MakeLogprob(int n_top, std::span<const float> logprobs, int32_t tok
 
 }  // namespace
 
-SamplingState::SamplingState(std::span<const int32_t> prompt, uint64_t seed, int index)
-    : rng_(Mix(Mix(seed) ^ static_cast<uint64_t>(index))),
-      prompt_tokens_(prompt.begin(), prompt.end()) {}
+SamplingState::SamplingState(const SamplingParams& params, std::span<const int32_t> prompt,
+                             uint64_t seed, int index)
+    : rng_(Mix(Mix(seed) ^ static_cast<uint64_t>(index))) {
+  if (params.repetition_penalty != 1.0f) prompt_tokens_.insert(prompt.begin(), prompt.end());
+}
 
 void SamplingState::Accept(int32_t token) { ++output_counts_[token]; }
 

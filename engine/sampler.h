@@ -39,9 +39,11 @@ inline constexpr int kMaxLogprobs = 20;
 // Per-completion sampling state.
 class SamplingState {
  public:
-  // `prompt` feeds the repetition penalty; `seed` is the request's seed (or
-  // one the engine drew for it) and `index` the completion's index.
-  SamplingState(std::span<const int32_t> prompt, uint64_t seed, int index);
+  // `prompt` feeds the repetition penalty (kept only when params use it);
+  // `seed` is the request's seed (or one the engine drew for it) and
+  // `index` the completion's index.
+  SamplingState(const SamplingParams& params, std::span<const int32_t> prompt, uint64_t seed,
+                int index);
 
   // Records a generated token for the penalties.
   void Accept(int32_t token);

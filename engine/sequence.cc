@@ -13,7 +13,7 @@ Sequence::Sequence(SequenceId id, RequestGroup* group, int index, std::vector<in
       index_(index),
       tokens_(std::move(tokens)),
       num_prompt_tokens_(static_cast<int>(group->request.prompt_tokens.size())),
-      sampling_(group->request.prompt_tokens, group->seed, index) {
+      sampling_(group->request.sampling, group->request.prompt_tokens, group->seed, index) {
   for (size_t i = num_prompt_tokens_; i < tokens_.size(); ++i) sampling_.Accept(tokens_[i]);
 }
 

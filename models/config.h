@@ -65,6 +65,10 @@ struct GsaConfig {
   bool elementwise_affine = true;
   int gate_logit_normalizer = 8;
   double scale = 1.0;                 // the layer passes 1, not K^-0.5
+  // The output RMSNorm keeps the layer's own default eps: fla's block does
+  // not hand norm_eps to the layer (the gsa-tiny goldens match 1e-5, not
+  // the config's 1e-6).
+  double output_norm_eps = 1e-5;
 };
 
 struct LinearAttnConfig {

@@ -2,7 +2,8 @@
 //   q, k = φ(q_proj x, k_proj x) (φ = swish or relu),  v = swish(v_proj x),
 //   g = logsigmoid(f_proj x) / gate_logit_normalizer,  s = 1 − exp(g),
 // the two-pass GSA mixer (scale 1 as the layer passes it), then
-// o_proj(RMSNorm(swish(o))) with the norm over the whole value width.
+// o_proj(RMSNorm(swish(o))) with the norm over the whole value width (eps
+// 1e-5 whatever norm_eps says; see GsaConfig::output_norm_eps).
 #include "models/families.h"
 
 namespace lair::models {
@@ -41,7 +42,7 @@ class GsaMixer : public Mixer {
     LAIR_ASSIGN_OR_RETURN(Var o, g.Gsa(ctx.batch, in, ctx.State(0), ctx.State(1), ctx.form));
     o = g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)});
     LAIR_ASSIGN_OR_RETURN(o, g.Unary(UnaryOp::kSilu, o));
-    LAIR_ASSIGN_OR_RETURN(o, g.Norm(o, norm_, kernels::NormKind::kRms, 1e-5f));
+    LAIR_ASSIGN_OR_RETURN(o, g.Norm(o, norm_, kernels::NormKind::kRms, static_cast<float>(config_.output_norm_eps)));
     return g.Linear(o, o_);
   }
 

@@ -99,7 +99,7 @@ absl::StatusOr<std::vector<int32_t>> EngineClient::ChatPromptTokens(const nlohma
                                       {"bos_token", bos_token_},
                                       {"eos_token", eos_token_}};
   absl::StatusOr<std::string> text = chat_template_.Render(variables);
-  if (!text.ok()) return ParamError("messages", text.status().message());
+  if (!text.ok()) return ParamError("messages", std::string(text.status().message()));
   std::vector<int32_t> tokens = Tokenize(*text, /*add_special_tokens=*/false);
   LAIR_RETURN_IF_ERROR(CheckPrompt(tokens, "messages"));
   return tokens;

@@ -107,16 +107,16 @@ class GenerateReactor final : public grpc::ServerUnaryReactor {
         client_.Submit(std::move(prompt), sampling, [this](const engine::RequestOutput& out) { OnOutput(out); });
     if (!id.ok()) return End(id.status());
     bool cancel = false, done = false;
-    absl::Status status;
+    absl::Status finish;
     {
       absl::MutexLock lock(&mu_);
       submitting_ = false;
       request_id_ = *id;
       cancel = cancelled_;
       done = unfinished_ == 0;
-      if (done) status = CompleteLocked();
+      if (done) finish = CompleteLocked();
     }
-    if (done) return End(status);  // the last use of `this`
+    if (done) return End(finish);  // the last use of `this`
     if (cancel) client_.Cancel(*id);
   }
 
@@ -204,16 +204,16 @@ class GenerateStreamReactor final : public grpc::ServerWriteReactor<v1::Generate
         client_.Submit(std::move(prompt), sampling, [this](const engine::RequestOutput& out) { OnOutput(out); });
     if (!id.ok()) return End(id.status());
     bool cancel = false, ready = false;
-    absl::Status status;
+    absl::Status finish;
     {
       absl::MutexLock lock(&mu_);
       submitting_ = false;
       request_id_ = *id;
       cancel = cancelled_;
       ready = ReadyToFinish();
-      status = status_;
+      finish = status_;
     }
-    if (ready) return End(status);  // the last use of `this`
+    if (ready) return End(finish);  // the last use of `this`
     if (cancel) client_.Cancel(*id);
   }
 

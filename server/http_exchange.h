@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without including it
 
 #include "boost/asio/awaitable.hpp"
 #include "boost/asio/steady_timer.hpp"

@@ -326,8 +326,8 @@ absl::Status NormBackwardCpu(const NormBackwardArgs& args) {
     LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_gate", args.d_gate, fwd.x.shape()));
   }
   int64_t rows = fwd.x.dim(0), cols = fwd.x.dim(1);
-  std::vector<float> u(group), dxhat(group), xhat(group);
-  std::vector<double> d_weight(cols, 0.0);
+  std::vector<float> u(group);
+  std::vector<double> dxhat(group), xhat(group), d_weight(cols, 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t g0 = 0; g0 < cols; g0 += group) {
       int64_t base = r * cols + g0;
@@ -341,19 +341,19 @@ absl::Status NormBackwardCpu(const NormBackwardArgs& args) {
       NormStats(fwd.kind, u.data(), group, fwd.eps, &mean, &rstd);
       double sum_dxhat = 0, sum_dxhat_xhat = 0;
       for (int64_t i = 0; i < group; ++i) {
-        xhat[i] = static_cast<float>((u[i] - mean) * rstd);
+        xhat[i] = (u[i] - mean) * rstd;
         float w = fwd.weight.defined() ? fwd.weight.f32()[g0 + i] : 1.0f;
         float dz = dy[i];
         if (fwd.gate_mode == NormGate::kAfter) {
           if (args.d_gate.defined()) {
-            args.d_gate.f32()[base + i] = dz * xhat[i] * w * SiluGrad(gate[i]);
+            args.d_gate.f32()[base + i] = static_cast<float>(dz * xhat[i] * w * SiluGrad(gate[i]));
           }
           dz *= Silu(gate[i]);
         }
-        d_weight[g0 + i] += static_cast<double>(dz) * xhat[i];
-        dxhat[i] = dz * w;
+        d_weight[g0 + i] += dz * xhat[i];
+        dxhat[i] = static_cast<double>(dz) * w;
         sum_dxhat += dxhat[i];
-        sum_dxhat_xhat += static_cast<double>(dxhat[i]) * xhat[i];
+        sum_dxhat_xhat += dxhat[i] * xhat[i];
       }
       double mean_dxhat = fwd.kind == NormKind::kLayer ? sum_dxhat / group : 0.0;
       double mean_dxhat_xhat = sum_dxhat_xhat / group;

@@ -17,7 +17,7 @@ SamplingParams Greedy() {
 }
 
 TEST(SamplerTest, GreedyTakesTheFirstMaximum) {
-  SamplingState state({}, 1, 0);
+  SamplingState state(SamplingParams(), {}, 1, 0);
   auto logits = Logits();
   EXPECT_EQ(Sample(Greedy(), logits, state).token, 1);
 }
@@ -25,7 +25,7 @@ TEST(SamplerTest, GreedyTakesTheFirstMaximum) {
 TEST(SamplerTest, LogitBiasAndPenaltiesMoveTheArgmax) {
   SamplingParams p = Greedy();
   p.logit_bias[5] = 10;
-  SamplingState state({}, 1, 0);
+  SamplingState state(SamplingParams(), {}, 1, 0);
   auto logits = Logits();
   EXPECT_EQ(Sample(p, logits, state).token, 5);
 
@@ -33,7 +33,7 @@ TEST(SamplerTest, LogitBiasAndPenaltiesMoveTheArgmax) {
   SamplingParams rep = Greedy();
   rep.repetition_penalty = 2;
   std::vector<int32_t> prompt = {1};
-  SamplingState with_prompt(prompt, 1, 0);
+  SamplingState with_prompt(rep, prompt, 1, 0);
   logits = Logits();
   EXPECT_EQ(Sample(rep, logits, with_prompt).token, 3);
   EXPECT_FLOAT_EQ(logits[1], 1.5f);
@@ -42,7 +42,7 @@ TEST(SamplerTest, LogitBiasAndPenaltiesMoveTheArgmax) {
   SamplingParams freq = Greedy();
   freq.frequency_penalty = 1;
   freq.presence_penalty = 0.25f;
-  SamplingState generated({}, 1, 0);
+  SamplingState generated(freq, {}, 1, 0);
   generated.Accept(1);
   generated.Accept(3);
   generated.Accept(3);
@@ -56,7 +56,7 @@ TEST(SamplerTest, SeedAndIndexFixTheDraw) {
   SamplingParams p;
   p.temperature = 1.5f;
   auto draw = [&](uint64_t seed, int index) {
-    SamplingState state({}, seed, index);
+    SamplingState state(p, {}, seed, index);
     std::vector<int32_t> tokens;
     for (int i = 0; i < 32; ++i) {
       auto logits = Logits();
@@ -70,12 +70,14 @@ TEST(SamplerTest, SeedAndIndexFixTheDraw) {
 }
 
 TEST(SamplerTest, FiltersLeaveOnlyTheBestTokens) {
+  // No ties here: tokens by logit are 1, 3, 2, 0, 5, 4.
+  auto Logits = [] { return std::vector<float>{1.0f, 3.0f, 2.0f, 2.5f, -1.0f, 0.5f}; };
   for (int variant = 0; variant < 3; ++variant) {
     SamplingParams p;
     if (variant == 0) p.top_k = 1;
     if (variant == 1) p.top_p = 0.01f;
     if (variant == 2) p.min_p = 1.0f;
-    SamplingState state({}, 3, 0);
+    SamplingState state(SamplingParams(), {}, 3, 0);
     for (int i = 0; i < 20; ++i) {
       auto logits = Logits();
       EXPECT_EQ(Sample(p, logits, state).token, 1) << "variant " << variant;
@@ -84,7 +86,7 @@ TEST(SamplerTest, FiltersLeaveOnlyTheBestTokens) {
   // top_k = 3 keeps tokens 1, 3 and 2 only.
   SamplingParams p;
   p.top_k = 3;
-  SamplingState state({}, 3, 0);
+  SamplingState state(SamplingParams(), {}, 3, 0);
   for (int i = 0; i < 200; ++i) {
     auto logits = Logits();
     const int32_t token = Sample(p, logits, state).token;
@@ -96,7 +98,7 @@ TEST(SamplerTest, LogprobsComeFromTheProcessedDistribution) {
   SamplingParams p;
   p.top_k = 2;
   p.logprobs = 3;
-  SamplingState state({}, 5, 0);
+  SamplingState state(SamplingParams(), {}, 5, 0);
   auto logits = Logits();
   SampleResult r = Sample(p, logits, state);
   ASSERT_TRUE(r.logprob.has_value());

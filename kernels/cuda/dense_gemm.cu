@@ -1,0 +1,340 @@
+// GemmRunner: row-major c = alpha·op(a)·op(b) + beta·c (+ bias) through
+// cuBLASLt, for F32 activations and F32/BF16/F16 weights (GemmPrecision in
+// dense_ops.h says which arithmetic).
+//
+// cuBLASLt is column-major; a row-major [r, c] matrix is its transpose there,
+// so the runner computes cᵀ = op(b)ᵀ·op(a)ᵀ: cuBLAS's A is our b (op T when
+// trans_b), its B our a (op T when trans_a), its C our c with ld n, and the
+// epilogue bias (one value per cuBLAS row) is bias[j]. Plans (descriptors and
+// the heuristic's algorithm) are cached per shape, types and alignment.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/dense_common.cuh"
+#include "kernels/cuda/dense_launch.h"
+
+namespace lair::kernels::cuda::dense {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
+// Exact mode widens at most this many bytes of b per column block.
+constexpr size_t kWidenBudgetBytes = size_t{64} << 20;
+// Column blocks start at multiples of this (256-byte aligned c and bias).
+constexpr int64_t kBlockColumns = 64;
+constexpr size_t kMaxPlans = 512;
+
+// dst[r, j] = (float) src[r·ld + j] for r < rows, j < cols (dst dense).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    WidenKernel(const T* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < rows * cols;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t r = i / cols;
+    dst[i] = static_cast<float>(src[r * ld + (i - r * cols)]);
+  }
+}
+
+// dst[i] = round-to-nearest-even T(src[i]).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) NarrowKernel(const float* src, int64_t n, T* dst) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    dst[i] = T(src[i]);
+  }
+}
+
+// c[i, j] = (beta == 0 ? 0 : beta·c[i, j]) + bias[j] over [m, n] with row stride ldc.
+__global__ void __launch_bounds__(kThreads) ScaleBiasKernel(float* c, int64_t ldc, int64_t m,
+                                                            int64_t n, float beta,
+                                                            const float* bias) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < m * n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t r = i / n, j = i - r * n;
+    float* at = c + r * ldc + j;
+    *at = (beta == 0.0f ? 0.0f : beta * *at) + (bias ? bias[j] : 0.0f);
+  }
+}
+
+unsigned GridFor(int64_t work) {
+  return static_cast<unsigned>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, 1 << 16));
+}
+
+absl::Status LtStatus(cublasStatus_t status, std::string_view what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("cuBLASLt ", std::string(what), ": ", cublasLtGetStatusString(status)));
+}
+
+absl::Status CudaStatus(cudaError_t err, std::string_view what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("CUDA ", std::string(what), ": ", cudaGetErrorString(err)));
+}
+
+// The largest power of two ≤ 256 dividing the address.
+uint32_t Alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
+
+cudaDataType_t CudaType(DType t) {
+  switch (t) {
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+    default: return CUDA_R_32F;
+  }
+}
+
+// One column-major cuBLASLt problem: C[rows, cols] = α·op_a(A)·op_b(B) + β·C (+ bias[row]).
+struct LtProblem {
+  cudaDataType_t ab_type = CUDA_R_32F;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  bool trans_a = false, trans_b = false;
+  int64_t rows = 0, cols = 0, inner = 0;
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  const float* bias = nullptr;
+};
+
+// Row-major c[m, n] (+)= op(a)·op(b) as the transposed column-major problem.
+LtProblem FromRowMajor(const GemmCall& g, const void* a, const void* b, int64_t n, int64_t ldb_row,
+                       float* c, const float* bias, cudaDataType_t ab_type,
+                       cublasComputeType_t compute) {
+  LtProblem p;
+  p.ab_type = ab_type;
+  p.compute = compute;
+  p.trans_a = g.trans_b;
+  p.trans_b = g.trans_a;
+  p.rows = n;
+  p.cols = g.m;
+  p.inner = g.k;
+  p.a = b;
+  p.lda = ldb_row;
+  p.b = a;
+  p.ldb = g.trans_a ? g.m : g.k;
+  p.c = c;
+  p.ldc = g.n;
+  p.alpha = g.alpha;
+  p.beta = g.beta;
+  p.bias = bias;
+  return p;
+}
+
+// Descriptors and algorithm of one problem shape.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool found = false;  // the heuristic offered an algorithm
+  ~Plan() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+using PlanKey = std::array<int64_t, 16>;
+
+}  // namespace
+
+struct GemmRunner::Impl {
+  explicit Impl(cudaStream_t s) : stream(s), scratch(s) {}
+  ~Impl() {
+    if (workspace) cudaFreeAsync(workspace, stream);
+    if (handle) cublasLtDestroy(handle);
+  }
+
+  absl::StatusOr<Plan*> GetPlan(const LtProblem& p, bool with_bias) {
+    const PlanKey key = {p.ab_type,          p.compute,         p.trans_a,         p.trans_b,
+                         p.rows,             p.cols,            p.inner,           p.lda,
+                         p.ldb,              p.ldc,             with_bias,         Alignment(p.a),
+                         Alignment(p.b),     Alignment(p.c),    0,                 0};
+    auto it = plans.find(key);
+    if (it != plans.end()) return it->second.get();
+    if (plans.size() >= kMaxPlans) plans.clear();
+    auto plan = std::make_unique<Plan>();
+    LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescCreate(&plan->desc, p.compute, CUDA_R_32F), "desc"));
+    const cublasOperation_t op_a = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                                 &op_a, sizeof(op_a)),
+                                  "transa"));
+    LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                                 &op_b, sizeof(op_b)),
+                                  "transb"));
+    if (with_bias) {
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(
+                                        plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+                                    "epilogue"));
+    }
+    // Stored shapes: op N keeps [rows, inner] / [inner, cols], op T swaps them.
+    LAIR_RETURN_IF_ERROR(LtStatus(
+        cublasLtMatrixLayoutCreate(&plan->a, p.ab_type, p.trans_a ? p.inner : p.rows,
+                                   p.trans_a ? p.rows : p.inner, p.lda),
+        "layout a"));
+    LAIR_RETURN_IF_ERROR(LtStatus(
+        cublasLtMatrixLayoutCreate(&plan->b, p.ab_type, p.trans_b ? p.cols : p.inner,
+                                   p.trans_b ? p.inner : p.cols, p.ldb),
+        "layout b"));
+    LAIR_RETURN_IF_ERROR(
+        LtStatus(cublasLtMatrixLayoutCreate(&plan->c, CUDA_R_32F, p.rows, p.cols, p.ldc), "layout c"));
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref), "preference"));
+    const uint64_t bytes = kLtWorkspaceBytes;
+    const uint32_t align_a = Alignment(p.a), align_b = Alignment(p.b), align_c = Alignment(p.c);
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                             &bytes, sizeof(bytes));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                sizeof(align_a));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                sizeof(align_b));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                                sizeof(align_c));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                                sizeof(align_c));
+    cublasLtMatmulHeuristicResult_t result{};
+    int count = 0;
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      // NOT_SUPPORTED means no algorithm: the plan is kept, marked not found.
+      const cublasStatus_t h = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c,
+                                                              plan->c, pref, 1, &result, &count);
+      if (h != CUBLAS_STATUS_NOT_SUPPORTED) st = h;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    LAIR_RETURN_IF_ERROR(LtStatus(st, "heuristic"));
+    plan->found = count > 0;
+    plan->algo = result.algo;
+    Plan* raw = plan.get();
+    plans.emplace(key, std::move(plan));
+    return raw;
+  }
+
+  // Runs p, with the bias in the epilogue when cuBLASLt has an algorithm for
+  // it, else as a separate pass.
+  absl::Status Matmul(const LtProblem& p) {
+    Plan* plan = nullptr;
+    bool fused_bias = false;
+    if (p.bias) {
+      LAIR_ASSIGN_OR_RETURN(plan, GetPlan(p, true));
+      fused_bias = plan->found;
+    }
+    if (!fused_bias) {
+      LAIR_ASSIGN_OR_RETURN(plan, GetPlan(p, false));
+      if (!plan->found) {
+        return absl::InternalError(absl::StrCat("cuBLASLt has no algorithm for a ", p.rows, "x", p.cols,
+                                                "x", p.inner, " product"));
+      }
+    } else {
+      LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                                   &p.bias, sizeof(p.bias)),
+                                    "bias"));
+    }
+    LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmul(handle, plan->desc, &p.alpha, p.a, plan->a, p.b, plan->b,
+                                                 &p.beta, p.c, plan->c, p.c, plan->c, &plan->algo,
+                                                 workspace, kLtWorkspaceBytes, stream),
+                                  "matmul"));
+    if (p.bias && !fused_bias) {
+      // Row-major view: [cols, rows] with row stride ldc.
+      ScaleBiasKernel<<<GridFor(p.rows * p.cols), kThreads, 0, stream>>>(p.c, p.ldc, p.cols, p.rows, 1.0f,
+                                                                         p.bias);
+      return CudaStatus(cudaGetLastError(), "bias");
+    }
+    return absl::OkStatus();
+  }
+
+  // F32 activations × BF16/F16 weights on tensor cores: a rounded to b's type.
+  template <typename T>
+  absl::Status RunNarrowed(const GemmCall& g) {
+    const int64_t count = g.m * g.k;
+    LAIR_ASSIGN_OR_RETURN(char* buffer, scratch.Get(static_cast<size_t>(count) * sizeof(T)));
+    T* a = reinterpret_cast<T*>(buffer);
+    NarrowKernel<T><<<GridFor(count), kThreads, 0, stream>>>(g.a, count, a);
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "narrow"));
+    return Matmul(FromRowMajor(g, a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias, CudaType(g.b_type),
+                               CUBLAS_COMPUTE_32F));
+  }
+
+  // F32 activations × BF16/F16 weights in fp32: b widened per column block.
+  template <typename T>
+  absl::Status RunWidened(const GemmCall& g) {
+    int64_t block = static_cast<int64_t>(kWidenBudgetBytes / (sizeof(float) * g.k));
+    block = std::max<int64_t>(kBlockColumns, block / kBlockColumns * kBlockColumns);
+    block = std::min(block, g.n);
+    LAIR_ASSIGN_OR_RETURN(char* buffer, scratch.Get(static_cast<size_t>(block * g.k) * sizeof(float)));
+    float* wide = reinterpret_cast<float*>(buffer);
+    const T* b = static_cast<const T*>(g.b);
+    for (int64_t n0 = 0; n0 < g.n; n0 += block) {
+      const int64_t cols = std::min(block, g.n - n0);
+      // trans_b: rows [n0, n0 + cols) of b [n, k]; else columns of b [k, n].
+      if (g.trans_b) {
+        WidenKernel<T><<<GridFor(cols * g.k), kThreads, 0, stream>>>(b + n0 * g.k, g.k, cols, g.k, wide);
+      } else {
+        WidenKernel<T><<<GridFor(cols * g.k), kThreads, 0, stream>>>(b + n0, g.n, g.k, cols, wide);
+      }
+      LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "widen"));
+      LAIR_RETURN_IF_ERROR(Matmul(FromRowMajor(g, g.a, wide, cols, g.trans_b ? g.k : cols, g.c + n0,
+                                               g.bias ? g.bias + n0 : nullptr, CUDA_R_32F,
+                                               CUBLAS_COMPUTE_32F)));
+    }
+    return absl::OkStatus();
+  }
+
+  cudaStream_t stream;
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  DeviceScratch scratch;  // narrowed activations or widened weight blocks
+  std::map<PlanKey, std::unique_ptr<Plan>> plans;
+};
+
+GemmRunner::GemmRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GemmRunner::~GemmRunner() = default;
+
+absl::StatusOr<std::unique_ptr<GemmRunner>> GemmRunner::Create(cudaStream_t stream) {
+  auto impl = std::make_unique<Impl>(stream);
+  LAIR_RETURN_IF_ERROR(LtStatus(cublasLtCreate(&impl->handle), "create"));
+  LAIR_RETURN_IF_ERROR(
+      CudaStatus(cudaMallocAsync(&impl->workspace, kLtWorkspaceBytes, stream), "workspace"));
+  return std::unique_ptr<GemmRunner>(new GemmRunner(std::move(impl)));
+}
+
+absl::Status GemmRunner::Run(const GemmCall& g, GemmPrecision precision) {
+  Impl& im = *impl_;
+  if (g.m == 0 || g.n == 0) return absl::OkStatus();
+  if (g.k == 0) {
+    ScaleBiasKernel<<<GridFor(g.m * g.n), kThreads, 0, im.stream>>>(g.c, g.n, g.m, g.n, g.beta, g.bias);
+    return CudaStatus(cudaGetLastError(), "gemm k = 0");
+  }
+  const bool fast = precision == GemmPrecision::kFast;
+  switch (g.b_type) {
+    case DType::kBF16:
+      return fast ? im.RunNarrowed<__nv_bfloat16>(g) : im.RunWidened<__nv_bfloat16>(g);
+    case DType::kF16:
+      return fast ? im.RunNarrowed<__half>(g) : im.RunWidened<__half>(g);
+    default:
+      return im.Matmul(FromRowMajor(g, g.a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias, CUDA_R_32F,
+                                    fast ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F));
+  }
+}
+
+}  // namespace lair::kernels::cuda::dense

@@ -1,0 +1,785 @@
+// CudaDenseOps: argument validation (the checks and messages of
+// kernels/cpu/dense.cc, for CUDA tensors), scratch and batch uploads, and the
+// mapping of each op onto the launchers of kernels/cuda/dense_launch.h.
+#include "kernels/cuda/dense_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/dense_launch.h"
+
+namespace lair::kernels::cuda {
+namespace {
+
+using dense::ScratchLayout;
+
+absl::Status Invalid(std::string_view op, std::string_view field, std::string_view problem) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(op), ": ", std::string(field), ": ", std::string(problem)));
+}
+
+absl::Status CudaStatus(cudaError_t err, std::string_view what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("CUDA ", std::string(what), ": ", cudaGetErrorString(err)));
+}
+
+// A defined CUDA tensor of `dtype` and, when rank >= 0, that rank.
+absl::Status CheckTensor(std::string_view op, std::string_view field, const Tensor& t,
+                         DType dtype = DType::kF32, int rank = -1) {
+  if (!t.defined()) return Invalid(op, field, "missing tensor");
+  if (t.device() != Device::kCuda) return Invalid(op, field, "not a CUDA tensor");
+  if (t.dtype() != dtype) {
+    return Invalid(op, field,
+                   absl::StrCat("expected ", std::string(DTypeName(dtype)), ", got ", t.DebugString()));
+  }
+  if (rank >= 0 && t.rank() != rank) {
+    return Invalid(op, field, absl::StrCat("expected rank ", rank, ", got ", t.DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckShape(std::string_view op, std::string_view field, const Tensor& t,
+                        const Shape& shape) {
+  if (t.shape() != shape) {
+    return Invalid(op, field,
+                   absl::StrCat("expected shape ", ShapeString(shape), ", got ", ShapeString(t.shape())));
+  }
+  return absl::OkStatus();
+}
+
+int64_t Rows(const Tensor& t) { return t.rank() == 0 || t.dim(-1) == 0 ? 0 : t.numel() / t.dim(-1); }
+
+// The packed-batch invariants of kernels/mixer.h against `num_tokens` and a
+// pool of `num_slots` (negative: no pool).
+absl::Status CheckBatch(std::string_view op, const SequenceBatch& batch, int64_t num_tokens,
+                        int64_t num_slots) {
+  if (batch.num_seqs < 0 || static_cast<int64_t>(batch.cu_seqlens.size()) != batch.num_seqs + 1) {
+    return Invalid(op, "cu_seqlens", "expected num_seqs + 1 offsets");
+  }
+  if (batch.cu_seqlens[0] != 0 || batch.cu_seqlens[batch.num_seqs] != num_tokens) {
+    return Invalid(op, "cu_seqlens", absl::StrCat("must run from 0 to ", num_tokens));
+  }
+  for (int s = 0; s < batch.num_seqs; ++s) {
+    if (batch.cu_seqlens[s + 1] < batch.cu_seqlens[s]) return Invalid(op, "cu_seqlens", "decreasing");
+  }
+  if (num_slots >= 0) {
+    if (static_cast<int>(batch.state_slot.size()) != batch.num_seqs) {
+      return Invalid(op, "state_slot", "expected one slot per sequence");
+    }
+    for (int32_t slot : batch.state_slot) {
+      if (slot < 0 || slot >= num_slots) {
+        return Invalid(op, "state_slot", absl::StrCat("slot ", slot, " outside [0, ", num_slots, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Row-major strides of `shape`.
+std::vector<int64_t> Strides(const Shape& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * shape[d + 1];
+  return strides;
+}
+
+// Strides of `x` over the index space of `shape` (0 along broadcast
+// dimensions), or an error when x does not broadcast to shape.
+absl::Status BroadcastStrides(std::string_view op, std::string_view field, const Tensor& x,
+                              const Shape& shape, std::vector<int64_t>* strides) {
+  if (x.rank() != static_cast<int>(shape.size())) {
+    return Invalid(op, field,
+                   absl::StrCat("rank of ", ShapeString(x.shape()), " differs from ", ShapeString(shape)));
+  }
+  *strides = Strides(x.shape());
+  for (int d = 0; d < x.rank(); ++d) {
+    if (x.shape()[d] != shape[d]) {
+      if (x.shape()[d] != 1) {
+        return Invalid(op, field,
+                       absl::StrCat(ShapeString(x.shape()), " does not broadcast to ", ShapeString(shape)));
+      }
+      (*strides)[d] = 0;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The broadcast index of y's shape for operands with strides sa and sb.
+absl::StatusOr<dense::BroadcastIndex> MakeIndex(std::string_view op, const Shape& shape,
+                                                const std::vector<int64_t>& sa,
+                                                const std::vector<int64_t>& sb) {
+  if (shape.size() > static_cast<size_t>(dense::kMaxRank)) {
+    return Invalid(op, "y", absl::StrCat("broadcasting supports rank up to ", dense::kMaxRank, ", got ",
+                                         ShapeString(shape)));
+  }
+  dense::BroadcastIndex ix;
+  ix.rank = static_cast<int>(shape.size());
+  for (int d = 0; d < ix.rank; ++d) {
+    ix.shape[d] = shape[d];
+    ix.stride_a[d] = sa[d];
+    ix.stride_b[d] = sb[d];
+  }
+  return ix;
+}
+
+bool SameMemory(const Tensor& a, const Tensor& b) { return a.raw() == b.raw(); }
+
+absl::Status CheckNorm(std::string_view op, const NormArgs& args, int64_t* group) {
+  LAIR_RETURN_IF_ERROR(CheckTensor(op, "x", args.x, DType::kF32, 2));
+  const int64_t cols = args.x.dim(1);
+  *group = args.group_size == 0 ? cols : args.group_size;
+  if (*group <= 0 || cols % *group != 0) {
+    return Invalid(op, "group_size", absl::StrCat(args.group_size, " does not divide ", cols));
+  }
+  if (args.weight.defined()) {
+    LAIR_RETURN_IF_ERROR(CheckTensor(op, "weight", args.weight, DType::kF32, 1));
+    LAIR_RETURN_IF_ERROR(CheckShape(op, "weight", args.weight, {cols}));
+  }
+  if (args.gate_mode != NormGate::kNone) {
+    LAIR_RETURN_IF_ERROR(CheckTensor(op, "gate", args.gate, DType::kF32, 2));
+    LAIR_RETURN_IF_ERROR(CheckShape(op, "gate", args.gate, args.x.shape()));
+  }
+  return absl::OkStatus();
+}
+
+dense::NormParams NormLaunch(const NormArgs& args, int64_t group) {
+  dense::NormParams p;
+  p.kind = args.kind;
+  p.gate_mode = args.gate_mode;
+  p.eps = args.eps;
+  p.rows = args.x.dim(0);
+  p.cols = args.x.dim(1);
+  p.group = group;
+  p.x = args.x.f32();
+  p.weight = args.weight.defined() ? args.weight.f32() : nullptr;
+  p.gate = args.gate_mode != NormGate::kNone ? args.gate.f32() : nullptr;
+  return p;
+}
+
+absl::Status CheckConv(std::string_view op, const SequenceBatch& batch, const Conv1dArgs& args,
+                       int64_t* channels, int64_t* width) {
+  LAIR_RETURN_IF_ERROR(CheckTensor(op, "x", args.x, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckTensor(op, "weight", args.weight, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckTensor(op, "state", args.state, DType::kF32, 3));
+  *channels = args.x.dim(1);
+  *width = args.weight.dim(1);
+  if (*width < 1) return Invalid(op, "weight", "kernel width must be positive");
+  LAIR_RETURN_IF_ERROR(CheckShape(op, "weight", args.weight, {*channels, *width}));
+  LAIR_RETURN_IF_ERROR(CheckShape(op, "state", args.state, {args.state.dim(0), *channels, *width - 1}));
+  if (args.bias.defined()) {
+    LAIR_RETURN_IF_ERROR(CheckTensor(op, "bias", args.bias, DType::kF32, 1));
+    LAIR_RETURN_IF_ERROR(CheckShape(op, "bias", args.bias, {*channels}));
+  }
+  return CheckBatch(op, batch, args.x.dim(0), args.state.dim(0));
+}
+
+dense::ConvParams ConvLaunch(const SequenceBatch& batch, const Conv1dArgs& args, int64_t channels,
+                             int64_t width) {
+  dense::ConvParams p;
+  p.num_seqs = batch.num_seqs;
+  p.tokens = args.x.dim(0);
+  p.channels = channels;
+  p.width = width;
+  p.zero_initial_state = batch.zero_initial_state;
+  p.x = args.x.f32();
+  p.weight = args.weight.f32();
+  p.bias = args.bias.defined() ? args.bias.f32() : nullptr;
+  p.silu = args.silu;
+  p.state = args.state.f32();
+  return p;
+}
+
+absl::Status CheckAttention(std::string_view op, const AttentionArgs& args, int64_t* n) {
+  LAIR_RETURN_IF_ERROR(CheckTensor(op, "q", args.q, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckTensor(op, "k", args.k, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckTensor(op, "v", args.v, DType::kF32, 3));
+  if (args.heads <= 0 || args.kv_heads <= 0 || args.heads % args.kv_heads != 0) {
+    return Invalid(op, "kv_heads", absl::StrCat(args.kv_heads, " must divide heads ", args.heads));
+  }
+  if (args.head_dim <= 0 || args.head_dim > CudaDenseOps::kMaxHeadDim) {
+    return Invalid(op, "head_dim",
+                   absl::StrCat(args.head_dim, " outside [1, ", CudaDenseOps::kMaxHeadDim, "]"));
+  }
+  *n = args.q.dim(0);
+  LAIR_RETURN_IF_ERROR(CheckShape(op, "q", args.q, {*n, args.heads, args.head_dim}));
+  LAIR_RETURN_IF_ERROR(CheckShape(op, "k", args.k, {*n, args.kv_heads, args.head_dim}));
+  LAIR_RETURN_IF_ERROR(CheckShape(op, "v", args.v, {*n, args.kv_heads, args.head_dim}));
+  return absl::OkStatus();
+}
+
+// Row chunks for a column sum of `columns` outputs over `rows`: enough
+// threads to fill the GPU, at least kMinRows rows per chunk.
+int ColumnSplits(int64_t columns, int64_t rows, int sm_count) {
+  constexpr int64_t kMinRows = 32, kMaxSplits = 512;
+  const int64_t want = std::max<int64_t>(1, int64_t{sm_count} * 2048 / std::max<int64_t>(columns, 1));
+  const int64_t most = std::max<int64_t>(1, rows / kMinRows);
+  return static_cast<int>(std::min({want, most, kMaxSplits}));
+}
+
+// Room for CudaDenseOps::UploadBatch's three arrays.
+void AddBatchInts(ScratchLayout* layout, const SequenceBatch& batch) {
+  layout->Add<int32_t>(batch.num_seqs + 1);
+  layout->Add<int32_t>(batch.num_seqs);
+  layout->Add<int32_t>(batch.num_seqs);
+}
+
+}  // namespace
+
+namespace dense {
+
+DeviceScratch::~DeviceScratch() {
+  if (ptr_) cudaFreeAsync(ptr_, stream_);
+}
+
+absl::StatusOr<char*> DeviceScratch::Get(size_t bytes) {
+  if (bytes <= size_ && ptr_) return ptr_;
+  if (ptr_) LAIR_RETURN_IF_ERROR(CudaStatus(cudaFreeAsync(ptr_, stream_), "scratch free"));
+  ptr_ = nullptr;
+  size_ = 0;
+  const size_t grown = std::max<size_t>(bytes + bytes / 2, 1 << 16);
+  void* p = nullptr;
+  LAIR_RETURN_IF_ERROR(CudaStatus(cudaMallocAsync(&p, grown, stream_), "scratch"));
+  ptr_ = static_cast<char*>(p);
+  size_ = grown;
+  return ptr_;
+}
+
+}  // namespace dense
+
+CudaDenseOps::CudaDenseOps(cudaStream_t stream, GemmPrecision precision)
+    : stream_(stream), precision_(precision), scratch_(std::make_unique<dense::DeviceScratch>(stream)) {}
+
+CudaDenseOps::~CudaDenseOps() {
+  if (fault_) cudaFreeAsync(fault_, stream_);
+}
+
+absl::StatusOr<std::unique_ptr<CudaDenseOps>> CudaDenseOps::Create(cudaStream_t stream,
+                                                                   GemmPrecision precision) {
+  std::unique_ptr<CudaDenseOps> ops(new CudaDenseOps(stream, precision));
+  int device = 0;
+  LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&device), "get device"));
+  LAIR_RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&ops->sm_count_, cudaDevAttrMultiProcessorCount, device), "SM count"));
+  void* fault = nullptr;
+  LAIR_RETURN_IF_ERROR(CudaStatus(cudaMallocAsync(&fault, sizeof(int), stream), "fault word"));
+  ops->fault_ = static_cast<int*>(fault);
+  LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(ops->fault_, 0, sizeof(int), stream), "fault word"));
+  LAIR_ASSIGN_OR_RETURN(ops->gemm_, dense::GemmRunner::Create(stream));
+  return ops;
+}
+
+absl::StatusOr<char*> CudaDenseOps::Scratch(size_t bytes) { return scratch_->Get(bytes); }
+
+absl::StatusOr<CudaDenseOps::DeviceInts> CudaDenseOps::UploadBatch(
+    const SequenceBatch& batch, bool with_slots, std::span<const int32_t> starts,
+    const int32_t* starts_device, char** scratch) {
+  const int64_t s = batch.num_seqs;
+  int32_t* cu = ScratchLayout::Take<int32_t>(scratch, s + 1);
+  int32_t* slots = ScratchLayout::Take<int32_t>(scratch, s);
+  int32_t* start = ScratchLayout::Take<int32_t>(scratch, s);
+  DeviceInts ints{batch.cu_seqlens_device, with_slots ? batch.state_slot_device : nullptr,
+                  starts.empty() ? nullptr : starts_device};
+  // Host spans go through pageable memory, so the stream is synchronized
+  // before they may change (only when a device copy is missing).
+  bool copied = false;
+  auto upload = [&](std::span<const int32_t> host, int32_t* dst, const int32_t** out) -> absl::Status {
+    if (*out != nullptr || host.empty()) return absl::OkStatus();
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dst, host.data(), host.size_bytes(),
+                                                    cudaMemcpyHostToDevice, stream_),
+                                    "batch upload"));
+    *out = dst;
+    copied = true;
+    return absl::OkStatus();
+  };
+  LAIR_RETURN_IF_ERROR(upload(batch.cu_seqlens, cu, &ints.cu_seqlens));
+  if (with_slots) LAIR_RETURN_IF_ERROR(upload(batch.state_slot, slots, &ints.slots));
+  LAIR_RETURN_IF_ERROR(upload(starts, start, &ints.starts));
+  if (copied) LAIR_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "batch upload"));
+  return ints;
+}
+
+absl::Status CudaDenseOps::TakeIndexFault() {
+  int fault = 0;
+  LAIR_RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpyAsync(&fault, fault_, sizeof(int), cudaMemcpyDeviceToHost, stream_), "fault"));
+  LAIR_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "fault"));
+  if (fault == 0) return absl::OkStatus();
+  LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(fault_, 0, sizeof(int), stream_), "fault"));
+  std::string what;
+  if (fault & dense::kFaultEmbeddingIds) absl::StrAppend(&what, "Embedding: ids; ");
+  if (fault & dense::kFaultEmbeddingBackwardIds) absl::StrAppend(&what, "EmbeddingBackward: ids; ");
+  if (fault & dense::kFaultCrossEntropyTargets) absl::StrAppend(&what, "CrossEntropy: targets; ");
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, "device values out of range were skipped (NaN rows in Embedding.out and "
+                         "CrossEntropy.losses/d_logits)"));
+}
+
+absl::Status CudaDenseOps::Gemm(const GemmArgs& args) {
+  constexpr std::string_view kOp = "Gemm";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "a", args.a, DType::kF32, 2));
+  const DType b_type = args.b.defined() ? args.b.dtype() : DType::kF32;
+  if (b_type != DType::kF32 && b_type != DType::kBF16 && b_type != DType::kF16) {
+    return Invalid(kOp, "b", absl::StrCat("expected F32, BF16 or F16, got ", args.b.DebugString()));
+  }
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "b", args.b, b_type, 2));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "c", args.c, DType::kF32, 2));
+  const int64_t m = args.trans_a ? args.a.dim(1) : args.a.dim(0);
+  const int64_t k = args.trans_a ? args.a.dim(0) : args.a.dim(1);
+  const int64_t n = args.trans_b ? args.b.dim(0) : args.b.dim(1);
+  const int64_t kb = args.trans_b ? args.b.dim(1) : args.b.dim(0);
+  if (kb != k) {
+    return Invalid(kOp, "b", absl::StrCat("inner dimension ", kb, " differs from a's ", k, " (a ",
+                                          args.a.DebugString(), ", b ", args.b.DebugString(), ")"));
+  }
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "c", args.c, {m, n}));
+  if (args.bias.defined()) {
+    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "bias", args.bias, DType::kF32, 1));
+    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "bias", args.bias, {n}));
+  }
+  dense::GemmCall call;
+  call.m = m;
+  call.n = n;
+  call.k = k;
+  call.a = args.a.f32();
+  call.trans_a = args.trans_a;
+  call.b = args.b.raw();
+  call.b_type = args.b.dtype();
+  call.trans_b = args.trans_b;
+  call.c = args.c.f32();
+  call.alpha = args.alpha;
+  call.beta = args.beta;
+  call.bias = args.bias.defined() ? args.bias.f32() : nullptr;
+  return gemm_->Run(call, precision_);
+}
+
+absl::Status CudaDenseOps::Embedding(const EmbeddingArgs& args) {
+  constexpr std::string_view kOp = "Embedding";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "table", args.table, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "ids", args.ids, DType::kI32, 1));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "out", args.out, DType::kF32, 2));
+  dense::EmbeddingParams p;
+  p.rows = args.table.dim(0);
+  p.width = args.table.dim(1);
+  p.count = args.ids.dim(0);
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "out", args.out, {p.count, p.width}));
+  p.table = args.table.f32();
+  p.ids = args.ids.data<int32_t>();
+  p.out = args.out.f32();
+  p.fault = fault_;
+  return CudaStatus(dense::LaunchEmbedding(p, stream_), kOp);
+}
+
+absl::Status CudaDenseOps::EmbeddingBackward(const EmbeddingBackwardArgs& args) {
+  constexpr std::string_view kOp = "EmbeddingBackward";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "ids", args.ids, DType::kI32, 1));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_out", args.d_out, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_table", args.d_table, DType::kF32, 2));
+  dense::EmbeddingBackwardParams p;
+  p.rows = args.d_table.dim(0);
+  p.width = args.d_table.dim(1);
+  p.count = args.ids.dim(0);
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_out", args.d_out, {p.count, p.width}));
+  p.ids = args.ids.data<int32_t>();
+  p.d_out = args.d_out.f32();
+  p.d_table = args.d_table.f32();
+  p.fault = fault_;
+  return CudaStatus(dense::LaunchEmbeddingBackward(p, stream_), kOp);
+}
+
+absl::Status CudaDenseOps::Norm(const NormArgs& args) {
+  constexpr std::string_view kOp = "Norm";
+  int64_t group;
+  LAIR_RETURN_IF_ERROR(CheckNorm(kOp, args, &group));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "y", args.y, args.x.shape()));
+  dense::NormParams p = NormLaunch(args, group);
+  p.y = args.y.f32();
+  return CudaStatus(dense::LaunchNorm(p, stream_), kOp);
+}
+
+absl::Status CudaDenseOps::NormBackward(const NormBackwardArgs& args) {
+  constexpr std::string_view kOp = "NormBackward";
+  const NormArgs& fwd = args.fwd;
+  int64_t group;
+  LAIR_RETURN_IF_ERROR(CheckNorm(kOp, fwd, &group));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_y", args.d_y, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_y", args.d_y, fwd.x.shape()));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dx", args.dx, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dx", args.dx, fwd.x.shape()));
+  if (args.d_weight.defined()) {
+    if (!fwd.weight.defined()) return Invalid(kOp, "d_weight", "the forward has no weight");
+    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_weight", args.d_weight, DType::kF32, 1));
+    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_weight", args.d_weight, fwd.weight.shape()));
+  }
+  if (args.d_gate.defined()) {
+    if (fwd.gate_mode == NormGate::kNone) return Invalid(kOp, "d_gate", "the forward has no gate");
+    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_gate", args.d_gate, DType::kF32, 2));
+    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_gate", args.d_gate, fwd.x.shape()));
+  }
+  dense::NormBackwardParams p;
+  p.fwd = NormLaunch(fwd, group);
+  p.d_y = args.d_y.f32();
+  p.dx = args.dx.f32();
+  p.d_gate = args.d_gate.defined() ? args.d_gate.f32() : nullptr;
+  if (args.d_weight.defined()) {
+    p.d_weight = args.d_weight.f32();
+    p.splits = ColumnSplits(p.fwd.cols, p.fwd.rows, sm_count_);
+    ScratchLayout layout;
+    layout.Add<float2>(p.fwd.rows * (p.fwd.cols / group));
+    layout.Add<double>(p.splits * p.fwd.cols);
+    LAIR_ASSIGN_OR_RETURN(char* cursor, Scratch(layout.bytes()));
+    p.stats = ScratchLayout::Take<float2>(&cursor, p.fwd.rows * (p.fwd.cols / group));
+    p.partial = ScratchLayout::Take<double>(&cursor, p.splits * p.fwd.cols);
+  }
+  return CudaStatus(dense::LaunchNormBackward(p, stream_), kOp);
+}
+
+absl::Status CudaDenseOps::Unary(const UnaryArgs& args) {
+  constexpr std::string_view kOp = "Unary";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", args.x));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y));
+  std::vector<int64_t> sx;
+  LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "x", args.x, args.y.shape(), &sx));
+  if (SameMemory(args.x, args.y) && args.x.shape() != args.y.shape()) {
+    return Invalid(kOp, "y", "may alias x only when the shapes are equal");
+  }
+  dense::UnaryParams p;
+  p.op = args.op;
+  p.alpha = args.alpha;
+  p.beta = args.beta;
+  p.in_scale = args.in_scale;
+  p.x = args.x.f32();
+  p.y = args.y.f32();
+  p.count = args.y.numel();
+  p.broadcast = args.x.shape() != args.y.shape();
+  if (p.broadcast) {
+    LAIR_ASSIGN_OR_RETURN(p.index, MakeIndex(kOp, args.y.shape(), sx, sx));
+  }
+  return CudaStatus(dense::LaunchUnary(p, stream_), kOp);
+}
+
+absl::Status CudaDenseOps::UnaryBackward(const UnaryBackwardArgs& args) {
+  constexpr std::string_view kOp = "UnaryBackward";
+  const UnaryArgs& fwd = args.fwd;
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", fwd.x));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_y", args.d_y));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dx", args.dx));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_y", args.d_y, fwd.x.shape()));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dx", args.dx, fwd.x.shape()));
+  dense::UnaryBackwardParams p;
+  p.op = fwd.op;
+  p.alpha = fwd.alpha;
+  p.in_scale = fwd.in_scale;
+  p.x = fwd.x.f32();
+  p.d_y = args.d_y.f32();
+  p.dx = args.dx.f32();
+  p.count = fwd.x.numel();
+  return CudaStatus(dense::LaunchUnaryBackward(p, stream_), kOp);
+}
+
+absl::Status CudaDenseOps::Binary(const BinaryArgs& args) {
+  constexpr std::string_view kOp = "Binary";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "a", args.a));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "b", args.b));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y));
+  std::vector<int64_t> sa, sb;
+  LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "a", args.a, args.y.shape(), &sa));
+  LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "b", args.b, args.y.shape(), &sb));
+  if ((SameMemory(args.a, args.y) && args.a.shape() != args.y.shape()) ||
+      (SameMemory(args.b, args.y) && args.b.shape() != args.y.shape())) {
+    return Invalid(kOp, "y", "may alias an input only when the shapes are equal");
+  }
+  dense::BinaryParams p;
+  p.op = args.op;
+  p.a = args.a.f32();
+  p.b = args.b.f32();
+  p.y = args.y.f32();
+  p.count = args.y.numel();
+  p.broadcast = args.a.shape() != args.y.shape() || args.b.shape() != args.y.shape();
+  if (p.broadcast) {
+    LAIR_ASSIGN_OR_RETURN(p.index, MakeIndex(kOp, args.y.shape(), sa, sb));
+  }
+  return CudaStatus(dense::LaunchBinary(p, stream_), kOp);
+}
+
+absl::Status CudaDenseOps::ReduceSum(const ReduceSumArgs& args) {
+  constexpr std::string_view kOp = "ReduceSum";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", args.x));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y));
+  std::vector<int64_t> unused;
+  LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "y", args.y, args.x.shape(), &unused));
+  if (args.x.rank() > dense::kMaxRank) {
+    return Invalid(kOp, "x", absl::StrCat("rank up to ", dense::kMaxRank, ", got ", args.x.DebugString()));
+  }
+  // Kept dims index y (extent-1 dims dropped); reduced dims are those where
+  // y is 1 and x is not, the innermost held apart.
+  const std::vector<int64_t> sx = Strides(args.x.shape());
+  dense::ReduceSumParams p;
+  p.x = args.x.f32();
+  p.y = args.y.f32();
+  p.outputs = args.y.numel();
+  p.reduce_count = 1;
+  std::vector<int> reduced;
+  for (int d = 0; d < args.x.rank(); ++d) {
+    const int64_t xe = args.x.shape()[d], ye = args.y.shape()[d];
+    if (ye == xe) {
+      if (ye == 1) continue;
+      p.kept_shape[p.kept_rank] = ye;
+      p.kept_stride[p.kept_rank++] = sx[d];
+    } else {
+      reduced.push_back(d);
+      p.reduce_count *= xe;
+    }
+  }
+  if (!reduced.empty()) {
+    p.inner_count = args.x.shape()[reduced.back()];
+    p.inner_stride = sx[reduced.back()];
+    for (size_t i = 0; i + 1 < reduced.size(); ++i) {
+      p.outer_shape[p.outer_rank] = args.x.shape()[reduced[i]];
+      p.outer_stride[p.outer_rank++] = sx[reduced[i]];
+    }
+  }
+  p.splits = ColumnSplits(p.outputs, p.reduce_count, sm_count_);
+  if (p.splits > 1) {
+    LAIR_ASSIGN_OR_RETURN(char* cursor, Scratch(static_cast<size_t>(p.splits * p.outputs) * sizeof(double)));
+    p.partial = reinterpret_cast<double*>(cursor);
+  }
+  return CudaStatus(dense::LaunchReduceSum(p, stream_), kOp);
+}
+
+absl::Status CudaDenseOps::CopyColumns(const CopyColumnsArgs& args) {
+  constexpr std::string_view kOp = "CopyColumns";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "src", args.src));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dst", args.dst));
+  if (args.src.rank() < 1 || args.dst.rank() < 1) return Invalid(kOp, "src", "rank 0");
+  dense::CopyColumnsParams p;
+  p.rows = Rows(args.src);
+  p.src_cols = args.src.dim(-1);
+  p.dst_cols = args.dst.dim(-1);
+  if (Rows(args.dst) != p.rows) {
+    return Invalid(kOp, "dst", absl::StrCat(args.dst.DebugString(), " has other rows than src ",
+                                            args.src.DebugString()));
+  }
+  if (args.width < 0 || args.src_col < 0 || args.src_col + args.width > p.src_cols) {
+    return Invalid(kOp, "src_col", absl::StrCat("columns [", args.src_col, ", ", args.src_col + args.width,
+                                                ") outside ", p.src_cols));
+  }
+  if (args.dst_col < 0 || args.dst_col + args.width > p.dst_cols) {
+    return Invalid(kOp, "dst_col", absl::StrCat("columns [", args.dst_col, ", ", args.dst_col + args.width,
+                                                ") outside ", p.dst_cols));
+  }
+  p.src = args.src.f32();
+  p.dst = args.dst.f32();
+  p.src_col = args.src_col;
+  p.dst_col = args.dst_col;
+  p.width = args.width;
+  p.accumulate = args.accumulate;
+  return CudaStatus(dense::LaunchCopyColumns(p, stream_), kOp);
+}
+
+absl::Status CudaDenseOps::Conv1d(const SequenceBatch& batch, const Conv1dArgs& args) {
+  constexpr std::string_view kOp = "Conv1d";
+  int64_t channels, width;
+  LAIR_RETURN_IF_ERROR(CheckConv(kOp, batch, args, &channels, &width));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "y", args.y, args.x.shape()));
+  ScratchLayout layout;
+  AddBatchInts(&layout, batch);
+  LAIR_ASSIGN_OR_RETURN(char* cursor, Scratch(layout.bytes()));
+  LAIR_ASSIGN_OR_RETURN(DeviceInts ints, UploadBatch(batch, true, {}, nullptr, &cursor));
+  dense::ConvParams p = ConvLaunch(batch, args, channels, width);
+  p.cu_seqlens = ints.cu_seqlens;
+  p.slots = ints.slots;
+  p.y = args.y.f32();
+  return CudaStatus(dense::LaunchConv1d(p, stream_), kOp);
+}
+
+absl::Status CudaDenseOps::Conv1dBackward(const SequenceBatch& batch, const Conv1dBackwardArgs& args) {
+  constexpr std::string_view kOp = "Conv1dBackward";
+  const Conv1dArgs& fwd = args.fwd;
+  int64_t channels, width;
+  LAIR_RETURN_IF_ERROR(CheckConv(kOp, batch, fwd, &channels, &width));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_y", args.d_y, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_y", args.d_y, fwd.x.shape()));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dx", args.dx, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dx", args.dx, fwd.x.shape()));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_weight", args.d_weight, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_weight", args.d_weight, fwd.weight.shape()));
+  if (args.d_bias.defined()) {
+    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_bias", args.d_bias, DType::kF32, 1));
+    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_bias", args.d_bias, {channels}));
+  }
+  dense::ConvBackwardParams p;
+  p.fwd = ConvLaunch(batch, fwd, channels, width);
+  const int64_t outputs = channels * width + (args.d_bias.defined() ? channels : 0);
+  p.splits = ColumnSplits(outputs, p.fwd.tokens, sm_count_);
+  ScratchLayout layout;
+  AddBatchInts(&layout, batch);
+  layout.Add<float>(p.fwd.tokens * channels);
+  layout.Add<double>(p.splits * outputs);
+  LAIR_ASSIGN_OR_RETURN(char* cursor, Scratch(layout.bytes()));
+  LAIR_ASSIGN_OR_RETURN(DeviceInts ints, UploadBatch(batch, true, {}, nullptr, &cursor));
+  p.fwd.cu_seqlens = ints.cu_seqlens;
+  p.fwd.slots = ints.slots;
+  p.d_pre = ScratchLayout::Take<float>(&cursor, p.fwd.tokens * channels);
+  p.partial = ScratchLayout::Take<double>(&cursor, p.splits * outputs);
+  p.d_y = args.d_y.f32();
+  p.dx = args.dx.f32();
+  p.d_weight = args.d_weight.f32();
+  p.d_bias = args.d_bias.defined() ? args.d_bias.f32() : nullptr;
+  return CudaStatus(dense::LaunchConv1dBackward(p, stream_), kOp);
+}
+
+absl::Status CudaDenseOps::Rotary(const RotaryArgs& args) {
+  constexpr std::string_view kOp = "Rotary";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", args.x, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "positions", args.positions, DType::kI32, 1));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "y", args.y, args.x.shape()));
+  const int64_t n = args.x.dim(0), heads = args.x.dim(1), dim = args.x.dim(2);
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "positions", args.positions, {n}));
+  if (args.rotary_dim <= 0 || args.rotary_dim % 2 != 0 || args.rotary_dim > dim) {
+    return Invalid(kOp, "rotary_dim", absl::StrCat(args.rotary_dim, " must be even and in (0, ", dim, "]"));
+  }
+  if (args.rotary_dim > CudaDenseOps::kMaxRotaryDim) {
+    return Invalid(kOp, "rotary_dim",
+                   absl::StrCat(args.rotary_dim, " above the CUDA limit ", CudaDenseOps::kMaxRotaryDim));
+  }
+  dense::RotaryParams p;
+  p.x = args.x.f32();
+  p.positions = args.positions.data<int32_t>();
+  p.y = args.y.f32();
+  p.tokens = n;
+  p.heads = static_cast<int>(heads);
+  p.dim = static_cast<int>(dim);
+  p.rotary_dim = args.rotary_dim;
+  p.interleaved = args.interleaved;
+  p.inverse = args.inverse;
+  // The CPU reference's float expression, so angles match bit for bit.
+  for (int i = 0; i < args.rotary_dim / 2; ++i) {
+    p.inv_freq[i] =
+        1.0f / std::pow(args.theta, static_cast<float>(2 * i) / static_cast<float>(args.rotary_dim));
+  }
+  return CudaStatus(dense::LaunchRotary(p, stream_), kOp);
+}
+
+absl::Status CudaDenseOps::Attention(const SequenceBatch& batch, const AttentionArgs& args) {
+  constexpr std::string_view kOp = "Attention";
+  int64_t n;
+  LAIR_RETURN_IF_ERROR(CheckAttention(kOp, args, &n));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "o", args.o, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "o", args.o, args.q.shape()));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "k_cache", args.k_cache, DType::kF32, 4));
+  const int64_t slots = args.k_cache.dim(0), max_context = args.k_cache.dim(1);
+  LAIR_RETURN_IF_ERROR(
+      CheckShape(kOp, "k_cache", args.k_cache, {slots, max_context, args.kv_heads, args.head_dim}));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "v_cache", args.v_cache, DType::kF32, 4));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "v_cache", args.v_cache, args.k_cache.shape()));
+  LAIR_RETURN_IF_ERROR(CheckBatch(kOp, batch, n, slots));
+  if (static_cast<int>(args.start_positions.size()) != batch.num_seqs) {
+    return Invalid(kOp, "start_positions", "expected one per sequence");
+  }
+  for (int s = 0; s < batch.num_seqs; ++s) {
+    const int64_t end =
+        static_cast<int64_t>(args.start_positions[s]) + batch.cu_seqlens[s + 1] - batch.cu_seqlens[s];
+    if (args.start_positions[s] < 0 || end > max_context) {
+      return Invalid(kOp, "start_positions",
+                     absl::StrCat("sequence ", s, " would fill cache rows up to ", end,
+                                  ", past max_context ", max_context));
+    }
+  }
+  ScratchLayout layout;
+  AddBatchInts(&layout, batch);
+  LAIR_ASSIGN_OR_RETURN(char* cursor, Scratch(layout.bytes()));
+  LAIR_ASSIGN_OR_RETURN(DeviceInts ints, UploadBatch(batch, true, args.start_positions,
+                                                     args.start_positions_device, &cursor));
+  dense::AttentionParams p;
+  p.num_seqs = batch.num_seqs;
+  p.heads = args.heads;
+  p.kv_heads = args.kv_heads;
+  p.head_dim = args.head_dim;
+  p.tokens = n;
+  p.scale = args.scale;
+  p.cu_seqlens = ints.cu_seqlens;
+  p.slots = ints.slots;
+  p.starts = ints.starts;
+  p.q = args.q.f32();
+  p.k = args.k.f32();
+  p.v = args.v.f32();
+  p.o = args.o.f32();
+  p.k_cache = args.k_cache.f32();
+  p.v_cache = args.v_cache.f32();
+  p.max_context = max_context;
+  return CudaStatus(dense::LaunchAttention(p, stream_), kOp);
+}
+
+absl::Status CudaDenseOps::AttentionBackward(const SequenceBatch& batch, const AttentionBackwardArgs& args) {
+  constexpr std::string_view kOp = "AttentionBackward";
+  const AttentionArgs& fwd = args.fwd;
+  int64_t n;
+  LAIR_RETURN_IF_ERROR(CheckAttention(kOp, fwd, &n));
+  LAIR_RETURN_IF_ERROR(CheckBatch(kOp, batch, n, -1));
+  for (int32_t start : fwd.start_positions) {
+    if (start != 0) return Invalid(kOp, "start_positions", "the backward needs every start at 0");
+  }
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_o", args.d_o, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_o", args.d_o, fwd.q.shape()));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dq", args.dq, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dq", args.dq, fwd.q.shape()));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dk", args.dk, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dk", args.dk, fwd.k.shape()));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dv", args.dv, DType::kF32, 3));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dv", args.dv, fwd.v.shape()));
+  ScratchLayout layout;
+  AddBatchInts(&layout, batch);
+  layout.Add<float>(n * fwd.heads);
+  layout.Add<float>(n * fwd.heads);
+  LAIR_ASSIGN_OR_RETURN(char* cursor, Scratch(layout.bytes()));
+  LAIR_ASSIGN_OR_RETURN(DeviceInts ints, UploadBatch(batch, false, {}, nullptr, &cursor));
+  dense::AttentionBackwardParams p;
+  p.lse = ScratchLayout::Take<float>(&cursor, n * fwd.heads);
+  p.delta = ScratchLayout::Take<float>(&cursor, n * fwd.heads);
+  p.num_seqs = batch.num_seqs;
+  p.heads = fwd.heads;
+  p.kv_heads = fwd.kv_heads;
+  p.head_dim = fwd.head_dim;
+  p.tokens = n;
+  p.scale = fwd.scale;
+  p.cu_seqlens = ints.cu_seqlens;
+  p.q = fwd.q.f32();
+  p.k = fwd.k.f32();
+  p.v = fwd.v.f32();
+  p.d_o = args.d_o.f32();
+  p.dq = args.dq.f32();
+  p.dk = args.dk.f32();
+  p.dv = args.dv.f32();
+  return CudaStatus(dense::LaunchAttentionBackward(p, stream_), kOp);
+}
+
+absl::Status CudaDenseOps::CrossEntropy(const CrossEntropyArgs& args) {
+  constexpr std::string_view kOp = "CrossEntropy";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "logits", args.logits, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "targets", args.targets, DType::kI32, 1));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "losses", args.losses, DType::kF32, 1));
+  dense::CrossEntropyParams p;
+  p.rows = args.logits.dim(0);
+  p.vocab = args.logits.dim(1);
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "targets", args.targets, {p.rows}));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "losses", args.losses, {p.rows}));
+  if (args.d_logits.defined()) {
+    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_logits", args.d_logits, DType::kF32, 2));
+    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_logits", args.d_logits, args.logits.shape()));
+  }
+  p.logits = args.logits.f32();
+  p.targets = args.targets.data<int32_t>();
+  p.losses = args.losses.f32();
+  p.d_logits = args.d_logits.defined() ? args.d_logits.f32() : nullptr;
+  p.grad_scale = args.grad_scale;
+  p.fault = fault_;
+  return CudaStatus(dense::LaunchCrossEntropy(p, stream_), kOp);
+}
+
+}  // namespace lair::kernels::cuda
