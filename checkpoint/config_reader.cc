@@ -7,28 +7,20 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/internal.h"
 
 namespace lair {
 namespace {
 
+using checkpoint_internal::DescribeJson;
+using checkpoint_internal::Sv;
 using Json = nlohmann::json;
-
-// Debian's Abseil has its own string_view type; this hands a std one to StrCat.
-absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 constexpr char kInteger[] = "an integer";
 constexpr char kNumber[] = "a number";
 constexpr char kBoolean[] = "a boolean";
 constexpr char kString[] = "a string";
 constexpr char kIntegerList[] = "an array of integers";
-
-// "string \"2\"", "number 1.5", "array [1,2]": what a field holds, shortened.
-std::string Describe(const Json& value) {
-  if (value.is_null()) return "null";
-  std::string text = value.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (text.size() > 48) text = text.substr(0, 45) + "...";
-  return absl::StrCat(value.type_name(), " ", text);
-}
 
 bool FitsInt(const Json& value) {
   if (value.is_number_unsigned()) {
@@ -62,8 +54,8 @@ absl::StatusOr<ConfigReader> ConfigReader::FromFile(const std::string& path) {
 
 absl::StatusOr<ConfigReader> ConfigReader::FromJson(Json json, std::string origin) {
   if (!json.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(origin, ": expected a JSON object at the top level, got ", Describe(json)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        origin, ": expected a JSON object at the top level, got ", DescribeJson(json)));
   }
   return ConfigReader(std::move(json), std::move(origin), "");
 }
@@ -82,7 +74,8 @@ absl::Status ConfigReader::FieldError(std::string_view name, std::string_view pr
 }
 
 absl::Status ConfigReader::Mismatch(std::string_view name, std::string_view expected) const {
-  return FieldError(name, absl::StrCat("expected ", Sv(expected), ", got ", Describe(Field(name))));
+  return FieldError(name,
+                    absl::StrCat("expected ", Sv(expected), ", got ", DescribeJson(Field(name))));
 }
 
 template <typename T>

@@ -11,14 +11,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/config_reader.h"
+#include "checkpoint/internal.h"
 #include "nlohmann/json.hpp"
 
 namespace lair {
@@ -27,6 +27,9 @@ namespace {
 static_assert(std::endian::native == std::endian::little,
               "safetensors stores little-endian data; a big-endian host would need byte swaps");
 
+using checkpoint_internal::DescribeJson;
+using checkpoint_internal::JsonSnippet;
+using checkpoint_internal::Sv;
 using Json = nlohmann::json;
 
 // safetensors' own limit: a header over 100 MB is not a checkpoint.
@@ -35,26 +38,11 @@ constexpr char kMetadataKey[] = "__metadata__";
 constexpr char kSingleFile[] = "model.safetensors";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
 
-// Debian's Abseil has its own string_view type; this hands a std one to StrCat.
-absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
 std::optional<DType> DTypeFromName(std::string_view name) {
   for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI64}) {
     if (DTypeName(d) == name) return d;
   }
   return std::nullopt;
-}
-
-// A JSON value for an error message, shortened.
-std::string Dump(const Json& value) {
-  std::string text = value.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (text.size() > 48) text = text.substr(0, 45) + "...";
-  return text;
-}
-
-// The same, after its type: "number 5", "array [1,2]".
-std::string Describe(const Json& value) {
-  return absl::StrCat(value.type_name(), " ", Dump(value));
 }
 
 // Parses `text` into `*out`. On the way it records the first key that repeats
@@ -102,31 +90,31 @@ absl::Status ParseJsonRejectingDuplicates(std::string_view text, Json* out,
 absl::StatusOr<uint64_t> ParseShape(const Json& shape_json, DType dtype, Shape* shape) {
   if (!shape_json.is_array()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "'shape' must be an array of non-negative integers, got ", Describe(shape_json)));
+        "'shape' must be an array of non-negative integers, got ", DescribeJson(shape_json)));
   }
   uint64_t numel = 1;
   for (const Json& dim : shape_json) {
     if (dim.is_number_integer() && !dim.is_number_unsigned()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("shape ", Dump(shape_json), " has a negative dimension"));
+          absl::StrCat("shape ", JsonSnippet(shape_json), " has a negative dimension"));
     }
     if (!dim.is_number_unsigned()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "'shape' must be an array of non-negative integers, got ", Describe(shape_json)));
+          "'shape' must be an array of non-negative integers, got ", DescribeJson(shape_json)));
     }
     uint64_t d = dim.get<uint64_t>();
     if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
         __builtin_mul_overflow(numel, d, &numel) ||
         numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return absl::InvalidArgumentError(
-          absl::StrCat("shape ", Dump(shape_json), " has too many elements"));
+          absl::StrCat("shape ", JsonSnippet(shape_json), " has too many elements"));
     }
     shape->push_back(static_cast<int64_t>(d));
   }
   uint64_t bytes;
   if (__builtin_mul_overflow(numel, DTypeSize(dtype), &bytes)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("shape ", Dump(shape_json), " has too many bytes"));
+        absl::StrCat("shape ", JsonSnippet(shape_json), " has too many bytes"));
   }
   return bytes;
 }
@@ -136,7 +124,7 @@ absl::StatusOr<uint64_t> ParseShape(const Json& shape_json, DType dtype, Shape* 
 absl::Status ParseTensorEntry(const Json& entry, size_t data_size, TensorInfo* info) {
   if (!entry.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "entry must be an object with dtype, shape and data_offsets, got ", Describe(entry)));
+        "entry must be an object with dtype, shape and data_offsets, got ", DescribeJson(entry)));
   }
   for (const char* key : {"dtype", "shape", "data_offsets"}) {
     if (!entry.contains(key))
@@ -145,11 +133,11 @@ absl::Status ParseTensorEntry(const Json& entry, size_t data_size, TensorInfo* i
   const Json& dtype = entry["dtype"];
   if (!dtype.is_string()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("'dtype' must be a string, got ", Describe(dtype)));
+        absl::StrCat("'dtype' must be a string, got ", DescribeJson(dtype)));
   }
   std::optional<DType> parsed = DTypeFromName(dtype.get_ref<const std::string&>());
   if (!parsed) {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", Dump(dtype),
+    return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", JsonSnippet(dtype),
                                                    " (LAIR reads F32, BF16, F16, I32 and I64)"));
   }
   info->dtype = *parsed;
@@ -159,8 +147,9 @@ absl::Status ParseTensorEntry(const Json& entry, size_t data_size, TensorInfo* i
   const Json& offsets = entry["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
       !offsets[1].is_number_unsigned()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'data_offsets' must be [begin, end], two non-negative integers, got ", Describe(offsets)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'data_offsets' must be [begin, end], two non-negative integers, got ",
+                     DescribeJson(offsets)));
   }
   uint64_t begin = offsets[0].get<uint64_t>();
   uint64_t end = offsets[1].get<uint64_t>();
@@ -186,25 +175,16 @@ absl::Status ParseTensorEntry(const Json& entry, size_t data_size, TensorInfo* i
 absl::Status ParseMetadata(const Json& metadata, std::map<std::string, std::string>* out) {
   if (!metadata.is_object()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("'__metadata__' must map strings to strings, got ", Describe(metadata)));
+        absl::StrCat("'__metadata__' must map strings to strings, got ", DescribeJson(metadata)));
   }
   for (const auto& [key, value] : metadata.items()) {
     if (!value.is_string()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "'__metadata__' must map strings to strings; '", key, "' is ", Describe(value)));
+          "'__metadata__' must map strings to strings; '", key, "' is ", DescribeJson(value)));
     }
     (*out)[key] = value.get<std::string>();
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot open"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot read"));
-  return text.str();
 }
 
 // Opens `path` as a shard of the index `index_path`, naming both on failure.
@@ -274,7 +254,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view bytes,
       return invalid("duplicate tensor name '", duplicate->key, "'");
     return invalid("tensor '", duplicate->top_level_key, "': duplicate key '", duplicate->key, "'");
   }
-  if (!root.is_object()) return invalid("the header must be a JSON object, got ", Describe(root));
+  if (!root.is_object())
+    return invalid("the header must be a JSON object, got ", DescribeJson(root));
 
   SafetensorsHeader header;
   header.data_offset = 8 + header_len;
@@ -398,23 +379,15 @@ absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& dir) {
     return absl::NotFoundError(
         absl::StrCat(dir, ": holds neither ", kSingleFile, " nor ", kIndexFile));
   }
-  auto text = ReadWholeFile(index_path);
-  if (!text.ok()) return text.status();
-  Json index = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (index.is_discarded())
-    return absl::InvalidArgumentError(absl::StrCat(index_path, ": not valid JSON"));
-  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(index_path, ": expected an object with a \"weight_map\" object"));
+  LAIR_ASSIGN_OR_RETURN(ConfigReader index, ConfigReader::FromFile(index_path));
+  LAIR_ASSIGN_OR_RETURN(std::optional<ConfigReader> weight_map, index.OptionalObject("weight_map"));
+  if (!weight_map.has_value()) {
+    return index.FieldError("weight_map", "missing, expected an object mapping tensors to shards");
   }
   std::map<std::string, std::shared_ptr<const SafetensorsFile>> shards;
-  for (const auto& [name, shard_json] : index["weight_map"].items()) {
-    if (!shard_json.is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(index_path, ": tensor '", name, "' maps to ",
-                                                     Describe(shard_json),
-                                                     ", expected a shard file name"));
-    }
-    const std::string& shard = shard_json.get_ref<const std::string&>();
+  for (const auto& item : weight_map->json().items()) {
+    const std::string& name = item.key();
+    LAIR_ASSIGN_OR_RETURN(std::string shard, weight_map->String(name));
     auto& file = shards[shard];
     if (file == nullptr) {
       auto opened = OpenShard(index_path, dir, shard, name);

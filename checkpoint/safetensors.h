@@ -87,7 +87,9 @@ class Checkpoint {
   bool Contains(std::string_view name) const;
   // NotFound naming the tensor and the directory when absent.
   absl::StatusOr<Tensor> Get(std::string_view name) const;
-  // Get() converted to a host float32 tensor, checked against `shape`.
+  // Get() as a host float32 tensor, checked against `shape`: F32 data aliases
+  // the mapping (read-only), BF16 and F16 are converted into a new tensor.
+  // InvalidArgument naming the tensor for another dtype or shape.
   absl::StatusOr<Tensor> GetF32(std::string_view name, const Shape& shape) const;
 
  private:

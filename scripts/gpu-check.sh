@@ -6,7 +6,9 @@
 # Runs in the repository root of the device machine, which has CUDA, CMake,
 # ninja and PyTorch/Triton but none of our Debian -dev packages and no
 # network, so the call carries them:
-#   .carry/debs/*.deb      absl, nlohmann-json, CLI11, OpenBLAS, GoogleTest (apt-get download)
+#   .carry/debroot.tar.xz  Debian bookworm's absl, nlohmann-json, CLI11, OpenBLAS, GoogleTest,
+#                          PCRE2, ICU and pkgconf (apt-get download, dpkg -x, static
+#                          libraries other than GoogleTest's and absl's removed)
 #   .carry/fixtures/       a copy of ../shared/fixtures/ops
 #   .whl/*.whl             fla-core, flash-linear-attention, mlstm_kernels (pip download)
 # Logs go to $OUT (or ./gpu-check-out). Stages: STAGES="build test verify bench ref".
@@ -22,30 +24,31 @@ export LD_LIBRARY_PATH=$LIB:$LIB/openblas-pthread:${LD_LIBRARY_PATH:-}
 BUILD=build-gpu
 status() { echo "== $* ($(date +%T))"; }
 
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 
 if has build; then
   status build
   mkdir -p $ROOT
-  for f in .carry/debs/*.deb; do dpkg -x "$f" $ROOT; done
+  tar -xJf .carry/debroot.tar.xz -C $ROOT
+  export PKG_CONFIG_LIBDIR=$LIB/pkgconfig:$ROOT/usr/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=$ROOT
   cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAIR_WITH_SERVER=OFF -DLAIR_WITH_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$ROOT/usr;$LIB/cmake;$ROOT/usr/share/cmake" \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$ROOT/usr;$LIB/cmake;$ROOT/usr/share/cmake" -DICU_ROOT=$ROOT/usr -DPKG_CONFIG_EXECUTABLE=$ROOT/usr/bin/pkg-config \
     -DCMAKE_CXX_FLAGS="-isystem $ROOT/usr/include -isystem $ROOT/usr/include/x86_64-linux-gnu/openblas-pthread" \
     -DBLAS_LIBRARIES="$LIB/openblas-pthread/libopenblas.so" -DLAIR_DEFAULT_FIXTURES="$PWD/.carry" \
-    >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-  ninja -C $BUILD -j16 lair kernels_cuda_backend_test >"$OUT/build.log" 2>&1 ||
+    >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  ninja -C $BUILD -j16 lair kernels_cuda_backend_test >>"$OUT/build.log" 2>&1 ||
     { grep -B2 -A10 -m5 "error" "$OUT/build.log"; tail -20 "$OUT/build.log"; exit 1; }
 fi
 
 if has test; then
   status test
-  timeout 240 $BUILD/bin/kernels_cuda_backend_test 2>&1 | tee "$OUT/test.log" | grep -E "^\[  (FAILED|PASSED|  OK|SKIPPED)|Failure|error|Expected|Which is|rel" | head -60
+  timeout 120 $BUILD/bin/kernels_cuda_backend_test 2>&1 | tee "$OUT/test.log" | grep -E -A1 "^\[ +(FAILED|PASSED|OK|SKIPPED)|actual:" | head -80
 fi
 
 if has verify; then
   for dt in f32 bf16; do
     status verify $dt
-    timeout 120 $BUILD/bin/lair verify ops --dir .carry/fixtures --device cuda --dtype $dt >"$OUT/verify_$dt.log" 2>&1
+    timeout 60 $BUILD/bin/lair verify ops --dir .carry/fixtures --device cuda --dtype $dt >"$OUT/verify_$dt.log" 2>&1
     echo "exit $?"
     grep -iE "fail|error|unimpl|pass|ok " "$OUT/verify_$dt.log" | head -40
   done
@@ -53,14 +56,14 @@ fi
 
 if has bench; then
   status bench kernels
-  timeout 300 $BUILD/bin/lair bench kernels 2>&1 | tee "$OUT/bench_lair.log"
+  timeout ${BENCH_TIMEOUT:-150} $BUILD/bin/lair bench kernels 2>&1 | tee "$OUT/bench_lair.log"
 fi
 
 if has ref; then
   status reference
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
     export PYTHONPATH=/tmp/site
-  PYTHONUNBUFFERED=1 timeout 300 python3 scripts/bench_reference.py 2>"$OUT/bench_ref.err" | tee "$OUT/bench_ref.log"
+  PYTHONUNBUFFERED=1 timeout ${REF_TIMEOUT:-200} python3 scripts/bench_reference.py ${REF_ARGS:-} 2>"$OUT/bench_ref.err" | tee "$OUT/bench_ref.log"
   grep -m3 -B1 -A3 "Error" "$OUT/bench_ref.err" | head -30
 fi
 

@@ -7,7 +7,9 @@
 #include "server/chat_template.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <cstdlib>
 #include <cmath>
 #include <map>
 #include <stdexcept>

@@ -79,6 +79,20 @@ asio::awaitable<void> HttpServer::Accept() {
   }
 }
 
+// Reads and drops what the client still sends (bounded in bytes and time)
+// after an early answer, so closing does not reset the connection before the
+// client has read that answer.
+asio::awaitable<void> HttpServer::Drain(beast::tcp_stream& stream) {
+  constexpr size_t kMaxDrainBytes = size_t{64} << 20;
+  beast::error_code ec;
+  stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+  stream.expires_after(std::chrono::seconds(5));
+  std::vector<char> scratch(64 << 10);
+  for (size_t drained = 0; !ec && drained < kMaxDrainBytes;) {
+    drained += co_await stream.async_read_some(asio::buffer(scratch), asio::redirect_error(asio::use_awaitable, ec));
+  }
+}
+
 asio::awaitable<void> HttpServer::Serve(tcp::socket socket) {
   beast::tcp_stream stream(std::move(socket));
   beast::flat_buffer buffer;
@@ -105,6 +119,7 @@ asio::awaitable<void> HttpServer::Serve(tcp::socket socket) {
           "the request body exceeds " + std::to_string(config_.max_body_bytes) + " bytes");
       co_await exchange.Reply(http::status::payload_too_large, DumpJson(OpenAiErrorBody(too_large)),
                               "application/json");
+      co_await Drain(stream);
     } else if (!ec) {
       co_await handler_(exchange);
       keep_alive = co_await exchange.Finish();

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without including it
 #include <vector>
 
 #include "boost/asio/awaitable.hpp"
@@ -47,6 +48,7 @@ class HttpServer {
   HttpServer(const ServerConfig& config, Metrics* metrics, Handler handler);
   asio::awaitable<void> Accept();
   asio::awaitable<void> Serve(asio::ip::tcp::socket socket);
+  static asio::awaitable<void> Drain(beast::tcp_stream& stream);
 
   const ServerConfig config_;
   Metrics* const metrics_;

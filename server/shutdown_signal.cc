@@ -1,30 +1,36 @@
 #include "server/shutdown_signal.h"
 
-#include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
+
+#include <cerrno>
 
 namespace lair::server {
 namespace {
-sigset_t TerminationSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  return set;
+
+sem_t termination;                      // posted by the handler
+volatile sig_atomic_t last_signal = 0;  // the signal that posted it
+
+void OnTerminationSignal(int signal) {
+  last_signal = signal;
+  sem_post(&termination);
 }
+
 }  // namespace
 
-void BlockTerminationSignals() {
-  sigset_t set = TerminationSignals();
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+void InstallTerminationHandlers() {
+  sem_init(&termination, 0, 0);
+  struct sigaction action = {};
+  action.sa_handler = OnTerminationSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
 }
 
 int WaitForTerminationSignal() {
-  sigset_t set = TerminationSignals();
-  int signal = 0;
-  while (sigwait(&set, &signal) != 0) {
+  while (sem_wait(&termination) != 0 && errno == EINTR) {
   }
-  return signal;
+  return last_signal;
 }
 
 }  // namespace lair::server

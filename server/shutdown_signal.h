@@ -1,16 +1,16 @@
-// Waiting for SIGINT or SIGTERM without a signal handler: the signals are
-// blocked in every thread and one thread takes them with sigwait, so the
-// shutdown runs as ordinary code rather than in a handler.
+// Waiting for SIGINT or SIGTERM. The handler only records the signal and
+// posts a semaphore (both async-signal-safe); the shutdown itself runs as
+// ordinary code in the thread that waits. Whichever thread the kernel picks
+// to take the signal (library threads included), the effect is the same.
 #pragma once
 
 namespace lair::server {
 
-// Blocks SIGINT and SIGTERM in the calling thread and every thread it
-// starts afterwards. REQUIRES: called before any other thread is started.
-void BlockTerminationSignals();
+// Installs the SIGINT and SIGTERM handlers. Call once, early in main.
+void InstallTerminationHandlers();
 
 // Waits for SIGINT or SIGTERM and returns its number.
-// REQUIRES: BlockTerminationSignals was called.
+// REQUIRES: InstallTerminationHandlers was called.
 int WaitForTerminationSignal();
 
 }  // namespace lair::server

@@ -62,7 +62,8 @@ __device__ __forceinline__ void StoreRow(float* row, int lane, int d, const floa
 
 // a·row over the warp (every lane gets it).
 template <int kVec>
-__device__ __forceinline__ float WarpDot(const float (&a)[kRegs], const float* row, int lane, int d) {
+__device__ __forceinline__ float WarpDot(const float (&a)[kRegs], const float* row, int lane,
+                                         int d) {
   float r[kRegs];
   LoadRow<kVec>(row, lane, d, r);
   float part = 0.0f;
@@ -77,8 +78,9 @@ __device__ __forceinline__ int LaneElement(int lane, int i) {
   return ((i / kVec) * 32 + lane) * kVec + i % kVec;
 }
 
-// Σ over the block's warps of each warp's row `r` (weighted by w, per warp),
-// left in `shared` row 0 ... read back by every warp into `out`.
+// r ← Σ_w weight_w · r_w over the block's warps, element by element (each
+// warp passes its own weight); every warp gets the sum. `shared` holds
+// kWarps rows of kMaxD.
 template <int kVec>
 __device__ __forceinline__ void SumAcrossWarps(float (&r)[kRegs], float weight, float* shared,
                                                int warp, int lane) {
@@ -133,8 +135,9 @@ __global__ void __launch_bounds__(kThreads) AppendKernel(const AttentionParams p
   StoreVec<kVec>(p.v_cache + at, v);
 }
 
+// Two blocks per SM: up to 128 registers for kKeys key rows in flight.
 template <int kVec>
-__global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionParams p) {
+__global__ void __launch_bounds__(kThreads, 2) AttentionKernel(const AttentionParams p) {
   __shared__ float shared_acc[kWarps * kMaxD];
   __shared__ float shared_m[kWarps], shared_l[kWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -190,7 +193,8 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const AttentionParam
 }
 
 template <int kVec>
-__global__ void __launch_bounds__(kThreads) AttentionQueryGradKernel(const AttentionBackwardParams p) {
+__global__ void __launch_bounds__(kThreads)
+    AttentionQueryGradKernel(const AttentionBackwardParams p) {
   __shared__ float shared_acc[kWarps * kMaxD];
   __shared__ float shared_m[kWarps], shared_l[kWarps], shared_delta[kWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -252,7 +256,8 @@ __global__ void __launch_bounds__(kThreads) AttentionQueryGradKernel(const Atten
 }
 
 template <int kVec>
-__global__ void __launch_bounds__(kThreads) AttentionKeyGradKernel(const AttentionBackwardParams p) {
+__global__ void __launch_bounds__(kThreads)
+    AttentionKeyGradKernel(const AttentionBackwardParams p) {
   __shared__ float shared_acc[kWarps * kMaxD];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t j = blockIdx.x / p.kv_heads;

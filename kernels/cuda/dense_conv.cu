@@ -96,8 +96,8 @@ __global__ void __launch_bounds__(kThreads) ConvDxKernel(const ConvBackwardParam
 
 // Output o < C·W is d_w[c = o / W, i = o % W]; o ≥ C·W is d_b[o − C·W].
 // Sums over this split's tokens; the sequence index advances with t.
-__global__ void __launch_bounds__(kThreads) ConvWeightGradKernel(const ConvBackwardParams b,
-                                                                 int64_t outputs) {
+__global__ void __launch_bounds__(kThreads)
+    ConvWeightGradKernel(const ConvBackwardParams b, int64_t outputs) {
   const ConvParams& p = b.fwd;
   const int64_t o = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x;
   if (o >= outputs) return;

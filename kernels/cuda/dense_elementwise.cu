@@ -28,16 +28,26 @@ __device__ __forceinline__ int64_t GridThreads() {
 // f of kernels/dense.h's UnaryOp, as kernels/cpu/dense.cc writes it.
 __device__ __forceinline__ float ApplyUnary(UnaryOp op, float x) {
   switch (op) {
-    case UnaryOp::kAffine: return x;
-    case UnaryOp::kSilu: return Silu(x);
-    case UnaryOp::kSigmoid: return Sigmoid(x);
-    case UnaryOp::kLogSigmoid: return fminf(x, 0.0f) - log1pf(expf(-fabsf(x)));
-    case UnaryOp::kSoftplus: return x > 20.0f ? x : log1pf(expf(x));
-    case UnaryOp::kExp: return expf(x);
-    case UnaryOp::kLog: return logf(x);
-    case UnaryOp::kTanh: return tanhf(x);
-    case UnaryOp::kRelu: return x > 0.0f ? x : 0.0f;
-    case UnaryOp::kEluPlusOne: return x > 0.0f ? x + 1.0f : expf(x);
+    case UnaryOp::kAffine:
+      return x;
+    case UnaryOp::kSilu:
+      return Silu(x);
+    case UnaryOp::kSigmoid:
+      return Sigmoid(x);
+    case UnaryOp::kLogSigmoid:
+      return fminf(x, 0.0f) - log1pf(expf(-fabsf(x)));
+    case UnaryOp::kSoftplus:
+      return x > 20.0f ? x : log1pf(expf(x));
+    case UnaryOp::kExp:
+      return expf(x);
+    case UnaryOp::kLog:
+      return logf(x);
+    case UnaryOp::kTanh:
+      return tanhf(x);
+    case UnaryOp::kRelu:
+      return x > 0.0f ? x : 0.0f;
+    case UnaryOp::kEluPlusOne:
+      return x > 0.0f ? x + 1.0f : expf(x);
   }
   return x;
 }
@@ -45,32 +55,44 @@ __device__ __forceinline__ float ApplyUnary(UnaryOp op, float x) {
 // f'(x).
 __device__ __forceinline__ float UnaryDerivative(UnaryOp op, float x) {
   switch (op) {
-    case UnaryOp::kAffine: return 1.0f;
-    case UnaryOp::kSilu: return SiluGrad(x);
+    case UnaryOp::kAffine:
+      return 1.0f;
+    case UnaryOp::kSilu:
+      return SiluGrad(x);
     case UnaryOp::kSigmoid: {
       const float s = Sigmoid(x);
       return s * (1.0f - s);
     }
-    case UnaryOp::kLogSigmoid: return Sigmoid(-x);
-    case UnaryOp::kSoftplus: return x > 20.0f ? 1.0f : Sigmoid(x);
-    case UnaryOp::kExp: return expf(x);
-    case UnaryOp::kLog: return 1.0f / x;
+    case UnaryOp::kLogSigmoid:
+      return Sigmoid(-x);
+    case UnaryOp::kSoftplus:
+      return x > 20.0f ? 1.0f : Sigmoid(x);
+    case UnaryOp::kExp:
+      return expf(x);
+    case UnaryOp::kLog:
+      return 1.0f / x;
     case UnaryOp::kTanh: {
       const float t = tanhf(x);
       return 1.0f - t * t;
     }
-    case UnaryOp::kRelu: return x > 0.0f ? 1.0f : 0.0f;
-    case UnaryOp::kEluPlusOne: return x > 0.0f ? 1.0f : expf(x);
+    case UnaryOp::kRelu:
+      return x > 0.0f ? 1.0f : 0.0f;
+    case UnaryOp::kEluPlusOne:
+      return x > 0.0f ? 1.0f : expf(x);
   }
   return 1.0f;
 }
 
 __device__ __forceinline__ float ApplyBinary(BinaryOp op, float u, float v) {
   switch (op) {
-    case BinaryOp::kAdd: return u + v;
-    case BinaryOp::kSub: return u - v;
-    case BinaryOp::kMul: return u * v;
-    case BinaryOp::kDiv: return u / v;
+    case BinaryOp::kAdd:
+      return u + v;
+    case BinaryOp::kSub:
+      return u - v;
+    case BinaryOp::kMul:
+      return u * v;
+    case BinaryOp::kDiv:
+      return u / v;
   }
   return u;
 }
@@ -232,7 +254,8 @@ __global__ void __launch_bounds__(kThreads) EmbeddingKernel(const EmbeddingParam
 }
 
 // d_table[ids[i],:] += d_out[i,:] (atomics: repeated ids add up).
-__global__ void __launch_bounds__(kThreads) EmbeddingBackwardKernel(const EmbeddingBackwardParams p) {
+__global__ void __launch_bounds__(kThreads)
+    EmbeddingBackwardKernel(const EmbeddingBackwardParams p) {
   for (int64_t i = GlobalThread(); i < p.count * p.width; i += GridThreads()) {
     const int64_t r = i / p.width, j = i - r * p.width;
     const int32_t id = p.ids[r];

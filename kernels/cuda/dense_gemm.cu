@@ -52,9 +52,8 @@ __global__ void __launch_bounds__(kThreads) NarrowKernel(const float* src, int64
 }
 
 // c[i, j] = (beta == 0 ? 0 : beta·c[i, j]) + bias[j] over [m, n] with row stride ldc.
-__global__ void __launch_bounds__(kThreads) ScaleBiasKernel(float* c, int64_t ldc, int64_t m,
-                                                            int64_t n, float beta,
-                                                            const float* bias) {
+__global__ void __launch_bounds__(kThreads)
+    ScaleBiasKernel(float* c, int64_t ldc, int64_t m, int64_t n, float beta, const float* bias) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < m * n;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int64_t r = i / n, j = i - r * n;
@@ -75,7 +74,8 @@ absl::Status LtStatus(cublasStatus_t status, std::string_view what) {
 
 absl::Status CudaStatus(cudaError_t err, std::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("CUDA ", std::string(what), ": ", cudaGetErrorString(err)));
+  return absl::InternalError(
+      absl::StrCat("CUDA ", std::string(what), ": ", cudaGetErrorString(err)));
 }
 
 // The largest power of two ≤ 256 dividing the address.
@@ -88,9 +88,12 @@ uint32_t Alignment(const void* p) {
 
 cudaDataType_t CudaType(DType t) {
   switch (t) {
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
-    default: return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
   }
 }
 
@@ -160,65 +163,67 @@ struct GemmRunner::Impl {
   }
 
   absl::StatusOr<Plan*> GetPlan(const LtProblem& p, bool with_bias) {
-    const PlanKey key = {p.ab_type,          p.compute,         p.trans_a,         p.trans_b,
-                         p.rows,             p.cols,            p.inner,           p.lda,
-                         p.ldb,              p.ldc,             with_bias,         Alignment(p.a),
-                         Alignment(p.b),     Alignment(p.c),    0,                 0};
+    const PlanKey key = {p.ab_type,      p.compute,      p.trans_a, p.trans_b,
+                         p.rows,         p.cols,         p.inner,   p.lda,
+                         p.ldb,          p.ldc,          with_bias, Alignment(p.a),
+                         Alignment(p.b), Alignment(p.c), 0,         0};
     auto it = plans.find(key);
     if (it != plans.end()) return it->second.get();
     if (plans.size() >= kMaxPlans) plans.clear();
     auto plan = std::make_unique<Plan>();
-    LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescCreate(&plan->desc, p.compute, CUDA_R_32F), "desc"));
+    LAIR_RETURN_IF_ERROR(
+        LtStatus(cublasLtMatmulDescCreate(&plan->desc, p.compute, CUDA_R_32F), "desc"));
     const cublasOperation_t op_a = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                                 &op_a, sizeof(op_a)),
+    LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(
+                                      plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)),
                                   "transa"));
-    LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                                 &op_b, sizeof(op_b)),
+    LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(
+                                      plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)),
                                   "transb"));
     if (with_bias) {
       const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-      LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(
-                                        plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
-                                    "epilogue"));
+      LAIR_RETURN_IF_ERROR(
+          LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                  &epilogue, sizeof(epilogue)),
+                   "epilogue"));
     }
     // Stored shapes: op N keeps [rows, inner] / [inner, cols], op T swaps them.
-    LAIR_RETURN_IF_ERROR(LtStatus(
-        cublasLtMatrixLayoutCreate(&plan->a, p.ab_type, p.trans_a ? p.inner : p.rows,
-                                   p.trans_a ? p.rows : p.inner, p.lda),
-        "layout a"));
-    LAIR_RETURN_IF_ERROR(LtStatus(
-        cublasLtMatrixLayoutCreate(&plan->b, p.ab_type, p.trans_b ? p.cols : p.inner,
-                                   p.trans_b ? p.inner : p.cols, p.ldb),
-        "layout b"));
     LAIR_RETURN_IF_ERROR(
-        LtStatus(cublasLtMatrixLayoutCreate(&plan->c, CUDA_R_32F, p.rows, p.cols, p.ldc), "layout c"));
+        LtStatus(cublasLtMatrixLayoutCreate(&plan->a, p.ab_type, p.trans_a ? p.inner : p.rows,
+                                            p.trans_a ? p.rows : p.inner, p.lda),
+                 "layout a"));
+    LAIR_RETURN_IF_ERROR(
+        LtStatus(cublasLtMatrixLayoutCreate(&plan->b, p.ab_type, p.trans_b ? p.cols : p.inner,
+                                            p.trans_b ? p.inner : p.cols, p.ldb),
+                 "layout b"));
+    LAIR_RETURN_IF_ERROR(LtStatus(
+        cublasLtMatrixLayoutCreate(&plan->c, CUDA_R_32F, p.rows, p.cols, p.ldc), "layout c"));
 
     cublasLtMatmulPreference_t pref = nullptr;
     LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref), "preference"));
     const uint64_t bytes = kLtWorkspaceBytes;
     const uint32_t align_a = Alignment(p.a), align_b = Alignment(p.b), align_c = Alignment(p.c);
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                             &bytes, sizeof(bytes));
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes));
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                                sizeof(align_a));
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                &align_a, sizeof(align_a));
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                                sizeof(align_b));
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                &align_b, sizeof(align_b));
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
-                                                sizeof(align_c));
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                &align_c, sizeof(align_c));
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
-                                                sizeof(align_c));
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                &align_c, sizeof(align_c));
     cublasLtMatmulHeuristicResult_t result{};
     int count = 0;
     if (st == CUBLAS_STATUS_SUCCESS) {
       // NOT_SUPPORTED means no algorithm: the plan is kept, marked not found.
-      const cublasStatus_t h = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c,
-                                                              plan->c, pref, 1, &result, &count);
+      const cublasStatus_t h = cublasLtMatmulAlgoGetHeuristic(
+          handle, plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1, &result, &count);
       if (h != CUBLAS_STATUS_NOT_SUPPORTED) st = h;
     }
     cublasLtMatmulPreferenceDestroy(pref);
@@ -230,34 +235,35 @@ struct GemmRunner::Impl {
     return raw;
   }
 
-  // Runs p, with the bias in the epilogue when cuBLASLt has an algorithm for
-  // it, else as a separate pass.
+  // Runs p, with the bias in the epilogue when it is 16-byte aligned and
+  // cuBLASLt has an algorithm for it, else as a separate pass.
   absl::Status Matmul(const LtProblem& p) {
     Plan* plan = nullptr;
     bool fused_bias = false;
-    if (p.bias) {
+    if (p.bias && Alignment(p.bias) >= 16) {
       LAIR_ASSIGN_OR_RETURN(plan, GetPlan(p, true));
       fused_bias = plan->found;
     }
     if (!fused_bias) {
       LAIR_ASSIGN_OR_RETURN(plan, GetPlan(p, false));
       if (!plan->found) {
-        return absl::InternalError(absl::StrCat("cuBLASLt has no algorithm for a ", p.rows, "x", p.cols,
-                                                "x", p.inner, " product"));
+        return absl::InternalError(absl::StrCat("cuBLASLt has no algorithm for a ", p.rows, "x",
+                                                p.cols, "x", p.inner, " product"));
       }
     } else {
-      LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                                   &p.bias, sizeof(p.bias)),
-                                    "bias"));
+      LAIR_RETURN_IF_ERROR(
+          LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                  &p.bias, sizeof(p.bias)),
+                   "bias"));
     }
-    LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmul(handle, plan->desc, &p.alpha, p.a, plan->a, p.b, plan->b,
-                                                 &p.beta, p.c, plan->c, p.c, plan->c, &plan->algo,
-                                                 workspace, kLtWorkspaceBytes, stream),
-                                  "matmul"));
+    LAIR_RETURN_IF_ERROR(LtStatus(
+        cublasLtMatmul(handle, plan->desc, &p.alpha, p.a, plan->a, p.b, plan->b, &p.beta, p.c,
+                       plan->c, p.c, plan->c, &plan->algo, workspace, kLtWorkspaceBytes, stream),
+        "matmul"));
     if (p.bias && !fused_bias) {
       // Row-major view: [cols, rows] with row stride ldc.
-      ScaleBiasKernel<<<GridFor(p.rows * p.cols), kThreads, 0, stream>>>(p.c, p.ldc, p.cols, p.rows, 1.0f,
-                                                                         p.bias);
+      ScaleBiasKernel<<<GridFor(p.rows * p.cols), kThreads, 0, stream>>>(p.c, p.ldc, p.cols, p.rows,
+                                                                         1.0f, p.bias);
       return CudaStatus(cudaGetLastError(), "bias");
     }
     return absl::OkStatus();
@@ -271,8 +277,8 @@ struct GemmRunner::Impl {
     T* a = reinterpret_cast<T*>(buffer);
     NarrowKernel<T><<<GridFor(count), kThreads, 0, stream>>>(g.a, count, a);
     LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "narrow"));
-    return Matmul(FromRowMajor(g, a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias, CudaType(g.b_type),
-                               CUBLAS_COMPUTE_32F));
+    return Matmul(FromRowMajor(g, a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias,
+                               CudaType(g.b_type), CUBLAS_COMPUTE_32F));
   }
 
   // F32 activations × BF16/F16 weights in fp32: b widened per column block.
@@ -281,21 +287,23 @@ struct GemmRunner::Impl {
     int64_t block = static_cast<int64_t>(kWidenBudgetBytes / (sizeof(float) * g.k));
     block = std::max<int64_t>(kBlockColumns, block / kBlockColumns * kBlockColumns);
     block = std::min(block, g.n);
-    LAIR_ASSIGN_OR_RETURN(char* buffer, scratch.Get(static_cast<size_t>(block * g.k) * sizeof(float)));
+    LAIR_ASSIGN_OR_RETURN(char* buffer,
+                          scratch.Get(static_cast<size_t>(block * g.k) * sizeof(float)));
     float* wide = reinterpret_cast<float*>(buffer);
     const T* b = static_cast<const T*>(g.b);
     for (int64_t n0 = 0; n0 < g.n; n0 += block) {
       const int64_t cols = std::min(block, g.n - n0);
       // trans_b: rows [n0, n0 + cols) of b [n, k]; else columns of b [k, n].
       if (g.trans_b) {
-        WidenKernel<T><<<GridFor(cols * g.k), kThreads, 0, stream>>>(b + n0 * g.k, g.k, cols, g.k, wide);
+        WidenKernel<T>
+            <<<GridFor(cols * g.k), kThreads, 0, stream>>>(b + n0 * g.k, g.k, cols, g.k, wide);
       } else {
         WidenKernel<T><<<GridFor(cols * g.k), kThreads, 0, stream>>>(b + n0, g.n, g.k, cols, wide);
       }
       LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "widen"));
-      LAIR_RETURN_IF_ERROR(Matmul(FromRowMajor(g, g.a, wide, cols, g.trans_b ? g.k : cols, g.c + n0,
-                                               g.bias ? g.bias + n0 : nullptr, CUDA_R_32F,
-                                               CUBLAS_COMPUTE_32F)));
+      LAIR_RETURN_IF_ERROR(
+          Matmul(FromRowMajor(g, g.a, wide, cols, g.trans_b ? g.k : cols, g.c + n0,
+                              g.bias ? g.bias + n0 : nullptr, CUDA_R_32F, CUBLAS_COMPUTE_32F)));
     }
     return absl::OkStatus();
   }
@@ -322,7 +330,8 @@ absl::Status GemmRunner::Run(const GemmCall& g, GemmPrecision precision) {
   Impl& im = *impl_;
   if (g.m == 0 || g.n == 0) return absl::OkStatus();
   if (g.k == 0) {
-    ScaleBiasKernel<<<GridFor(g.m * g.n), kThreads, 0, im.stream>>>(g.c, g.n, g.m, g.n, g.beta, g.bias);
+    ScaleBiasKernel<<<GridFor(g.m * g.n), kThreads, 0, im.stream>>>(g.c, g.n, g.m, g.n, g.beta,
+                                                                    g.bias);
     return CudaStatus(cudaGetLastError(), "gemm k = 0");
   }
   const bool fast = precision == GemmPrecision::kFast;
@@ -332,7 +341,8 @@ absl::Status GemmRunner::Run(const GemmCall& g, GemmPrecision precision) {
     case DType::kF16:
       return fast ? im.RunNarrowed<__half>(g) : im.RunWidened<__half>(g);
     default:
-      return im.Matmul(FromRowMajor(g, g.a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias, CUDA_R_32F,
+      return im.Matmul(FromRowMajor(g, g.a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias,
+                                    CUDA_R_32F,
                                     fast ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F));
   }
 }

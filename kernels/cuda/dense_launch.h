@@ -7,10 +7,10 @@
 // kernels/dense.h.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 #include <memory>
-
-#include <cuda_runtime_api.h>
 
 #include "core/dtype.h"
 #include "core/status.h"
@@ -73,10 +73,10 @@ struct GemmCall {
   int64_t m = 0, n = 0, k = 0;
   const float* a = nullptr;  // [m,k], or [k,m] when trans_a
   bool trans_a = false;
-  const void* b = nullptr;   // [n,k] when trans_b, else [k,n]
+  const void* b = nullptr;  // [n,k] when trans_b, else [k,n]
   DType b_type = DType::kF32;
   bool trans_b = true;
-  float* c = nullptr;        // [m,n]
+  float* c = nullptr;  // [m,n]
   float alpha = 1.0f, beta = 0.0f;
   const float* bias = nullptr;  // [n] or null
 };
@@ -115,8 +115,8 @@ struct UnaryParams {
   float alpha = 1.0f, beta = 0.0f, in_scale = 1.0f;
   const float* x = nullptr;
   float* y = nullptr;
-  int64_t count = 0;          // elements of y
-  bool broadcast = false;     // x read through index.stride_a, else x has y's shape
+  int64_t count = 0;       // elements of y
+  bool broadcast = false;  // x read through index.stride_a, else x has y's shape
   BroadcastIndex index;
 };
 cudaError_t LaunchUnary(const UnaryParams& p, cudaStream_t stream);
@@ -213,14 +213,14 @@ struct NormParams {
 cudaError_t LaunchNorm(const NormParams& p, cudaStream_t stream);
 
 struct NormBackwardParams {
-  NormParams fwd;                 // fwd.y unused
+  NormParams fwd;  // fwd.y unused
   const float* d_y = nullptr;
   float* dx = nullptr;
-  float* d_gate = nullptr;        // or null
-  float* d_weight = nullptr;      // accumulated, or null
-  float2* stats = nullptr;        // [rows·cols/group] (mean, rstd) when d_weight
-  int splits = 1;                 // row chunks of the d_weight column sums
-  double* partial = nullptr;      // [splits, cols] when splits > 1
+  float* d_gate = nullptr;    // or null
+  float* d_weight = nullptr;  // accumulated, or null
+  float2* stats = nullptr;    // [rows·cols/group] (mean, rstd) when d_weight
+  int splits = 1;             // row chunks of the d_weight column sums
+  double* partial = nullptr;  // [splits, cols] when splits > 1
 };
 cudaError_t LaunchNormBackward(const NormBackwardParams& p, cudaStream_t stream);
 
@@ -237,19 +237,19 @@ struct ConvParams {
   const float* bias = nullptr;    // [channels] or null
   bool silu = false;
   float* y = nullptr;
-  float* state = nullptr;         // [slots, channels, width − 1]
+  float* state = nullptr;  // [slots, channels, width − 1]
 };
 cudaError_t LaunchConv1d(const ConvParams& p, cudaStream_t stream);
 
 struct ConvBackwardParams {
-  ConvParams fwd;                 // fwd.y unused, fwd.state read only
+  ConvParams fwd;  // fwd.y unused, fwd.state read only
   const float* d_y = nullptr;
   float* dx = nullptr;
-  float* d_weight = nullptr;      // accumulated [channels, width]
-  float* d_bias = nullptr;        // accumulated [channels] or null
-  float* d_pre = nullptr;         // scratch [tokens, channels]
-  int splits = 1;                 // token chunks of the weight sums
-  double* partial = nullptr;      // [splits, channels·(width + 1)] when splits > 1
+  float* d_weight = nullptr;  // accumulated [channels, width]
+  float* d_bias = nullptr;    // accumulated [channels] or null
+  float* d_pre = nullptr;     // scratch [tokens, channels]
+  int splits = 1;             // token chunks of the weight sums
+  double* partial = nullptr;  // [splits, channels·(width + 1)] when splits > 1
 };
 cudaError_t LaunchConv1dBackward(const ConvBackwardParams& p, cudaStream_t stream);
 
@@ -261,12 +261,12 @@ struct AttentionParams {
   float scale = 1.0f;
   const int32_t* cu_seqlens = nullptr;
   const int32_t* slots = nullptr;
-  const int32_t* starts = nullptr;     // tokens already cached per sequence
-  const float* q = nullptr;            // [tokens, heads, head_dim]
-  const float* k = nullptr;            // [tokens, kv_heads, head_dim]
+  const int32_t* starts = nullptr;  // tokens already cached per sequence
+  const float* q = nullptr;         // [tokens, heads, head_dim]
+  const float* k = nullptr;         // [tokens, kv_heads, head_dim]
   const float* v = nullptr;
   float* o = nullptr;
-  float* k_cache = nullptr;            // [slots, max_context, kv_heads, head_dim]
+  float* k_cache = nullptr;  // [slots, max_context, kv_heads, head_dim]
   float* v_cache = nullptr;
   int64_t max_context = 0;
 };
@@ -292,10 +292,10 @@ cudaError_t LaunchAttentionBackward(const AttentionBackwardParams& p, cudaStream
 // ---------------------------------------------------------------------------
 // Softmax cross-entropy (dense_loss.cu).
 struct CrossEntropyParams {
-  const float* logits = nullptr;   // [rows, vocab]
+  const float* logits = nullptr;  // [rows, vocab]
   const int32_t* targets = nullptr;
   float* losses = nullptr;
-  float* d_logits = nullptr;       // or null
+  float* d_logits = nullptr;  // or null
   int64_t rows = 0, vocab = 0;
   float grad_scale = 1.0f;
   int* fault = nullptr;

@@ -233,7 +233,8 @@ void LaunchBackward(const NormBackwardParams& b, int64_t groups, cudaStream_t st
     NormBackwardKernel<32, kVec>
         <<<BlocksFor(groups, kWarpTeamBlock / 32), kWarpTeamBlock, 0, stream>>>(b);
   } else {
-    NormBackwardKernel<kBlockTeam, kVec><<<static_cast<unsigned>(groups), kBlockTeam, 0, stream>>>(b);
+    NormBackwardKernel<kBlockTeam, kVec>
+        <<<static_cast<unsigned>(groups), kBlockTeam, 0, stream>>>(b);
   }
 }
 

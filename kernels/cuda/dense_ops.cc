@@ -24,7 +24,8 @@ absl::Status Invalid(std::string_view op, std::string_view field, std::string_vi
 
 absl::Status CudaStatus(cudaError_t err, std::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("CUDA ", std::string(what), ": ", cudaGetErrorString(err)));
+  return absl::InternalError(
+      absl::StrCat("CUDA ", std::string(what), ": ", cudaGetErrorString(err)));
 }
 
 // A defined CUDA tensor of `dtype` and, when rank >= 0, that rank.
@@ -33,8 +34,9 @@ absl::Status CheckTensor(std::string_view op, std::string_view field, const Tens
   if (!t.defined()) return Invalid(op, field, "missing tensor");
   if (t.device() != Device::kCuda) return Invalid(op, field, "not a CUDA tensor");
   if (t.dtype() != dtype) {
-    return Invalid(op, field,
-                   absl::StrCat("expected ", std::string(DTypeName(dtype)), ", got ", t.DebugString()));
+    return Invalid(
+        op, field,
+        absl::StrCat("expected ", std::string(DTypeName(dtype)), ", got ", t.DebugString()));
   }
   if (rank >= 0 && t.rank() != rank) {
     return Invalid(op, field, absl::StrCat("expected rank ", rank, ", got ", t.DebugString()));
@@ -45,13 +47,16 @@ absl::Status CheckTensor(std::string_view op, std::string_view field, const Tens
 absl::Status CheckShape(std::string_view op, std::string_view field, const Tensor& t,
                         const Shape& shape) {
   if (t.shape() != shape) {
-    return Invalid(op, field,
-                   absl::StrCat("expected shape ", ShapeString(shape), ", got ", ShapeString(t.shape())));
+    return Invalid(
+        op, field,
+        absl::StrCat("expected shape ", ShapeString(shape), ", got ", ShapeString(t.shape())));
   }
   return absl::OkStatus();
 }
 
-int64_t Rows(const Tensor& t) { return t.rank() == 0 || t.dim(-1) == 0 ? 0 : t.numel() / t.dim(-1); }
+int64_t Rows(const Tensor& t) {
+  return t.rank() == 0 || t.dim(-1) == 0 ? 0 : t.numel() / t.dim(-1);
+}
 
 // The packed-batch invariants of kernels/mixer.h against `num_tokens` and a
 // pool of `num_slots` (negative: no pool).
@@ -64,7 +69,8 @@ absl::Status CheckBatch(std::string_view op, const SequenceBatch& batch, int64_t
     return Invalid(op, "cu_seqlens", absl::StrCat("must run from 0 to ", num_tokens));
   }
   for (int s = 0; s < batch.num_seqs; ++s) {
-    if (batch.cu_seqlens[s + 1] < batch.cu_seqlens[s]) return Invalid(op, "cu_seqlens", "decreasing");
+    if (batch.cu_seqlens[s + 1] < batch.cu_seqlens[s])
+      return Invalid(op, "cu_seqlens", "decreasing");
   }
   if (num_slots >= 0) {
     if (static_cast<int>(batch.state_slot.size()) != batch.num_seqs) {
@@ -72,7 +78,8 @@ absl::Status CheckBatch(std::string_view op, const SequenceBatch& batch, int64_t
     }
     for (int32_t slot : batch.state_slot) {
       if (slot < 0 || slot >= num_slots) {
-        return Invalid(op, "state_slot", absl::StrCat("slot ", slot, " outside [0, ", num_slots, ")"));
+        return Invalid(op, "state_slot",
+                       absl::StrCat("slot ", slot, " outside [0, ", num_slots, ")"));
       }
     }
   }
@@ -82,7 +89,8 @@ absl::Status CheckBatch(std::string_view op, const SequenceBatch& batch, int64_t
 // Row-major strides of `shape`.
 std::vector<int64_t> Strides(const Shape& shape) {
   std::vector<int64_t> strides(shape.size(), 1);
-  for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * shape[d + 1];
+  for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d)
+    strides[d] = strides[d + 1] * shape[d + 1];
   return strides;
 }
 
@@ -91,15 +99,17 @@ std::vector<int64_t> Strides(const Shape& shape) {
 absl::Status BroadcastStrides(std::string_view op, std::string_view field, const Tensor& x,
                               const Shape& shape, std::vector<int64_t>* strides) {
   if (x.rank() != static_cast<int>(shape.size())) {
-    return Invalid(op, field,
-                   absl::StrCat("rank of ", ShapeString(x.shape()), " differs from ", ShapeString(shape)));
+    return Invalid(
+        op, field,
+        absl::StrCat("rank of ", ShapeString(x.shape()), " differs from ", ShapeString(shape)));
   }
   *strides = Strides(x.shape());
   for (int d = 0; d < x.rank(); ++d) {
     if (x.shape()[d] != shape[d]) {
       if (x.shape()[d] != 1) {
-        return Invalid(op, field,
-                       absl::StrCat(ShapeString(x.shape()), " does not broadcast to ", ShapeString(shape)));
+        return Invalid(
+            op, field,
+            absl::StrCat(ShapeString(x.shape()), " does not broadcast to ", ShapeString(shape)));
       }
       (*strides)[d] = 0;
     }
@@ -112,8 +122,9 @@ absl::StatusOr<dense::BroadcastIndex> MakeIndex(std::string_view op, const Shape
                                                 const std::vector<int64_t>& sa,
                                                 const std::vector<int64_t>& sb) {
   if (shape.size() > static_cast<size_t>(dense::kMaxRank)) {
-    return Invalid(op, "y", absl::StrCat("broadcasting supports rank up to ", dense::kMaxRank, ", got ",
-                                         ShapeString(shape)));
+    return Invalid(op, "y",
+                   absl::StrCat("broadcasting supports rank up to ", dense::kMaxRank, ", got ",
+                                ShapeString(shape)));
   }
   dense::BroadcastIndex ix;
   ix.rank = static_cast<int>(shape.size());
@@ -168,7 +179,8 @@ absl::Status CheckConv(std::string_view op, const SequenceBatch& batch, const Co
   *width = args.weight.dim(1);
   if (*width < 1) return Invalid(op, "weight", "kernel width must be positive");
   LAIR_RETURN_IF_ERROR(CheckShape(op, "weight", args.weight, {*channels, *width}));
-  LAIR_RETURN_IF_ERROR(CheckShape(op, "state", args.state, {args.state.dim(0), *channels, *width - 1}));
+  LAIR_RETURN_IF_ERROR(
+      CheckShape(op, "state", args.state, {args.state.dim(0), *channels, *width - 1}));
   if (args.bias.defined()) {
     LAIR_RETURN_IF_ERROR(CheckTensor(op, "bias", args.bias, DType::kF32, 1));
     LAIR_RETURN_IF_ERROR(CheckShape(op, "bias", args.bias, {*channels}));
@@ -214,7 +226,8 @@ absl::Status CheckAttention(std::string_view op, const AttentionArgs& args, int6
 // threads to fill the GPU, at least kMinRows rows per chunk.
 int ColumnSplits(int64_t columns, int64_t rows, int sm_count) {
   constexpr int64_t kMinRows = 32, kMaxSplits = 512;
-  const int64_t want = std::max<int64_t>(1, int64_t{sm_count} * 2048 / std::max<int64_t>(columns, 1));
+  const int64_t want =
+      std::max<int64_t>(1, int64_t{sm_count} * 2048 / std::max<int64_t>(columns, 1));
   const int64_t most = std::max<int64_t>(1, rows / kMinRows);
   return static_cast<int>(std::min({want, most, kMaxSplits}));
 }
@@ -250,7 +263,9 @@ absl::StatusOr<char*> DeviceScratch::Get(size_t bytes) {
 }  // namespace dense
 
 CudaDenseOps::CudaDenseOps(cudaStream_t stream, GemmPrecision precision)
-    : stream_(stream), precision_(precision), scratch_(std::make_unique<dense::DeviceScratch>(stream)) {}
+    : stream_(stream),
+      precision_(precision),
+      scratch_(std::make_unique<dense::DeviceScratch>(stream)) {}
 
 CudaDenseOps::~CudaDenseOps() {
   if (fault_) cudaFreeAsync(fault_, stream_);
@@ -266,16 +281,19 @@ absl::StatusOr<std::unique_ptr<CudaDenseOps>> CudaDenseOps::Create(cudaStream_t 
   void* fault = nullptr;
   LAIR_RETURN_IF_ERROR(CudaStatus(cudaMallocAsync(&fault, sizeof(int), stream), "fault word"));
   ops->fault_ = static_cast<int*>(fault);
-  LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(ops->fault_, 0, sizeof(int), stream), "fault word"));
+  LAIR_RETURN_IF_ERROR(
+      CudaStatus(cudaMemsetAsync(ops->fault_, 0, sizeof(int), stream), "fault word"));
   LAIR_ASSIGN_OR_RETURN(ops->gemm_, dense::GemmRunner::Create(stream));
   return ops;
 }
 
 absl::StatusOr<char*> CudaDenseOps::Scratch(size_t bytes) { return scratch_->Get(bytes); }
 
-absl::StatusOr<CudaDenseOps::DeviceInts> CudaDenseOps::UploadBatch(
-    const SequenceBatch& batch, bool with_slots, std::span<const int32_t> starts,
-    const int32_t* starts_device, char** scratch) {
+absl::StatusOr<CudaDenseOps::DeviceInts> CudaDenseOps::UploadBatch(const SequenceBatch& batch,
+                                                                   bool with_slots,
+                                                                   std::span<const int32_t> starts,
+                                                                   const int32_t* starts_device,
+                                                                   char** scratch) {
   const int64_t s = batch.num_seqs;
   int32_t* cu = ScratchLayout::Take<int32_t>(scratch, s + 1);
   int32_t* slots = ScratchLayout::Take<int32_t>(scratch, s);
@@ -285,11 +303,12 @@ absl::StatusOr<CudaDenseOps::DeviceInts> CudaDenseOps::UploadBatch(
   // Host spans go through pageable memory, so the stream is synchronized
   // before they may change (only when a device copy is missing).
   bool copied = false;
-  auto upload = [&](std::span<const int32_t> host, int32_t* dst, const int32_t** out) -> absl::Status {
+  auto upload = [&](std::span<const int32_t> host, int32_t* dst,
+                    const int32_t** out) -> absl::Status {
     if (*out != nullptr || host.empty()) return absl::OkStatus();
-    LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dst, host.data(), host.size_bytes(),
-                                                    cudaMemcpyHostToDevice, stream_),
-                                    "batch upload"));
+    LAIR_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(dst, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream_),
+        "batch upload"));
     *out = dst;
     copied = true;
     return absl::OkStatus();
@@ -303,8 +322,8 @@ absl::StatusOr<CudaDenseOps::DeviceInts> CudaDenseOps::UploadBatch(
 
 absl::Status CudaDenseOps::TakeIndexFault() {
   int fault = 0;
-  LAIR_RETURN_IF_ERROR(
-      CudaStatus(cudaMemcpyAsync(&fault, fault_, sizeof(int), cudaMemcpyDeviceToHost, stream_), "fault"));
+  LAIR_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(&fault, fault_, sizeof(int), cudaMemcpyDeviceToHost, stream_), "fault"));
   LAIR_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "fault"));
   if (fault == 0) return absl::OkStatus();
   LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(fault_, 0, sizeof(int), stream_), "fault"));
@@ -313,8 +332,9 @@ absl::Status CudaDenseOps::TakeIndexFault() {
   if (fault & dense::kFaultEmbeddingBackwardIds) absl::StrAppend(&what, "EmbeddingBackward: ids; ");
   if (fault & dense::kFaultCrossEntropyTargets) absl::StrAppend(&what, "CrossEntropy: targets; ");
   return absl::InvalidArgumentError(
-      absl::StrCat(what, "device values out of range were skipped (NaN rows in Embedding.out and "
-                         "CrossEntropy.losses/d_logits)"));
+      absl::StrCat(what,
+                   "device values out of range were skipped (NaN rows in Embedding.out and "
+                   "CrossEntropy.losses/d_logits)"));
 }
 
 absl::Status CudaDenseOps::Gemm(const GemmArgs& args) {
@@ -331,8 +351,9 @@ absl::Status CudaDenseOps::Gemm(const GemmArgs& args) {
   const int64_t n = args.trans_b ? args.b.dim(0) : args.b.dim(1);
   const int64_t kb = args.trans_b ? args.b.dim(1) : args.b.dim(0);
   if (kb != k) {
-    return Invalid(kOp, "b", absl::StrCat("inner dimension ", kb, " differs from a's ", k, " (a ",
-                                          args.a.DebugString(), ", b ", args.b.DebugString(), ")"));
+    return Invalid(kOp, "b",
+                   absl::StrCat("inner dimension ", kb, " differs from a's ", k, " (a ",
+                                args.a.DebugString(), ", b ", args.b.DebugString(), ")"));
   }
   LAIR_RETURN_IF_ERROR(CheckShape(kOp, "c", args.c, {m, n}));
   if (args.bias.defined()) {
@@ -512,7 +533,8 @@ absl::Status CudaDenseOps::ReduceSum(const ReduceSumArgs& args) {
   std::vector<int64_t> unused;
   LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "y", args.y, args.x.shape(), &unused));
   if (args.x.rank() > dense::kMaxRank) {
-    return Invalid(kOp, "x", absl::StrCat("rank up to ", dense::kMaxRank, ", got ", args.x.DebugString()));
+    return Invalid(kOp, "x",
+                   absl::StrCat("rank up to ", dense::kMaxRank, ", got ", args.x.DebugString()));
   }
   // Kept dims index y (extent-1 dims dropped); reduced dims are those where
   // y is 1 and x is not, the innermost held apart.
@@ -544,7 +566,8 @@ absl::Status CudaDenseOps::ReduceSum(const ReduceSumArgs& args) {
   }
   p.splits = ColumnSplits(p.outputs, p.reduce_count, sm_count_);
   if (p.splits > 1) {
-    LAIR_ASSIGN_OR_RETURN(char* cursor, Scratch(static_cast<size_t>(p.splits * p.outputs) * sizeof(double)));
+    LAIR_ASSIGN_OR_RETURN(char* cursor,
+                          Scratch(static_cast<size_t>(p.splits * p.outputs) * sizeof(double)));
     p.partial = reinterpret_cast<double*>(cursor);
   }
   return CudaStatus(dense::LaunchReduceSum(p, stream_), kOp);
@@ -560,16 +583,19 @@ absl::Status CudaDenseOps::CopyColumns(const CopyColumnsArgs& args) {
   p.src_cols = args.src.dim(-1);
   p.dst_cols = args.dst.dim(-1);
   if (Rows(args.dst) != p.rows) {
-    return Invalid(kOp, "dst", absl::StrCat(args.dst.DebugString(), " has other rows than src ",
-                                            args.src.DebugString()));
+    return Invalid(
+        kOp, "dst",
+        absl::StrCat(args.dst.DebugString(), " has other rows than src ", args.src.DebugString()));
   }
   if (args.width < 0 || args.src_col < 0 || args.src_col + args.width > p.src_cols) {
-    return Invalid(kOp, "src_col", absl::StrCat("columns [", args.src_col, ", ", args.src_col + args.width,
-                                                ") outside ", p.src_cols));
+    return Invalid(kOp, "src_col",
+                   absl::StrCat("columns [", args.src_col, ", ", args.src_col + args.width,
+                                ") outside ", p.src_cols));
   }
   if (args.dst_col < 0 || args.dst_col + args.width > p.dst_cols) {
-    return Invalid(kOp, "dst_col", absl::StrCat("columns [", args.dst_col, ", ", args.dst_col + args.width,
-                                                ") outside ", p.dst_cols));
+    return Invalid(kOp, "dst_col",
+                   absl::StrCat("columns [", args.dst_col, ", ", args.dst_col + args.width,
+                                ") outside ", p.dst_cols));
   }
   p.src = args.src.f32();
   p.dst = args.dst.f32();
@@ -597,7 +623,8 @@ absl::Status CudaDenseOps::Conv1d(const SequenceBatch& batch, const Conv1dArgs& 
   return CudaStatus(dense::LaunchConv1d(p, stream_), kOp);
 }
 
-absl::Status CudaDenseOps::Conv1dBackward(const SequenceBatch& batch, const Conv1dBackwardArgs& args) {
+absl::Status CudaDenseOps::Conv1dBackward(const SequenceBatch& batch,
+                                          const Conv1dBackwardArgs& args) {
   constexpr std::string_view kOp = "Conv1dBackward";
   const Conv1dArgs& fwd = args.fwd;
   int64_t channels, width;
@@ -642,11 +669,13 @@ absl::Status CudaDenseOps::Rotary(const RotaryArgs& args) {
   const int64_t n = args.x.dim(0), heads = args.x.dim(1), dim = args.x.dim(2);
   LAIR_RETURN_IF_ERROR(CheckShape(kOp, "positions", args.positions, {n}));
   if (args.rotary_dim <= 0 || args.rotary_dim % 2 != 0 || args.rotary_dim > dim) {
-    return Invalid(kOp, "rotary_dim", absl::StrCat(args.rotary_dim, " must be even and in (0, ", dim, "]"));
+    return Invalid(kOp, "rotary_dim",
+                   absl::StrCat(args.rotary_dim, " must be even and in (0, ", dim, "]"));
   }
   if (args.rotary_dim > CudaDenseOps::kMaxRotaryDim) {
-    return Invalid(kOp, "rotary_dim",
-                   absl::StrCat(args.rotary_dim, " above the CUDA limit ", CudaDenseOps::kMaxRotaryDim));
+    return Invalid(
+        kOp, "rotary_dim",
+        absl::StrCat(args.rotary_dim, " above the CUDA limit ", CudaDenseOps::kMaxRotaryDim));
   }
   dense::RotaryParams p;
   p.x = args.x.f32();
@@ -660,8 +689,8 @@ absl::Status CudaDenseOps::Rotary(const RotaryArgs& args) {
   p.inverse = args.inverse;
   // The CPU reference's float expression, so angles match bit for bit.
   for (int i = 0; i < args.rotary_dim / 2; ++i) {
-    p.inv_freq[i] =
-        1.0f / std::pow(args.theta, static_cast<float>(2 * i) / static_cast<float>(args.rotary_dim));
+    p.inv_freq[i] = 1.0f / std::pow(args.theta, static_cast<float>(2 * i) /
+                                                    static_cast<float>(args.rotary_dim));
   }
   return CudaStatus(dense::LaunchRotary(p, stream_), kOp);
 }
@@ -683,8 +712,8 @@ absl::Status CudaDenseOps::Attention(const SequenceBatch& batch, const Attention
     return Invalid(kOp, "start_positions", "expected one per sequence");
   }
   for (int s = 0; s < batch.num_seqs; ++s) {
-    const int64_t end =
-        static_cast<int64_t>(args.start_positions[s]) + batch.cu_seqlens[s + 1] - batch.cu_seqlens[s];
+    const int64_t end = static_cast<int64_t>(args.start_positions[s]) + batch.cu_seqlens[s + 1] -
+                        batch.cu_seqlens[s];
     if (args.start_positions[s] < 0 || end > max_context) {
       return Invalid(kOp, "start_positions",
                      absl::StrCat("sequence ", s, " would fill cache rows up to ", end,
@@ -716,7 +745,8 @@ absl::Status CudaDenseOps::Attention(const SequenceBatch& batch, const Attention
   return CudaStatus(dense::LaunchAttention(p, stream_), kOp);
 }
 
-absl::Status CudaDenseOps::AttentionBackward(const SequenceBatch& batch, const AttentionBackwardArgs& args) {
+absl::Status CudaDenseOps::AttentionBackward(const SequenceBatch& batch,
+                                             const AttentionBackwardArgs& args) {
   constexpr std::string_view kOp = "AttentionBackward";
   const AttentionArgs& fwd = args.fwd;
   int64_t n;

@@ -19,8 +19,8 @@
 //     TakeIndexFault reports it as InvalidArgument naming the op and field.
 //   * Attention needs a head_dim of at most kMaxHeadDim, Rotary a rotary_dim
 //     of at most kMaxRotaryDim, broadcasting ops a rank of at most kMaxRank.
-//   * EmbeddingBackward and the attention cache append are order-free
-//     (atomics / disjoint writes); every other op is deterministic.
+//   * EmbeddingBackward adds with atomics (order-dependent rounding); every
+//     other op is deterministic (column sums run in fixed split order).
 //
 // Thread safety: used by one thread at a time, like the Backend that owns it.
 #pragma once
@@ -121,10 +121,10 @@ class CudaDenseOps {
   // Scratch of at least `bytes` on the stream (stream-ordered reuse).
   absl::StatusOr<char*> Scratch(size_t bytes);
 
-  cudaStream_t stream_;                        // not owned
+  cudaStream_t stream_;  // not owned
   GemmPrecision precision_;
-  int sm_count_ = 0;                           // of the current device at Create
-  int* fault_ = nullptr;                       // device word: bits of dense::Fault
+  int sm_count_ = 0;      // of the current device at Create
+  int* fault_ = nullptr;  // device word: bits of dense::Fault
   std::unique_ptr<dense::DeviceScratch> scratch_;
   std::unique_ptr<dense::GemmRunner> gemm_;
 };

@@ -11,7 +11,7 @@
 #include "tests/server/fake_tokenizer.h"
 
 int main(int argc, char** argv) {
-  lair::server::BlockTerminationSignals();
+  lair::server::InstallTerminationHandlers();
   lair::server::ServerConfig config;
   config.host = "127.0.0.1";
   config.http_port = 0;

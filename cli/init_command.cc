@@ -1,0 +1,61 @@
+// `lair init --family F --out DIR [--preset P] [--set key=value ...] [--seed S]`:
+// writes a fresh model (config.json and model.safetensors with the reference
+// tensor names) through models::InitModel.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "cli/command_registry.h"
+#include "models/config.h"
+#include "models/init.h"
+
+namespace lair::cli {
+namespace {
+
+struct InitFlags {
+  std::string family, preset, out;
+  std::vector<std::string> sets;
+  uint64_t seed = 0;
+};
+
+int RunInit(const InitFlags& flags) {
+  models::InitOptions options;
+  options.family = flags.family;
+  options.preset = flags.preset;
+  options.seed = flags.seed;
+  for (const std::string& set : flags.sets) {
+    size_t eq = set.find('=');
+    if (eq == std::string::npos) {
+      std::fprintf(stderr, "lair init: --set %s: expected key=value\n", set.c_str());
+      return 1;
+    }
+    options.overrides.emplace_back(set.substr(0, eq), set.substr(eq + 1));
+  }
+  absl::StatusOr<int64_t> params = models::InitModel(options, flags.out);
+  if (!params.ok()) {
+    std::fprintf(stderr, "lair init: %s\n", params.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("wrote %s/config.json and model.safetensors (%lld parameters)\n", flags.out.c_str(),
+              static_cast<long long>(*params));
+  return 0;
+}
+
+}  // namespace
+
+LAIR_REGISTER_COMMAND(init, [](CLI::App& app) {
+  CLI::App* init = app.add_subcommand("init", "Write a freshly initialized model of any supported family");
+  auto flags = std::make_shared<InitFlags>();
+  std::vector<std::string> families(std::begin(models::kModelTypes), std::end(models::kModelTypes));
+  init->add_option("--family", flags->family, "Model family (config.json model_type)")
+      ->check(CLI::IsMember(families));
+  init->add_option("--preset", flags->preset, "Size preset")->check(CLI::IsMember(models::InitPresets()));
+  init->add_option("--out", flags->out, "Output folder")->required();
+  init->add_option("--set", flags->sets, "Override a config field: key=value (repeatable)");
+  init->add_option("--seed", flags->seed, "Random seed")->capture_default_str();
+  init->callback([flags] { SetExitCode(RunInit(*flags)); });
+});
+
+}  // namespace lair::cli
