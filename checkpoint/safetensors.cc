@@ -187,7 +187,8 @@ absl::Status ParseMetadata(const Json& metadata, std::map<std::string, std::stri
   return absl::OkStatus();
 }
 
-// Opens `path` as a shard of the index `index_path`, naming both on failure.
+// Opens `shard`, a file inside `dir` that the index `index_path` names for
+// `tensor`; errors name the index, the shard and the tensor.
 absl::StatusOr<std::shared_ptr<const SafetensorsFile>> OpenShard(const std::string& index_path,
                                                                  const std::string& dir,
                                                                  const std::string& shard,

@@ -9,7 +9,7 @@
 #   .carry/debroot.tar.xz  Debian bookworm's absl, nlohmann-json, CLI11, OpenBLAS, GoogleTest,
 #                          PCRE2, ICU and pkgconf (apt-get download, dpkg -x, static
 #                          libraries other than GoogleTest's and absl's removed)
-#   .carry/fixtures/       a copy of ../shared/fixtures/ops
+#   .carry/ops/            a copy of ../shared/fixtures/ops
 #   .whl/*.whl             fla-core, flash-linear-attention, mlstm_kernels (pip download)
 # Logs go to $OUT (or ./gpu-check-out). Stages: STAGES="build test verify bench ref".
 set -uo pipefail
@@ -36,19 +36,29 @@ if has build; then
     -DCMAKE_CXX_FLAGS="-isystem $ROOT/usr/include -isystem $ROOT/usr/include/x86_64-linux-gnu/openblas-pthread" \
     -DBLAS_LIBRARIES="$LIB/openblas-pthread/libopenblas.so" -DLAIR_DEFAULT_FIXTURES="$PWD/.carry" \
     >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-  ninja -C $BUILD -j16 lair kernels_cuda_backend_test >>"$OUT/build.log" 2>&1 ||
-    { grep -B2 -A10 -m5 "error" "$OUT/build.log"; tail -20 "$OUT/build.log"; exit 1; }
+  ninja -C $BUILD -j16 kernels_cuda_backend_test >>"$OUT/build.log" 2>&1 ||
+    { grep -A12 -m3 "error" "$OUT/build.log"; exit 1; }
+  # `lair` needs every module; one that does not build here leaves the tests usable.
+  # g++ 13 rejects std::string != json in models/init.cc (g++ 12 takes it): patch this copy only.
+  sed -i 's/family != it->second\["model_type"\])/family != it->second["model_type"].get<std::string>())/' models/init.cc
+  ninja -C $BUILD -j16 -k 0 lair >>"$OUT/build.log" 2>&1 ||
+    { echo "lair did not build:"; grep -A3 -m6 "error:" "$OUT/build.log"; }
+fi
+LAIR=$BUILD/bin/lair
+if [ ! -x $LAIR ] && has build; then
+  STAGES=${STAGES/verify/}; STAGES=${STAGES/bench/}
 fi
 
 if has test; then
   status test
-  timeout 120 $BUILD/bin/kernels_cuda_backend_test 2>&1 | tee "$OUT/test.log" | grep -E -A1 "^\[ +(FAILED|PASSED|OK|SKIPPED)|actual:" | head -80
+  timeout 120 env LAIR_FIXTURES=$PWD/.carry $BUILD/bin/kernels_cuda_backend_test 2>&1 | tee "$OUT/test.log" | grep -E -A1 "^\[ +(FAILED|PASSED|OK|SKIPPED)|actual:|^fixture.*(FAIL|status)" | head -90
+  echo "fixture checks passed: $(grep -c '^fixture.* ok$' "$OUT/test.log")"
 fi
 
 if has verify; then
   for dt in f32 bf16; do
     status verify $dt
-    timeout 60 $BUILD/bin/lair verify ops --dir .carry/fixtures --device cuda --dtype $dt >"$OUT/verify_$dt.log" 2>&1
+    timeout 60 $BUILD/bin/lair verify ops --dir .carry/ops --device cuda --dtype $dt >"$OUT/verify_$dt.log" 2>&1
     echo "exit $?"
     grep -iE "fail|error|unimpl|pass|ok " "$OUT/verify_$dt.log" | head -40
   done

@@ -101,22 +101,25 @@ absl::StatusOr<std::vector<int32_t>> TokenIds(const Json& array, const char* par
 absl::StatusOr<std::vector<PromptInput>> ParsePrompts(const Json* prompt) {
   const char* kParam = "prompt";
   if (!prompt) return ParamError(kParam, "is required");
-  if (prompt->is_string()) return std::vector<PromptInput>{prompt->get<std::string>()};
+  std::vector<PromptInput> prompts;
+  if (prompt->is_string()) {
+    prompts.emplace_back(std::in_place_type<std::string>, prompt->get<std::string>());
+    return prompts;
+  }
   if (!prompt->is_array() || prompt->empty()) {
     return ParamError(kParam, "must be a string, a list of strings, or a non-empty list of token ids");
   }
-  std::vector<PromptInput> prompts;
   if ((*prompt)[0].is_number_integer()) {
     LAIR_ASSIGN_OR_RETURN(std::vector<int32_t> ids, TokenIds(*prompt, kParam));
-    prompts.push_back(std::move(ids));
+    prompts.emplace_back(std::in_place_type<std::vector<int32_t>>, std::move(ids));
     return prompts;
   }
   for (const Json& item : *prompt) {
     if (item.is_string()) {
-      prompts.push_back(item.get<std::string>());
+      prompts.emplace_back(std::in_place_type<std::string>, item.get<std::string>());
     } else if (item.is_array()) {
       LAIR_ASSIGN_OR_RETURN(std::vector<int32_t> ids, TokenIds(item, kParam));
-      prompts.push_back(std::move(ids));
+      prompts.emplace_back(std::in_place_type<std::vector<int32_t>>, std::move(ids));
     } else {
       return ParamError(kParam, "list items must be strings or lists of token ids");
     }

@@ -3,6 +3,8 @@
 // Rotary, plus the column-sum finisher shared with norm and conv. Memory-bound
 // loops over a flat index; same-shape operands go 16 bytes per thread when
 // sizes and pointers allow it.
+#include <algorithm>
+
 #include "kernels/cuda/dense_common.cuh"
 #include "kernels/cuda/dense_launch.h"
 
@@ -215,22 +217,24 @@ __global__ void __launch_bounds__(kThreads)
   StoreColumnSum(sum, o, out, split_at, out_b, accumulate);
 }
 
-// dst[r, dst_col + j] (+)= src[r, src_col + j], kVec columns per step.
+// dst[r, dst_col + j] (+)= src[r, src_col + j], kVec columns per step; rows
+// along grid y, columns along grid x (no index division).
 template <int kVec>
 __global__ void __launch_bounds__(kThreads) CopyColumnsKernel(const CopyColumnsParams p) {
-  const int64_t vecs_per_row = p.width / kVec;
-  for (int64_t i = GlobalThread(); i < p.rows * vecs_per_row; i += GridThreads()) {
-    const int64_t r = i / vecs_per_row, j = (i - r * vecs_per_row) * kVec;
-    float v[kVec];
-    LoadVec<kVec>(p.src + r * p.src_cols + p.src_col + j, v);
-    float* dst = p.dst + r * p.dst_cols + p.dst_col + j;
-    if (p.accumulate) {
-      float d[kVec];
-      LoadVec<kVec>(dst, d);
+  for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
+    const float* src = p.src + r * p.src_cols + p.src_col;
+    float* dst = p.dst + r * p.dst_cols + p.dst_col;
+    for (int64_t j = GlobalThread() * kVec; j < p.width; j += GridThreads() * kVec) {
+      float v[kVec];
+      LoadVec<kVec>(src + j, v);
+      if (p.accumulate) {
+        float d[kVec];
+        LoadVec<kVec>(dst + j, d);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) v[e] += d[e];
+        for (int e = 0; e < kVec; ++e) v[e] += d[e];
+      }
+      StoreVec<kVec>(dst + j, v);
     }
-    StoreVec<kVec>(dst, v);
   }
 }
 
@@ -350,10 +354,12 @@ cudaError_t LaunchCopyColumns(const CopyColumnsParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.width == 0) return cudaSuccess;
   const bool vec = p.width % 4 == 0 && p.src_cols % 4 == 0 && p.dst_cols % 4 == 0 &&
                    p.src_col % 4 == 0 && p.dst_col % 4 == 0 && Aligned16(p.src) && Aligned16(p.dst);
+  const int kvec = vec ? 4 : 1;
+  const dim3 grid(GridFor(p.width / kvec), static_cast<unsigned>(std::min<int64_t>(p.rows, 65535)));
   if (vec) {
-    CopyColumnsKernel<4><<<GridFor(p.rows * p.width / 4), kThreads, 0, stream>>>(p);
+    CopyColumnsKernel<4><<<grid, kThreads, 0, stream>>>(p);
   } else {
-    CopyColumnsKernel<1><<<GridFor(p.rows * p.width), kThreads, 0, stream>>>(p);
+    CopyColumnsKernel<1><<<grid, kThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }

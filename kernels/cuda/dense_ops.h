@@ -51,7 +51,7 @@ enum class GemmPrecision {
   kExact,
   // Tensor cores. F32 weights: TF32 inputs (10-bit mantissa), fp32 sums.
   // BF16/F16 weights: the activations are rounded to the weight dtype (8 / 11
-  // significant bits; F16 saturates above 65504) and multiplied on bf16/f16
+  // significant bits; F16 overflows to inf above 65504) and multiplied on bf16/f16
   // tensor cores with fp32 accumulation and fp32 output. Relative error of a
   // layer output ~3e-3 for BF16. The serving path.
   kFast,
@@ -88,13 +88,14 @@ class CudaDenseOps {
   absl::Status Binary(const BinaryArgs& args);
   absl::Status ReduceSum(const ReduceSumArgs& args);
   absl::Status CopyColumns(const CopyColumnsArgs& args);
-  // The batch's device offsets and slots are used when set, else the host
-  // spans are copied to the device here.
+  // The batch's device offsets and slots are used when set; else the host
+  // spans are copied to the device here and the stream is synchronized
+  // before returning (the spans may change afterwards).
   absl::Status Conv1d(const SequenceBatch& batch, const Conv1dArgs& args);
   absl::Status Conv1dBackward(const SequenceBatch& batch, const Conv1dBackwardArgs& args);
   absl::Status Rotary(const RotaryArgs& args);
   // start_positions is checked on the host; start_positions_device is used
-  // when set, else the host span is copied to the device here.
+  // when set, else the host span is copied like the batch's.
   absl::Status Attention(const SequenceBatch& batch, const AttentionArgs& args);
   absl::Status AttentionBackward(const SequenceBatch& batch, const AttentionBackwardArgs& args);
   absl::Status CrossEntropy(const CrossEntropyArgs& args);

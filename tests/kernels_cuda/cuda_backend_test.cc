@@ -2,8 +2,12 @@
 // shuffled slots, nonzero initial states): every decay kind forward (chunked
 // and the one-token step) and backward, GSA forward, every mLSTM kind forward
 // (chunked and step), in f32 (rounding-level agreement) and bf16 (inputs
-// rounded, fp32 accumulation). Skips when no GPU is present.
+// rounded, fp32 accumulation); and the golden ops fixtures through
+// VerifyOp, as `lair verify ops --device cuda` runs them. Skips when no GPU is
+// present (and the fixture test when the fixtures are absent).
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -11,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/verify_ops.h"
 
 namespace lair::kernels {
 namespace {
@@ -205,6 +210,35 @@ TEST_F(CudaVsCpu, MlstmForward) {
         Expect(d.state_n, c.state_n, tol, what + " n");
         if (kind == MlstmKind::kExp) Expect(d.state_m, c.state_m, tol, what + " m");
       }
+    }
+  }
+}
+
+// Every op of the golden fixtures, f32 and bf16. GSA and mLSTM backward are
+// not implemented on CUDA: their reports must fail with Unimplemented alone.
+TEST_F(CudaVsCpu, GoldenFixtures) {
+  const char* env = std::getenv("LAIR_FIXTURES");
+  const std::string dir = std::string(env ? env : LAIR_DEFAULT_FIXTURES_DIR) + "/ops";
+  absl::StatusOr<std::vector<OpSpec>> ops = ReadOpsManifest(dir);
+  if (!ops.ok()) GTEST_SKIP() << "no ops fixtures at " << dir << ": " << ops.status().message();
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    VerifyOpsOptions options;
+    options.dtype = dt;
+    for (const OpSpec& spec : *ops) {
+      const OpReport report = VerifyOp(*gpu_, dir, spec, options);
+      for (const TensorCheck& c : report.checks) {
+        std::printf("fixture %s %s %-28s %.3g (tol %.0e) %s\n", std::string(DTypeName(dt)).c_str(),
+                    spec.name.c_str(), c.label.c_str(), c.relative_error, c.tolerance,
+                    c.passed() ? "ok" : "FAIL");
+        EXPECT_TRUE(c.passed()) << spec.name << " " << c.label;
+      }
+      const bool unimplemented_backward =
+          absl::IsUnimplemented(report.status) &&
+          (spec.kind == "gsa" || spec.kind.rfind("mlstm", 0) == 0);
+      if (!report.status.ok())
+        std::printf("fixture %s %s status: %s\n", std::string(DTypeName(dt)).c_str(),
+                    spec.name.c_str(), std::string(report.status.message()).c_str());
+      EXPECT_TRUE(report.status.ok() || unimplemented_backward) << spec.name << ": " << report.status;
     }
   }
 }
