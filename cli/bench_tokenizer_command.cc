@@ -58,9 +58,11 @@ Run TimeOnce(const std::function<size_t()>& encode) {
 }
 
 void Print(const std::string& mode, size_t bytes, const Run& run) {
-  std::printf("%-11s %9zu tokens  wall %7.3f s %7.2f MB/s %9.0f tok/s  |  cpu %7.3f s %7.2f MB/s %9.0f tok/s\n",
-              mode.c_str(), run.tokens, run.wall, bytes / run.wall / 1e6, run.tokens / run.wall,
-              run.cpu, bytes / run.cpu / 1e6, run.tokens / run.cpu);
+  std::printf(
+      "%-11s %9zu tokens  wall %7.3f s %7.2f MB/s %9.0f tok/s  |  cpu %7.3f s %7.2f MB/s %9.0f "
+      "tok/s\n",
+      mode.c_str(), run.tokens, run.wall, bytes / run.wall / 1e6, run.tokens / run.wall, run.cpu,
+      bytes / run.cpu / 1e6, run.tokens / run.cpu);
 }
 
 // Prints the cold run of `encode` and the best of `repeat` warm runs.
@@ -102,9 +104,11 @@ int RunBenchTokenizer(const BenchTokenizerFlags& flags) {
     start = end;
   }
   const Tokenizer& t = **tokenizer;
-  std::printf("tokenizer %s (loaded in %.2f s), corpus %s: %zu bytes, %zu lines, 1 thread, warm: best of %d\n",
-              flags.tokenizer.c_str(), load_seconds, flags.corpus.c_str(), text.size(), lines.size(),
-              flags.repeat);
+  std::printf(
+      "tokenizer %s (loaded in %.2f s), corpus %s: %zu bytes, %zu lines, 1 thread, warm: best of "
+      "%d\n",
+      flags.tokenizer.c_str(), load_seconds, flags.corpus.c_str(), text.size(), lines.size(),
+      flags.repeat);
   // Lines first: the whole-text runs would otherwise warm the cache for them.
   Measure("lines", text.size(), flags.repeat, [&] {
     size_t tokens = 0;
@@ -118,12 +122,13 @@ int RunBenchTokenizer(const BenchTokenizerFlags& flags) {
 }  // namespace
 
 LAIR_REGISTER_COMMAND(bench_tokenizer, [](CLI::App& app) {
-  CLI::App* command =
-      BenchCommand(app)->add_subcommand("tokenizer", "Encode throughput of a tokenizer, one thread");
+  CLI::App* command = BenchCommand(app)->add_subcommand(
+      "tokenizer", "Encode throughput of a tokenizer, one thread");
   auto flags = std::make_shared<BenchTokenizerFlags>();
   flags->corpus = DefaultCorpus();
-  command->add_option("--tokenizer", flags->tokenizer,
-                      "Folder holding tokenizer.json (or the file itself)")
+  command
+      ->add_option("--tokenizer", flags->tokenizer,
+                   "Folder holding tokenizer.json (or the file itself)")
       ->required();
   command->add_option("--corpus", flags->corpus, "Text file to encode")->capture_default_str();
   command->add_option("--repeat", flags->repeat, "Timed runs per mode (the best is reported)")

@@ -39,8 +39,9 @@ int RunTokenize(const TokenizeFlags& flags) {
 LAIR_REGISTER_COMMAND(tokenize, [](CLI::App& app) {
   CLI::App* command = app.add_subcommand("tokenize", "Print the token ids of a text");
   auto flags = std::make_shared<TokenizeFlags>();
-  command->add_option("--tokenizer", flags->tokenizer,
-                      "Folder holding tokenizer.json (or the file itself)")
+  command
+      ->add_option("--tokenizer", flags->tokenizer,
+                   "Folder holding tokenizer.json (or the file itself)")
       ->required();
   command->add_flag("--special", flags->special,
                     "Add the post-processor's special tokens (BOS etc.)");

@@ -10,11 +10,10 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "CLI/CLI.hpp"
 #include "cli/command_registry.h"
 #include "cli/verify_command.h"
+#include "nlohmann/json.hpp"
 #include "tokenizer/tokenizer.h"
 
 namespace lair::cli {
@@ -41,9 +40,9 @@ std::string IdsDiff(const std::vector<int32_t>& want, const std::vector<int32_t>
   size_t at = 0;
   while (at < want.size() && at < got.size() && want[at] == got[at]) ++at;
   const size_t from = at >= 3 ? at - 3 : 0;
-  return "first difference at index " + std::to_string(at) + " of " +
-         std::to_string(want.size()) + " (got " + std::to_string(got.size()) + "): want " +
-         IdsExcerpt(want, from, at + 5) + ", got " + IdsExcerpt(got, from, at + 5);
+  return "first difference at index " + std::to_string(at) + " of " + std::to_string(want.size()) +
+         " (got " + std::to_string(got.size()) + "): want " + IdsExcerpt(want, from, at + 5) +
+         ", got " + IdsExcerpt(got, from, at + 5);
 }
 
 // A JSON string literal of `text` (escapes control characters).
@@ -56,9 +55,11 @@ std::string TextDiff(const std::string& want, const std::string& got) {
   while (at < want.size() && at < got.size() && want[at] == got[at]) ++at;
   // Back up to a character boundary so the excerpts stay readable UTF-8.
   while (at > 0 && at < want.size() && (static_cast<unsigned char>(want[at]) & 0xC0) == 0x80) --at;
-  const size_t from = at >= 16 ? at - 16 : 0;
+  size_t from = at >= 16 ? at - 16 : 0;
+  while (from > 0 && (static_cast<unsigned char>(want[from]) & 0xC0) == 0x80) --from;
   return "first difference at byte " + std::to_string(at) + ": want " +
-         Quoted(want.substr(from, at - from + 24)) + ", got " + Quoted(got.substr(from, at - from + 24));
+         Quoted(want.substr(from, at - from + 24)) + ", got " +
+         Quoted(got.substr(from, at - from + 24));
 }
 
 int RunVerifyTokenizer(const VerifyTokenizerFlags& flags) {
@@ -123,10 +124,13 @@ LAIR_REGISTER_COMMAND(verify_tokenizer, [](CLI::App& app) {
   CLI::App* command = VerifyCommand(app)->add_subcommand(
       "tokenizer", "Check a tokenizer against a golden file of HF `tokenizers` outputs");
   auto flags = std::make_shared<VerifyTokenizerFlags>();
-  command->add_option("--tokenizer", flags->tokenizer,
-                      "Folder holding tokenizer.json (or the file itself)")
+  command
+      ->add_option("--tokenizer", flags->tokenizer,
+                   "Folder holding tokenizer.json (or the file itself)")
       ->required();
-  command->add_option("--golden", flags->golden, "golden.json with {text, ids, ids_special, decoded} cases")
+  command
+      ->add_option("--golden", flags->golden,
+                   "golden.json with {text, ids, ids_special, decoded} cases")
       ->required();
   command->callback([flags] { SetExitCode(RunVerifyTokenizer(*flags)); });
 });

@@ -89,7 +89,8 @@ absl::StatusOr<std::unique_ptr<AddedVocabulary>> AddedVocabulary::FromJson(
     }
     AddedToken token;
     LAIR_ASSIGN_OR_RETURN(int64_t id, OptionalInt(entry, "id", entry_where, -1));
-    if (id < 0 || id > INT32_MAX) return FieldError(entry_where, "id", "expected a non-negative id");
+    if (id < 0 || id > INT32_MAX)
+      return FieldError(entry_where, "id", "expected a non-negative id");
     token.id = static_cast<int32_t>(id);
     LAIR_ASSIGN_OR_RETURN(token.content, RequiredString(entry, "content", entry_where));
     if (token.content.empty()) return FieldError(entry_where, "content", "empty");

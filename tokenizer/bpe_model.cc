@@ -14,8 +14,7 @@ namespace {
 absl::string_view AbslView(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 uint64_t PairKey(int32_t left, int32_t right) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
-         static_cast<uint32_t>(right);
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
 }
 
 // A symbol of the word being merged: a doubly linked list over a vector, so

@@ -49,8 +49,8 @@ absl::StatusOr<bool> OptionalBool(const Json& obj, std::string_view key, const s
   return field->get<bool>();
 }
 
-absl::StatusOr<int64_t> OptionalInt(const Json& obj, std::string_view key,
-                                    const std::string& where, int64_t fallback) {
+absl::StatusOr<int64_t> OptionalInt(const Json& obj, std::string_view key, const std::string& where,
+                                    int64_t fallback) {
   const Json* field = FindField(obj, key);
   if (field == nullptr) return fallback;
   if (!field->is_number_integer()) return FieldError(where, key, "expected an integer");

@@ -11,9 +11,8 @@
 #include <string>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
-
 #include "core/status.h"
+#include "nlohmann/json.hpp"
 
 namespace lair::tok {
 
@@ -34,8 +33,8 @@ absl::StatusOr<std::optional<std::string>> OptionalString(const Json& obj, std::
                                                           const std::string& where);
 absl::StatusOr<bool> OptionalBool(const Json& obj, std::string_view key, const std::string& where,
                                   bool fallback);
-absl::StatusOr<int64_t> OptionalInt(const Json& obj, std::string_view key,
-                                    const std::string& where, int64_t fallback);
+absl::StatusOr<int64_t> OptionalInt(const Json& obj, std::string_view key, const std::string& where,
+                                    int64_t fallback);
 // A required array or object member.
 absl::StatusOr<const Json*> RequiredArray(const Json& obj, std::string_view key,
                                           const std::string& where);

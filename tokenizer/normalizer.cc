@@ -4,13 +4,12 @@
 #include <utility>
 #include <vector>
 
-#include <unicode/bytestream.h>
-#include <unicode/normalizer2.h>
-#include <unicode/uchar.h>
-
 #include "absl/strings/str_cat.h"
 #include "tokenizer/pattern.h"
 #include "tokenizer/unicode.h"
+#include "unicode/bytestream.h"
+#include "unicode/normalizer2.h"
+#include "unicode/uchar.h"
 
 namespace lair::tok {
 namespace {
@@ -153,8 +152,8 @@ absl::StatusOr<std::unique_ptr<Normalizer>> UnicodeForm(const std::string& type,
   if (type == "NFKC") form = icu::Normalizer2::getNFKCInstance(status);
   if (type == "NFKD") form = icu::Normalizer2::getNFKDInstance(status);
   if (form == nullptr || U_FAILURE(status)) {
-    return absl::InternalError(absl::StrCat(where, ": ICU has no ", type, " normalizer: ",
-                                            u_errorName(status)));
+    return absl::InternalError(
+        absl::StrCat(where, ": ICU has no ", type, " normalizer: ", u_errorName(status)));
   }
   return std::unique_ptr<Normalizer>(new UnicodeFormNormalizer(form));
 }

@@ -96,8 +96,8 @@ class RegexPattern : public Pattern {
       const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data);
       const size_t begin = ovector[0], end = ovector[1];
       if (begin == end && last_end == end) {
-        search_from += search_from < n ? Utf8Length(static_cast<unsigned char>(text[search_from]))
-                                       : 1;
+        search_from +=
+            search_from < n ? Utf8Length(static_cast<unsigned char>(text[search_from])) : 1;
         continue;
       }
       matches->emplace_back(begin, end);
@@ -137,8 +137,10 @@ std::string TranslateOnigToPcre2(std::string_view p) {
         case 'W':
         case 'H':
           if (!in_class) {
-            AppendClass(e == 'S' ? kSpaceItems : e == 'W' ? kWordItems : kHexItems, true, false,
-                        &out);
+            AppendClass(e == 'S'   ? kSpaceItems
+                        : e == 'W' ? kWordItems
+                                   : kHexItems,
+                        true, false, &out);
             continue;
           }
           // A negated class inside a class has no PCRE2 spelling; PCRE2's
@@ -207,9 +209,9 @@ absl::StatusOr<std::unique_ptr<Pattern>> Pattern::Regex(std::string_view onig_pa
   if (code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error_code, message, sizeof(message));
-    return absl::InvalidArgumentError(absl::StrCat(
-        "regex '", std::string(onig_pattern), "' does not compile (as '", translated,
-        "', at offset ", error_offset, "): ", reinterpret_cast<const char*>(message)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("regex '", std::string(onig_pattern), "' does not compile (as '", translated,
+                     "', at offset ", error_offset, "): ", reinterpret_cast<const char*>(message)));
   }
   // Without JIT support pcre2_match interprets; same results, slower.
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);

@@ -213,8 +213,8 @@ class DigitsPreTokenizer : public PreTokenizer {
       for (size_t i = 0; i < piece.text.size(); ++i) {
         if (piece.text[i] >= '0' && piece.text[i] <= '9') matches.emplace_back(i, i + 1);
       }
-      SplitPiece(piece, matches, individual_ ? Behavior::kIsolated : Behavior::kContiguous,
-                 false, &out);
+      SplitPiece(piece, matches, individual_ ? Behavior::kIsolated : Behavior::kContiguous, false,
+                 &out);
     }
     pieces->swap(out);
   }
@@ -271,8 +271,8 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizer::FromJson(const Json&
     LAIR_ASSIGN_OR_RETURN(const Json* list, RequiredArray(json, "pretokenizers", where));
     std::vector<std::unique_ptr<PreTokenizer>> steps;
     for (size_t i = 0; i < list->size(); ++i) {
-      LAIR_ASSIGN_OR_RETURN(
-          auto step, FromJson((*list)[i], IndexPath(FieldPath(where, "pretokenizers"), i)));
+      LAIR_ASSIGN_OR_RETURN(auto step,
+                            FromJson((*list)[i], IndexPath(FieldPath(where, "pretokenizers"), i)));
       steps.push_back(std::move(step));
     }
     return std::unique_ptr<PreTokenizer>(new SequencePreTokenizer(std::move(steps)));

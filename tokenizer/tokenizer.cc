@@ -76,7 +76,8 @@ absl::StatusOr<TokenizerConfig> ParseConfig(const Json& config, const std::strin
       const std::string list_where = tok::FieldPath(where, "chat_template");
       for (size_t i = 0; i < chat->size(); ++i) {
         const std::string entry_where = tok::IndexPath(list_where, i);
-        LAIR_ASSIGN_OR_RETURN(std::string name, tok::RequiredString((*chat)[i], "name", entry_where));
+        LAIR_ASSIGN_OR_RETURN(std::string name,
+                              tok::RequiredString((*chat)[i], "name", entry_where));
         if (name != "default") continue;
         LAIR_ASSIGN_OR_RETURN(out.chat_template,
                               tok::RequiredString((*chat)[i], "template", entry_where));
@@ -91,9 +92,10 @@ absl::StatusOr<TokenizerConfig> ParseConfig(const Json& config, const std::strin
 
 class HfTokenizer : public Tokenizer {
  public:
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> Create(
-      const Json& json, const std::string& file, const std::optional<Json>& config_json,
-      const std::string& config_file);
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> Create(const Json& json,
+                                                           const std::string& file,
+                                                           const std::optional<Json>& config_json,
+                                                           const std::string& config_file);
 
   std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const override;
   std::string Decode(std::span<const int32_t> ids, bool skip_special_tokens) const override;
@@ -134,12 +136,12 @@ class HfTokenizer : public Tokenizer {
   // Encodes one run of text between raw added tokens.
   void EncodeRun(std::string_view text, bool at_origin, std::vector<int32_t>* ids) const;
 
-  std::unique_ptr<tok::Normalizer> normalizer_;        // may be null
+  std::unique_ptr<tok::Normalizer> normalizer_;  // may be null
   std::unique_ptr<tok::AddedVocabulary> added_;
-  std::unique_ptr<tok::PreTokenizer> pre_tokenizer_;   // may be null
+  std::unique_ptr<tok::PreTokenizer> pre_tokenizer_;  // may be null
   std::unique_ptr<tok::BpeModel> model_;
-  std::unique_ptr<tok::PostProcessor> post_processor_; // may be null
-  std::unique_ptr<tok::Decoder> decoder_;              // may be null
+  std::unique_ptr<tok::PostProcessor> post_processor_;  // may be null
+  std::unique_ptr<tok::Decoder> decoder_;               // may be null
   int vocab_size_ = 0;
   std::optional<int32_t> bos_id_;
   std::optional<int32_t> eos_id_;
@@ -154,15 +156,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> HfTokenizer::Create(
   if (!json.is_object()) return absl::InvalidArgumentError(file + ": expected a JSON object");
   std::unique_ptr<HfTokenizer> t(new HfTokenizer());
   if (const Json* normalizer = tok::FindField(json, "normalizer")) {
-    LAIR_ASSIGN_OR_RETURN(t->normalizer_,
-                          tok::Normalizer::FromJson(*normalizer, tok::FieldPath(where, "normalizer")));
+    LAIR_ASSIGN_OR_RETURN(t->normalizer_, tok::Normalizer::FromJson(
+                                              *normalizer, tok::FieldPath(where, "normalizer")));
   }
   LAIR_ASSIGN_OR_RETURN(t->added_, tok::AddedVocabulary::FromJson(
                                        tok::FindField(json, "added_tokens"), t->normalizer_.get(),
                                        tok::FieldPath(where, "added_tokens")));
   if (const Json* pre = tok::FindField(json, "pre_tokenizer")) {
-    LAIR_ASSIGN_OR_RETURN(t->pre_tokenizer_,
-                          tok::PreTokenizer::FromJson(*pre, tok::FieldPath(where, "pre_tokenizer")));
+    LAIR_ASSIGN_OR_RETURN(t->pre_tokenizer_, tok::PreTokenizer::FromJson(
+                                                 *pre, tok::FieldPath(where, "pre_tokenizer")));
   }
   const Json* model = tok::FindField(json, "model");
   if (model == nullptr) return tok::FieldError(where, "model", "missing");
@@ -200,7 +202,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> HfTokenizer::Create(
   const std::optional<int32_t> leading =
       t->post_processor_ != nullptr ? t->post_processor_->LeadingId() : std::nullopt;
   if (!t->bos_id_) t->bos_id_ = leading;
-  if (!t->eos_id_) t->eos_id_ = t->WellKnownSpecial({"</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>"});
+  if (!t->eos_id_)
+    t->eos_id_ = t->WellKnownSpecial({"</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>"});
   t->add_bos_token_ = config.add_bos_token.value_or(leading.has_value() && leading == t->bos_id_);
   t->chat_template_ = std::move(config.chat_template);
   return std::unique_ptr<Tokenizer>(std::move(t));
@@ -219,8 +222,8 @@ void HfTokenizer::EncodeRun(std::string_view text, bool at_origin,
       continue;
     }
     pieces.clear();
-    pieces.push_back({normalized.substr(span.begin, span.end - span.begin),
-                      at_origin && span.begin == 0});
+    pieces.push_back(
+        {normalized.substr(span.begin, span.end - span.begin), at_origin && span.begin == 0});
     if (pre_tokenizer_ != nullptr) pre_tokenizer_->PreTokenize(&pieces);
     for (const tok::PreToken& piece : pieces) model_->Tokenize(piece.text, ids);
   }

@@ -2,7 +2,7 @@
 
 #include <array>
 
-#include <unicode/uchar.h>
+#include "unicode/uchar.h"
 
 namespace lair::tok {
 namespace {

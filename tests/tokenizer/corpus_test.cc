@@ -68,13 +68,14 @@ TEST_P(CorpusTest, MatchesHuggingFace) {
   EXPECT_EQ(lines.hash, c.lines_hash);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Tokenizers, CorpusTest,
-    ::testing::Values(
-        CorpusCase{"llama2", 361972, 0x1f94c76c8e29f107u, 367302, 0x470e24663e17a16fu},
-        CorpusCase{"llama3", 301768, 0x9872323539695389u, 308986, 0x3e64e1f7bd2a6aeeu},
-        CorpusCase{"gpt2", 338025, 0xe22fcd868ca90167u, 338027, 0x73ffe8420a2e53ebu}),
-    [](const auto& info) { return std::string(info.param.tokenizer); });
+INSTANTIATE_TEST_SUITE_P(Tokenizers, CorpusTest,
+                         ::testing::Values(CorpusCase{"llama2", 361972, 0x1f94c76c8e29f107u, 367302,
+                                                      0x470e24663e17a16fu},
+                                           CorpusCase{"llama3", 301768, 0x9872323539695389u, 308986,
+                                                      0x3e64e1f7bd2a6aeeu},
+                                           CorpusCase{"gpt2", 338025, 0xe22fcd868ca90167u, 338027,
+                                                      0x73ffe8420a2e53ebu}),
+                         [](const auto& info) { return std::string(info.param.tokenizer); });
 
 }  // namespace
 }  // namespace lair

@@ -5,9 +5,8 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/support/fixtures.h"
 #include "tokenizer/tokenizer.h"
 
@@ -31,8 +30,7 @@ TEST_P(GoldenTest, MatchesEveryCase) {
     EXPECT_EQ((*tokenizer)->Encode(text, false), ids) << "case " << i << ": " << text;
     EXPECT_EQ((*tokenizer)->Encode(text, true), c.at("ids_special").get<std::vector<int32_t>>())
         << "case " << i << ": " << text;
-    EXPECT_EQ((*tokenizer)->Decode(ids, false), c.at("decoded").get<std::string>())
-        << "case " << i;
+    EXPECT_EQ((*tokenizer)->Decode(ids, false), c.at("decoded").get<std::string>()) << "case " << i;
   }
 }
 

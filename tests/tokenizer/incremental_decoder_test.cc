@@ -4,9 +4,8 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/support/fixtures.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
@@ -75,8 +74,8 @@ TEST(IncrementalDecoderTest, ByteFallbackRunsStayExactWhenInvalid) {
   const int32_t word = (*tokenizer)->Encode("hello", false).back();
   // 'a', then a stray lead byte, then a valid euro sign: HF renders an
   // invalid run as one U+FFFD per byte, so the 'a' changes with later bytes.
-  const std::vector<int32_t> ids = {word,          byte("<0x61>"), byte("<0xE2>"),
-                                    byte("<0xE2>"), byte("<0x82>"), byte("<0xAC>"), word};
+  const std::vector<int32_t> ids = {
+      word, byte("<0x61>"), byte("<0xE2>"), byte("<0xE2>"), byte("<0x82>"), byte("<0xAC>"), word};
   EXPECT_TRUE((*tokenizer)->DependsOnNext(byte("<0x61>")));
   EXPECT_FALSE((*tokenizer)->DependsOnNext(word));
   EXPECT_EQ(Stream(**tokenizer, ids, false, "invalid run"), (*tokenizer)->Decode(ids, false));

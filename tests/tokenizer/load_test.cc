@@ -29,8 +29,7 @@ std::string TokenizerJson(const std::string& model, const std::string& extra = "
          R"("model": )" + model + "}";
 }
 
-const char kModel[] =
-    R"({"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]})";
+const char kModel[] = R"({"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]})";
 
 TEST(LoadTest, MissingFileIsNamed) {
   auto t = Tokenizer::Load("/nonexistent/lair-tokenizer");
@@ -60,8 +59,7 @@ TEST(LoadTest, BadMergeNamesTheField) {
 TEST(LoadTest, UnsupportedComponentNamesTheField) {
   const std::string dir = MakeFolder(
       "bad_normalizer",
-      {{"tokenizer.json",
-        TokenizerJson(kModel, R"("normalizer": {"type": "Sequence", "normalizers":
+      {{"tokenizer.json", TokenizerJson(kModel, R"("normalizer": {"type": "Sequence", "normalizers":
                                    [{"type": "Lowercase"}, {"type": "Bert"}]},)")}});
   auto t = Tokenizer::Load(dir);
   ASSERT_FALSE(t.ok());
@@ -71,8 +69,8 @@ TEST(LoadTest, UnsupportedComponentNamesTheField) {
 
 TEST(LoadTest, BadRegexNamesTheField) {
   const std::string dir = MakeFolder(
-      "bad_regex", {{"tokenizer.json",
-                     TokenizerJson(kModel, R"("pre_tokenizer": {"type": "Split", "pattern":
+      "bad_regex",
+      {{"tokenizer.json", TokenizerJson(kModel, R"("pre_tokenizer": {"type": "Split", "pattern":
                                    {"Regex": "(unclosed"}, "behavior": "Isolated"},)")}});
   auto t = Tokenizer::Load(dir);
   ASSERT_FALSE(t.ok());
@@ -89,10 +87,10 @@ TEST(LoadTest, ConfigTokenMustExist) {
 }
 
 TEST(LoadTest, MinimalTokenizerWorksFromTheFilePath) {
-  const std::string dir = MakeFolder(
-      "minimal", {{"tokenizer.json", TokenizerJson(kModel)},
-                  {"tokenizer_config.json",
-                   R"({"bos_token": {"content": "<s>"}, "add_bos_token": true,
+  const std::string dir =
+      MakeFolder("minimal", {{"tokenizer.json", TokenizerJson(kModel)},
+                             {"tokenizer_config.json",
+                              R"({"bos_token": {"content": "<s>"}, "add_bos_token": true,
                        "chat_template": [{"name": "tool_use", "template": "T"},
                                          {"name": "default", "template": "D"}]})"}});
   auto t = Tokenizer::Load(dir + "/tokenizer.json");

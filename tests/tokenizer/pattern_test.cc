@@ -1,9 +1,10 @@
 // The Oniguruma-to-PCRE2 regex translation and match iteration.
+#include "tokenizer/pattern.h"
+
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tokenizer/pattern.h"
 
 namespace lair::tok {
 namespace {
@@ -21,9 +22,13 @@ std::vector<std::string> Matches(std::string_view pattern, std::string_view text
 TEST(PatternTest, SpaceIsExactlyWhiteSpace) {
   // U+180E (Mongolian vowel separator) is not White_Space; PCRE2's own \s
   // would take it. U+3000 is.
-  EXPECT_EQ(Matches("\\s+", "a\xE1\xA0\x8E" "b\xE3\x80\x80" "c"),
+  EXPECT_EQ(Matches("\\s+",
+                    "a\xE1\xA0\x8E"
+                    "b\xE3\x80\x80"
+                    "c"),
             (std::vector<std::string>{"\xE3\x80\x80"}));
-  EXPECT_EQ(Matches("[^\\s]+", "ab \xE1\xA0\x8E"), (std::vector<std::string>{"ab", "\xE1\xA0\x8E"}));
+  EXPECT_EQ(Matches("[^\\s]+", "ab \xE1\xA0\x8E"),
+            (std::vector<std::string>{"ab", "\xE1\xA0\x8E"}));
 }
 
 TEST(PatternTest, TranslatesEscapes) {
