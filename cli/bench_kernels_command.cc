@@ -90,24 +90,35 @@ void PrintTime(const std::string& label, const absl::StatusOr<double>& t) {
   std::fflush(stdout);
 }
 
-// The packed batch of `num_seqs` sequences of `len` tokens, sequence s in slot s.
+// The packed batch of `num_seqs` sequences of `len` tokens, sequence s in slot
+// s, with device copies of the offsets and slots (as the engine keeps them).
 struct Batch {
   std::vector<int32_t> offsets, slots;
+  Tensor offsets_device, slots_device;
   kernels::SequenceBatch View() const {
     kernels::SequenceBatch b;
     b.num_seqs = static_cast<int>(slots.size());
     b.cu_seqlens = offsets;
     b.state_slot = slots;
+    b.cu_seqlens_device = offsets_device.data<int32_t>();
+    b.state_slot_device = slots_device.data<int32_t>();
     b.zero_initial_state = true;
     b.max_seqlen = offsets.size() > 1 ? offsets[1] : 0;
     return b;
   }
 };
 
-Batch MakeBatch(int num_seqs, int len) {
+absl::StatusOr<Batch> MakeBatch(kernels::Backend& backend, int num_seqs, int len) {
   Batch b;
   for (int s = 0; s <= num_seqs; ++s) b.offsets.push_back(s * len);
   for (int s = 0; s < num_seqs; ++s) b.slots.push_back(s);
+  auto upload = [&](const std::vector<int32_t>& values) {
+    Tensor host = Tensor::Zeros(DType::kI32, {static_cast<int64_t>(values.size())});
+    std::copy(values.begin(), values.end(), host.data<int32_t>());
+    return backend.Upload(host, DType::kI32);
+  };
+  LAIR_ASSIGN_OR_RETURN(b.offsets_device, upload(b.offsets));
+  LAIR_ASSIGN_OR_RETURN(b.slots_device, upload(b.slots));
   return b;
 }
 
@@ -154,7 +165,7 @@ absl::Status Run(const BenchKernelsFlags& f) {
 
   for (int T : f.seq_lens) {
     const int B = static_cast<int>(n / T);
-    const Batch batch = MakeBatch(B, T);
+    LAIR_ASSIGN_OR_RETURN(const Batch batch, MakeBatch(backend, B, T));
     const kernels::SequenceBatch sb = batch.View();
     LAIR_ASSIGN_OR_RETURN(Tensor state, backend.Allocate(DType::kF32, {B, H, D, D}));
     const std::string at = " T=" + std::to_string(T);
@@ -218,7 +229,7 @@ absl::Status Run(const BenchKernelsFlags& f) {
 
   // Decode step: B one-token sequences, states in place in their slots.
   for (int B : f.decode_batches) {
-    const Batch batch = MakeBatch(B, 1);
+    LAIR_ASSIGN_OR_RETURN(const Batch batch, MakeBatch(backend, B, 1));
     kernels::SequenceBatch sb = batch.View();
     sb.zero_initial_state = false;
     LAIR_ASSIGN_OR_RETURN(Tensor state, up({B, H, D, D}, -1, 1, DType::kF32));

@@ -6,7 +6,9 @@ mlstm_kernels' TFLA kernels (chunkwise--triton_xl_chunk for the exponential
 gate, chunkwise--triton_xl_chunk_siging for the sigmoid gate), bf16 inputs,
 B*T = 65,536 tokens, H = 16, K = V = 128 (GSA: 64 slots), forward and
 forward+backward, median of triton.testing.do_bench. A kernel that raises is
-reported as REFUSED with the exception's first line, never skipped silently.
+reported as REFUSED with the exception's first line, never skipped silently;
+scripts/gpu-check.sh runs one (op, mode) per process under a time limit and
+reports TIMEOUT for one that hangs (compiling or autotuning past the limit).
 
 Prints one line per measurement: `ref <op> T=<T> <fwd|fwdbwd> <ms>` or
 `ref <op> T=<T> <fwd|fwdbwd> REFUSED <reason>`.
@@ -32,6 +34,8 @@ def main():
     ap.add_argument("--seq-lens", default="1024,4096,16384")
     ap.add_argument("--warmup-ms", type=float, default=50)
     ap.add_argument("--rep-ms", type=float, default=300)
+    ap.add_argument("--ops", default="gla,simple_gla,gsa,mlstm_exp,mlstm_sig")
+    ap.add_argument("--modes", default="fwd,fwdbwd")
     args = ap.parse_args()
     dev = "cuda"
     H, D, M = args.heads, args.dim, args.slots
@@ -78,7 +82,9 @@ def main():
     for T in [int(x) for x in args.seq_lens.split(",")]:
         B = args.tokens // T
         for name, make in ops(B, T):
-            for mode in ("fwd", "fwdbwd"):
+            if name not in args.ops.split(","):
+                continue
+            for mode in args.modes.split(","):
                 try:
                     fn, inputs = make()
                     if mode == "fwd":

@@ -73,7 +73,14 @@ if has ref; then
   status reference
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
     export PYTHONPATH=/tmp/site
-  PYTHONUNBUFFERED=1 timeout ${REF_TIMEOUT:-200} python3 scripts/bench_reference.py ${REF_ARGS:-} 2>"$OUT/bench_ref.err" | tee "$OUT/bench_ref.log"
+  : >"$OUT/bench_ref.log"
+  for mode in fwd fwdbwd; do
+    for op in gla simple_gla gsa mlstm_exp mlstm_sig; do
+      PYTHONUNBUFFERED=1 timeout ${REF_TIMEOUT:-45} python3 scripts/bench_reference.py --ops $op --modes $mode \
+        ${REF_ARGS:-} 2>>"$OUT/bench_ref.err" | tee -a "$OUT/bench_ref.log"
+      [ "${PIPESTATUS[0]}" = 124 ] && echo "ref $op T=all $mode TIMEOUT after ${REF_TIMEOUT:-45} s" | tee -a "$OUT/bench_ref.log"
+    done
+  done
   grep -m3 -B1 -A3 "Error" "$OUT/bench_ref.err" | head -30
 fi
 

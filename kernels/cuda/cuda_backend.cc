@@ -178,34 +178,31 @@ class CudaBackend : public Backend {
     LAIR_RETURN_IF_ERROR(CheckTensor(b.dv, {n, H, V}, "dv", false));
     if (b.d_ht.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_ht, {S, H, K, V}, "d_ht", true));
     if (b.dh0.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.dh0, {S, H, K, V}, "dh0", true));
-    switch (a.kind) {
-      case DecayKind::kConstant:
-        LAIR_RETURN_IF_ERROR(CheckTensor(b.d_log_gamma, {H}, "d_log_gamma", true));
-        break;
-      case DecayKind::kScalar:
-        LAIR_RETURN_IF_ERROR(CheckTensor(b.dg, {n, H}, "dg", true));
-        break;
-      case DecayKind::kLeftRight:
-        LAIR_RETURN_IF_ERROR(CheckTensor(b.dgv, {n, H, V}, "dgv", true));
-        [[fallthrough]];
-      case DecayKind::kVector:
-        LAIR_RETURN_IF_ERROR(CheckTensor(b.dgk, {n, H, K}, "dgk", true));
-        break;
-      case DecayKind::kNone:
-        break;
-    }
+    // Decay gradients are optional: an undefined output is not computed.
+    const Tensor& d_left = a.kind == DecayKind::kConstant ? b.d_log_gamma
+                           : a.kind == DecayKind::kScalar ? b.dg
+                                                          : b.dgk;
     const bool right = a.kind == DecayKind::kLeftRight;
-    const bool decay_grads = a.kind != DecayKind::kNone;
+    const bool want_left = a.kind != DecayKind::kNone && d_left.defined();
+    const bool want_right = right && b.dgv.defined();
+    if (want_left) {
+      const Shape shape = a.kind == DecayKind::kConstant ? Shape{H}
+                          : a.kind == DecayKind::kScalar ? Shape{n, H}
+                                                         : Shape{n, H, K};
+      LAIR_RETURN_IF_ERROR(CheckTensor(d_left, shape, "decay gradient", true));
+    }
+    if (want_right) LAIR_RETURN_IF_ERROR(CheckTensor(b.dgv, {n, H, V}, "dgv", true));
+    const bool decay_grads = want_left || want_right;
     const StateRef pool = Pool(a.state, db.slots, K, V);
 
     // Forward again for s_n (the final-state term) and o (the right-decay term).
     Tensor s_n, o_f;
-    if (decay_grads && (b.d_ht.defined() || right)) {
+    if (decay_grads && (b.d_ht.defined() || want_right)) {
       LAIR_ASSIGN_OR_RETURN(s_n, Uninitialized(DType::kF32, {S, H, K, V}));
       LAIR_ASSIGN_OR_RETURN(o_f, Uninitialized(DType::kF32, {n, H, V}));
       ScanParams p = DecayScan(db, batch, a);
       p.s_init = batch.zero_initial_state ? StateRef{} : pool;
-      p.s_final = Dense(s_n.f32(), V);
+      p.s_final = Dense(s_n.f32(), H, K, V);
       p.o = o_f.raw();
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(p, s()), "decay backward (forward pass)"));
     }
@@ -248,10 +245,10 @@ class CudaBackend : public Backend {
       p.left = Shifted(L);
       p.left_vector = left_vec;
       if (right) p.right = Shifted(R);
-      if (b.d_ht.defined()) p.s_init = Dense(b.d_ht.f32(), V);
+      if (b.d_ht.defined()) p.s_init = Dense(b.d_ht.f32(), H, K, V);
       if (b.dh0.defined()) {
         LAIR_ASSIGN_OR_RETURN(g1, Uninitialized(DType::kF32, {S, H, K, V}));
-        p.s_final = Dense(g1.f32(), V);
+        p.s_final = Dense(g1.f32(), H, K, V);
       }
       p.o = dv_f.raw();
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(p, s()), "decay backward dv"));
@@ -271,7 +268,7 @@ class CudaBackend : public Backend {
       } else {
         p.left = Shifted(L);
       }
-      if (b.d_ht.defined()) p.s_init = Transposed(Dense(b.d_ht.f32(), V), V);
+      if (b.d_ht.defined()) p.s_init = Transposed(Dense(b.d_ht.f32(), H, K, V), V);
       p.o = dk_f.raw();
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(p, s()), "decay backward dk"));
     }
@@ -282,7 +279,7 @@ class CudaBackend : public Backend {
           "decay backward dh0"));
     }
     // Decay gradients: reverse cumsums of q⊙dq − k⊙dk (and o⊙do − v⊙dv).
-    if (decay_grads) {
+    if (want_left || want_right) {
       cuda::DecayGradParams g;
       g.num_seqs = S;
       g.heads = H;
@@ -299,19 +296,21 @@ class CudaBackend : public Backend {
         g.state = s_n.f32();
       }
       g.reduce_features = !left_vec;
-      Tensor dg_all;
-      if (a.kind == DecayKind::kConstant) {
-        LAIR_ASSIGN_OR_RETURN(dg_all, Uninitialized(DType::kF32, {n, H}));
-        g.out = dg_all.f32();
-      } else {
-        g.out = left_vec ? b.dgk.f32() : b.dg.f32();
+      if (want_left) {
+        Tensor dg_all;
+        if (a.kind == DecayKind::kConstant) {
+          LAIR_ASSIGN_OR_RETURN(dg_all, Uninitialized(DType::kF32, {n, H}));
+          g.out = dg_all.f32();
+        } else {
+          g.out = d_left.f32();
+        }
+        LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchDecayGrad(g, s()), "decay backward dg"));
+        if (a.kind == DecayKind::kConstant) {
+          LAIR_RETURN_IF_ERROR(CudaStatus(
+              cuda::LaunchSumTokens(dg_all.f32(), n, H, b.d_log_gamma.f32(), s()), "d_log_gamma"));
+        }
       }
-      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchDecayGrad(g, s()), "decay backward dg"));
-      if (a.kind == DecayKind::kConstant) {
-        LAIR_RETURN_IF_ERROR(CudaStatus(
-            cuda::LaunchSumTokens(dg_all.f32(), n, H, b.d_log_gamma.f32(), s()), "d_log_gamma"));
-      }
-      if (right) {
+      if (want_right) {
         g.dim = V;
         g.other = K;
         g.transposed = true;
@@ -700,10 +699,10 @@ class CudaBackend : public Backend {
   }
 
   // A dense per-sequence [S, H, d1, d2] tensor.
-  static StateRef Dense(float* ptr, int d2) {
+  static StateRef Dense(float* ptr, int heads, int d1, int d2) {
     StateRef r;
     r.ptr = ptr;
-    r.slot_stride = 0;
+    r.slot_stride = static_cast<int64_t>(heads) * d1 * d2;
     r.stride_a = d2;
     r.stride_b = 1;
     return r;
