@@ -102,14 +102,15 @@ asio::awaitable<void> HttpServer::Serve(tcp::socket socket) {
     parser.body_limit(config_.max_body_bytes);
     beast::error_code ec;
     stream.expires_after(idle);
+    // A Content-Length over the limit fails already here, with body_limit.
     co_await http::async_read_header(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) break;
-    if (parser.get()[http::field::expect] == "100-continue") {
+    if (ec && ec != http::error::body_limit) break;
+    if (!ec && parser.get()[http::field::expect] == "100-continue") {
       http::response<http::empty_body> go_on(http::status::continue_, parser.get().version());
       co_await http::async_write(stream, go_on, asio::redirect_error(asio::use_awaitable, ec));
       if (ec) break;
     }
-    co_await http::async_read(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
+    if (!ec) co_await http::async_read(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
     stream.expires_never();
     in_flight_.fetch_add(1);
     HttpExchange exchange(stream, buffer, parser.release(), metrics_);

@@ -3,8 +3,9 @@
 LAIR_E2E_TARGET selects it:
   fake  $LAIR_FAKE_SERVER: the real HTTP/gRPC front ends over a fake engine;
   real  `$LAIR_BIN serve` on a tiny GLA model made by `lair init --preset tiny
-        --family gla` (its folder must hold a tokenizer, see
-        tokenizer/byte_tokenizer_writer.h).
+        --family gla --out DIR` (its folder must hold a tokenizer, see
+        tokenizer/byte_tokenizer_writer.h), or on $LAIR_E2E_MODEL when set (a
+        folder holding a model and its tokenizer).
 Tests skip with a message when the Python packages or the binaries are
 missing. Every wait below is bounded.
 """
@@ -81,8 +82,10 @@ def _real_model_dir(tmp: Path) -> Path:
     lair = os.environ.get("LAIR_BIN", "")
     if not lair or not os.access(lair, os.X_OK):
         pytest.skip(f"LAIR_BIN ({lair!r}) is not an executable lair binary")
+    if os.environ.get("LAIR_E2E_MODEL"):
+        return Path(os.environ["LAIR_E2E_MODEL"])
     model = tmp / "gla-tiny"
-    init = subprocess.run([lair, "init", "--preset", "tiny", "--family", "gla", str(model)],
+    init = subprocess.run([lair, "init", "--preset", "tiny", "--family", "gla", "--out", str(model)],
                           capture_output=True, text=True, timeout=300)
     if init.returncode != 0:
         pytest.skip(f"`lair init --preset tiny --family gla` is not available yet: {init.stderr.strip()[:300]}")
