@@ -87,7 +87,6 @@ absl::StatusOr<DecoderConfig> ParseFlaBase(const ConfigReader& r, int default_hi
 absl::Status ParseShortConv(const ConfigReader& r, ShortConvConfig* conv) {
   LAIR_ASSIGN_OR_RETURN(conv->use, r.Bool("use_short_conv", false));
   LAIR_ASSIGN_OR_RETURN(conv->size, r.Int("conv_size", 4));
-  LAIR_ASSIGN_OR_RETURN(conv->bias, r.Bool("conv_bias", false));
   return Positive(r, "conv_size", conv->size);
 }
 
@@ -198,7 +197,6 @@ absl::StatusOr<ModelConfig> ParseRetNet(const ConfigReader& r) {
   LAIR_RETURN_IF_ERROR(SplitHeads(r, 8, &c.num_heads, &c.num_kv_heads, c.key_dim, c.value_dim,
                                   &c.head_k_dim, &c.head_v_dim));
   LAIR_ASSIGN_OR_RETURN(c.feature_map, FeatureMap(r, {"relu", "sigmoid", "silu", "swish"}));
-  LAIR_RETURN_IF_ERROR(ParseShortConv(r, &c.conv));
   LAIR_ASSIGN_OR_RETURN(c.use_output_gate, r.Bool("use_output_gate", true));
   LAIR_ASSIGN_OR_RETURN(c.fuse_norm, r.Bool("fuse_norm", true));
   LAIR_ASSIGN_OR_RETURN(c.elementwise_affine, r.Bool("elementwise_affine", true));

@@ -33,11 +33,12 @@ struct DecoderConfig {
   double initializer_range = 0.02;
 };
 
-// fla's ShortConvolution in front of q, k, v (or q, f, i for hgrn2).
+// fla's ShortConvolution in front of q, k, v (or q, f, i for hgrn2). It
+// never has a bias: fla's gla, gsa and hgrn2 blocks do not hand conv_bias
+// to their layers, so a config's conv_bias is ignored, as fla ignores it.
 struct ShortConvConfig {
   bool use = false;  // use_short_conv
   int size = 4;      // conv_size
-  bool bias = false; // conv_bias
 };
 
 struct GlaConfig {
@@ -86,7 +87,8 @@ struct RetNetConfig {
   int num_heads = 8, num_kv_heads = 8;
   int key_dim = 0, value_dim = 0, head_k_dim = 0, head_v_dim = 0;
   std::string feature_map;
-  ShortConvConfig conv;
+  // No ShortConvConfig: fla's RetNet block never hands use_short_conv to
+  // MultiScaleRetention, so a retnet config's use_short_conv builds nothing.
   bool use_output_gate = true;
   bool fuse_norm = true;
   bool elementwise_affine = true;

@@ -53,9 +53,6 @@ absl::StatusOr<ShortConv> ShortConv::Declare(Params& params, const std::string& 
   conv.silu = silu;
   LAIR_ASSIGN_OR_RETURN(conv.weight, params.Add(prefix + ".weight", {channels, 1, config.size},
                                                 InitSpec::Normal()));
-  if (config.bias) {
-    LAIR_ASSIGN_OR_RETURN(conv.bias, params.Add(prefix + ".bias", {channels}, InitSpec::Zeros()));
-  }
   return conv;
 }
 
@@ -66,7 +63,7 @@ void ShortConv::DeclareState(const std::string& name, StateLayout* layout) const
 absl::StatusOr<Var> ShortConv::Forward(Graph& g, const Var& x, const StepContext& ctx,
                                        int state_index) const {
   Var x2 = g.Reshape(x, {x.dim(0), channels});
-  LAIR_ASSIGN_OR_RETURN(Var y, g.Conv1d(ctx.batch, x2, weight, bias, silu, ctx.State(state_index)));
+  LAIR_ASSIGN_OR_RETURN(Var y, g.Conv1d(ctx.batch, x2, weight, /*bias_id=*/-1, silu, ctx.State(state_index)));
   return g.Reshape(y, x.shape());
 }
 

@@ -36,10 +36,9 @@ Var SplitHeads(Graph& g, const Var& x, int heads);
 absl::StatusOr<Var> RepeatKvHeads(Graph& g, const Var& x, int groups);
 
 // fla's ShortConvolution on one projection: a depthwise causal conv
-// (`<prefix>.weight` [C,1,W], optional `<prefix>.bias`) with its window in
-// the pool.
+// (`<prefix>.weight` [C,1,W], no bias) with its window in the pool.
 struct ShortConv {
-  int weight = -1, bias = -1;
+  int weight = -1;
   int channels = 0, width = 0;
   bool silu = false;
 

@@ -68,7 +68,7 @@ absl::StatusOr<DecoderSpec> BuildRetNet(const RetNetConfig& config, Params& para
         ProjectionTriple qkv,
         ProjectionTriple::Declare(params, p, {"q", "k", "v"}, hidden,
                                   {config.key_dim, config.key_dim / groups, config.value_dim / groups},
-                                  config.conv, true));
+                                  ShortConvConfig{}, false));
     LAIR_ASSIGN_OR_RETURN(int o, params.AddMatrix(p + "o_proj.weight", {hidden, config.value_dim}));
     LAIR_ASSIGN_OR_RETURN(HeadOutputGate output,
                           HeadOutputGate::Declare(params, p, hidden, config.value_dim, config.head_v_dim,

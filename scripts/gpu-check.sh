@@ -36,7 +36,7 @@ if has build; then
     -DCMAKE_CXX_FLAGS="-isystem $ROOT/usr/include -isystem $ROOT/usr/include/x86_64-linux-gnu/openblas-pthread" \
     -DBLAS_LIBRARIES="$LIB/openblas-pthread/libopenblas.so" -DLAIR_DEFAULT_FIXTURES="$PWD/.carry" \
     >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-  ninja -C $BUILD -j16 kernels_cuda_backend_test >>"$OUT/build.log" 2>&1 ||
+  ninja -C $BUILD -j16 kernels_cuda_backend_test kernels_cuda_dense_test >>"$OUT/build.log" 2>&1 ||
     { grep -A12 -m3 "error" "$OUT/build.log"; exit 1; }
   # `lair` needs every module; one that does not build here leaves the tests usable.
   # g++ 13 rejects std::string != json in models/init.cc (g++ 12 takes it): patch this copy only.
@@ -53,6 +53,7 @@ if has test; then
   status test
   timeout 120 env LAIR_FIXTURES=$PWD/.carry $BUILD/bin/kernels_cuda_backend_test 2>&1 | tee "$OUT/test.log" | grep -E -A1 "^\[ +(FAILED|PASSED|OK|SKIPPED)|actual:|^fixture.*(FAIL|status)" | head -90
   echo "fixture checks passed: $(grep -c '^fixture.* ok$' "$OUT/test.log")"
+  timeout 120 $BUILD/bin/kernels_cuda_dense_test 2>&1 | grep -E "^\[ +(FAILED|PASSED)|tests ran" | head -20
 fi
 
 if has verify; then

@@ -5,7 +5,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <initializer_list>
 #include <cmath>
 #include <span>
 #include <string>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/dense_ops.h"
 #include "kernels/cuda/scan.h"
 
 namespace lair::kernels {
@@ -94,8 +94,9 @@ LogGate Shifted(LogGate g) {
 
 class CudaBackend : public Backend {
  public:
-  explicit CudaBackend(std::shared_ptr<StreamHolder> stream, std::string name)
-      : stream_(std::move(stream)), name_(std::move(name)), cpu_(MakeCpuBackend()) {}
+  CudaBackend(std::shared_ptr<StreamHolder> stream, std::string name,
+              std::unique_ptr<cuda::CudaDenseOps> dense)
+      : stream_(std::move(stream)), name_(std::move(name)), dense_(std::move(dense)) {}
 
   Device device() const override { return Device::kCuda; }
   std::string Name() const override { return name_; }
@@ -153,7 +154,11 @@ class CudaBackend : public Backend {
                       "copy");
   }
 
-  absl::Status Synchronize() override { return CudaStatus(cudaStreamSynchronize(s()), "synchronize"); }
+  // Also reports device-side index faults of the dense ops since the last call.
+  absl::Status Synchronize() override {
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(s()), "synchronize"));
+    return dense_->TakeIndexFault();
+  }
 
   absl::Status DecayForward(const SequenceBatch& batch, const DecayForwardArgs& a,
                             MixerForm form) override {
@@ -435,122 +440,26 @@ class CudaBackend : public Backend {
     return absl::UnimplementedError("mLSTM backward is not implemented on CUDA yet");
   }
 
-  // --- Dense operations ---------------------------------------------------
-  // Run on the host through the CPU reference backend: the CUDA tensors are
-  // downloaded, the op runs in fp32 there, the outputs are copied back. Correct
-  // and synchronous, not fast (a host round trip per call).
-  absl::Status Gemm(const GemmArgs& a) override {
-    GemmArgs h = a;
-    return OnHost({&h.a, &h.b, &h.c, &h.bias}, {{&a.c, &h.c}}, [&] { return cpu_->Gemm(h); });
-  }
-  absl::Status Embedding(const EmbeddingArgs& a) override {
-    EmbeddingArgs h = a;
-    return OnHost({&h.table, &h.ids, &h.out}, {{&a.out, &h.out}}, [&] { return cpu_->Embedding(h); });
-  }
-  absl::Status EmbeddingBackward(const EmbeddingBackwardArgs& a) override {
-    EmbeddingBackwardArgs h = a;
-    return OnHost({&h.ids, &h.d_out, &h.d_table}, {{&a.d_table, &h.d_table}},
-                  [&] { return cpu_->EmbeddingBackward(h); });
-  }
-  absl::Status Norm(const NormArgs& a) override {
-    NormArgs h = a;
-    return OnHost({&h.x, &h.weight, &h.gate, &h.y}, {{&a.y, &h.y}}, [&] { return cpu_->Norm(h); });
-  }
-  absl::Status NormBackward(const NormBackwardArgs& a) override {
-    NormBackwardArgs h = a;
-    return OnHost({&h.fwd.x, &h.fwd.weight, &h.fwd.gate, &h.d_y, &h.dx, &h.d_weight, &h.d_gate},
-                  {{&a.dx, &h.dx}, {&a.d_weight, &h.d_weight}, {&a.d_gate, &h.d_gate}},
-                  [&] { return cpu_->NormBackward(h); });
-  }
-  absl::Status Unary(const UnaryArgs& a) override {
-    UnaryArgs h = a;
-    return OnHost({&h.x, &h.y}, {{&a.y, &h.y}}, [&] { return cpu_->Unary(h); });
-  }
-  absl::Status UnaryBackward(const UnaryBackwardArgs& a) override {
-    UnaryBackwardArgs h = a;
-    return OnHost({&h.fwd.x, &h.d_y, &h.dx}, {{&a.dx, &h.dx}}, [&] { return cpu_->UnaryBackward(h); });
-  }
-  absl::Status Binary(const BinaryArgs& a) override {
-    BinaryArgs h = a;
-    return OnHost({&h.a, &h.b, &h.y}, {{&a.y, &h.y}}, [&] { return cpu_->Binary(h); });
-  }
-  absl::Status ReduceSum(const ReduceSumArgs& a) override {
-    ReduceSumArgs h = a;
-    return OnHost({&h.x, &h.y}, {{&a.y, &h.y}}, [&] { return cpu_->ReduceSum(h); });
-  }
-  absl::Status CopyColumns(const CopyColumnsArgs& a) override {
-    CopyColumnsArgs h = a;
-    return OnHost({&h.src, &h.dst}, {{&a.dst, &h.dst}}, [&] { return cpu_->CopyColumns(h); });
-  }
-  absl::Status Conv1d(const SequenceBatch& batch, const Conv1dArgs& a) override {
-    Conv1dArgs h = a;
-    return OnHost({&h.x, &h.weight, &h.bias, &h.y, &h.state}, {{&a.y, &h.y}, {&a.state, &h.state}},
-                  [&] { return cpu_->Conv1d(HostBatch(batch), h); });
-  }
-  absl::Status Conv1dBackward(const SequenceBatch& batch, const Conv1dBackwardArgs& a) override {
-    Conv1dBackwardArgs h = a;
-    return OnHost({&h.fwd.x, &h.fwd.weight, &h.fwd.bias, &h.fwd.state, &h.d_y, &h.dx, &h.d_weight,
-                   &h.d_bias},
-                  {{&a.dx, &h.dx}, {&a.d_weight, &h.d_weight}, {&a.d_bias, &h.d_bias}},
-                  [&] { return cpu_->Conv1dBackward(HostBatch(batch), h); });
-  }
-  absl::Status Rotary(const RotaryArgs& a) override {
-    RotaryArgs h = a;
-    return OnHost({&h.x, &h.positions, &h.y}, {{&a.y, &h.y}}, [&] { return cpu_->Rotary(h); });
-  }
-  absl::Status Attention(const SequenceBatch& batch, const AttentionArgs& a) override {
-    AttentionArgs h = a;
-    h.start_positions_device = nullptr;
-    return OnHost({&h.q, &h.k, &h.v, &h.o, &h.k_cache, &h.v_cache},
-                  {{&a.o, &h.o}, {&a.k_cache, &h.k_cache}, {&a.v_cache, &h.v_cache}},
-                  [&] { return cpu_->Attention(HostBatch(batch), h); });
-  }
-  absl::Status AttentionBackward(const SequenceBatch& batch, const AttentionBackwardArgs& a) override {
-    AttentionBackwardArgs h = a;
-    h.fwd.start_positions_device = nullptr;
-    return OnHost({&h.fwd.q, &h.fwd.k, &h.fwd.v, &h.d_o, &h.dq, &h.dk, &h.dv},
-                  {{&a.dq, &h.dq}, {&a.dk, &h.dk}, {&a.dv, &h.dv}},
-                  [&] { return cpu_->AttentionBackward(HostBatch(batch), h); });
-  }
-  absl::Status CrossEntropy(const CrossEntropyArgs& a) override {
-    CrossEntropyArgs h = a;
-    return OnHost({&h.logits, &h.targets, &h.losses, &h.d_logits},
-                  {{&a.losses, &h.losses}, {&a.d_logits, &h.d_logits}},
-                  [&] { return cpu_->CrossEntropy(h); });
-  }
+  // --- Dense operations: kernels/cuda/dense_ops.h on the same stream -------
+  absl::Status Gemm(const GemmArgs& a) override { return dense_->Gemm(a); }
+  absl::Status Embedding(const EmbeddingArgs& a) override { return dense_->Embedding(a); }
+  absl::Status EmbeddingBackward(const EmbeddingBackwardArgs& a) override { return dense_->EmbeddingBackward(a); }
+  absl::Status Norm(const NormArgs& a) override { return dense_->Norm(a); }
+  absl::Status NormBackward(const NormBackwardArgs& a) override { return dense_->NormBackward(a); }
+  absl::Status Unary(const UnaryArgs& a) override { return dense_->Unary(a); }
+  absl::Status UnaryBackward(const UnaryBackwardArgs& a) override { return dense_->UnaryBackward(a); }
+  absl::Status Binary(const BinaryArgs& a) override { return dense_->Binary(a); }
+  absl::Status ReduceSum(const ReduceSumArgs& a) override { return dense_->ReduceSum(a); }
+  absl::Status CopyColumns(const CopyColumnsArgs& a) override { return dense_->CopyColumns(a); }
+  absl::Status Conv1d(const SequenceBatch& batch, const Conv1dArgs& a) override { return dense_->Conv1d(batch, a); }
+  absl::Status Conv1dBackward(const SequenceBatch& batch, const Conv1dBackwardArgs& a) override { return dense_->Conv1dBackward(batch, a); }
+  absl::Status Rotary(const RotaryArgs& a) override { return dense_->Rotary(a); }
+  absl::Status Attention(const SequenceBatch& batch, const AttentionArgs& a) override { return dense_->Attention(batch, a); }
+  absl::Status AttentionBackward(const SequenceBatch& batch, const AttentionBackwardArgs& a) override { return dense_->AttentionBackward(batch, a); }
+  absl::Status CrossEntropy(const CrossEntropyArgs& a) override { return dense_->CrossEntropy(a); }
 
  private:
   cudaStream_t s() const { return stream_->stream; }
-
-  // Replaces each CUDA tensor in `mirror` by a host copy (float data as F32),
-  // runs `op`, then copies each (device, host) output pair back.
-  template <typename Op>
-  absl::Status OnHost(std::initializer_list<Tensor*> mirror,
-                      std::initializer_list<std::pair<const Tensor*, Tensor*>> outputs, Op op) {
-    for (Tensor* t : mirror) {
-      if (!t->defined() || t->device() != Device::kCuda) continue;
-      LAIR_ASSIGN_OR_RETURN(Tensor host, Download(*t));
-      *t = (host.dtype() == DType::kBF16 || host.dtype() == DType::kF16) ? host.ToF32() : host;
-    }
-    LAIR_RETURN_IF_ERROR(op());
-    for (const auto& [device, host] : outputs) {
-      if (!device->defined() || device->device() != Device::kCuda) continue;
-      if (host->nbytes() != device->nbytes())
-        return absl::InvalidArgumentError(absl::StrCat("output ", device->DebugString(), " is not F32"));
-      LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(device->raw(), host->raw(), host->nbytes(),
-                                                      cudaMemcpyHostToDevice, s()),
-                                      "dense output"));
-    }
-    return CudaStatus(cudaStreamSynchronize(s()), "dense op");
-  }
-
-  // The batch as the CPU backend sees it (host offsets only).
-  static SequenceBatch HostBatch(SequenceBatch batch) {
-    batch.cu_seqlens_device = nullptr;
-    batch.state_slot_device = nullptr;
-    return batch;
-  }
-
 
   // Device memory freed on the stream when the last handle goes.
   absl::StatusOr<Tensor> Uninitialized(DType dtype, Shape shape) {
@@ -724,7 +633,7 @@ class CudaBackend : public Backend {
 
   std::shared_ptr<StreamHolder> stream_;
   std::string name_;
-  std::unique_ptr<Backend> cpu_;  // runs the dense ops
+  std::unique_ptr<cuda::CudaDenseOps> dense_;  // destroyed before the stream
 };
 
 }  // namespace
@@ -742,8 +651,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device_index) {
   holder->device = device_index;
   LAIR_RETURN_IF_ERROR(
       CudaStatus(cudaStreamCreateWithFlags(&holder->stream, cudaStreamNonBlocking), "stream"));
-  return std::unique_ptr<Backend>(
-      new CudaBackend(std::move(holder), absl::StrCat("cuda:", device_index, " (", prop.name, ")")));
+  LAIR_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaDenseOps> dense,
+                        cuda::CudaDenseOps::Create(holder->stream));
+  return std::unique_ptr<Backend>(new CudaBackend(
+      std::move(holder), absl::StrCat("cuda:", device_index, " (", prop.name, ")"), std::move(dense)));
 }
 
 }  // namespace lair::kernels

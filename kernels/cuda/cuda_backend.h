@@ -10,7 +10,8 @@
 // Mixers run as the chunked scans of kernels/cuda/scan.h; a batch of
 // one-token sequences (N == num_seqs) runs the bandwidth-bound step kernel.
 // Backward is implemented for the decay family; GSA and mLSTM backward return
-// Unimplemented.
+// Unimplemented. The dense operations are kernels/cuda/dense_ops.h on the
+// same stream (cuBLASLt SGEMM, no TF32).
 #pragma once
 
 #include <memory>
