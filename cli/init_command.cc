@@ -1,6 +1,10 @@
-// `lair init --family F --out DIR [--preset P] [--set key=value ...] [--seed S]`:
-// writes a fresh model (config.json and model.safetensors with the reference
-// tensor names) through models::InitModel.
+// `lair init --family F --out DIR [--preset P] [--set key=value ...] [--seed S]
+//  [--byte-tokenizer]`: writes a fresh model (config.json and
+// model.safetensors with the reference tensor names) through
+// models::InitModel. --byte-tokenizer also writes the byte-level demo
+// tokenizer (tokenizer/byte_tokenizer_writer.h) into DIR and sizes the
+// vocabulary to it (an explicit --set vocab_size wins), so `lair generate
+// --model DIR` runs without a downloaded vocabulary.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -10,6 +14,7 @@
 #include "cli/command_registry.h"
 #include "models/config.h"
 #include "models/init.h"
+#include "tokenizer/byte_tokenizer_writer.h"
 
 namespace lair::cli {
 namespace {
@@ -18,6 +23,7 @@ struct InitFlags {
   std::string family, preset, out;
   std::vector<std::string> sets;
   uint64_t seed = 0;
+  bool byte_tokenizer = false;
 };
 
 int RunInit(const InitFlags& flags) {
@@ -25,6 +31,8 @@ int RunInit(const InitFlags& flags) {
   options.family = flags.family;
   options.preset = flags.preset;
   options.seed = flags.seed;
+  // First, so that a --set vocab_size later in the list overrides it.
+  if (flags.byte_tokenizer) options.overrides.emplace_back("vocab_size", std::to_string(kByteTokenizerVocabSize));
   for (const std::string& set : flags.sets) {
     size_t eq = set.find('=');
     if (eq == std::string::npos) {
@@ -40,6 +48,15 @@ int RunInit(const InitFlags& flags) {
   }
   std::printf("wrote %s/config.json and model.safetensors (%lld parameters)\n", flags.out.c_str(),
               static_cast<long long>(*params));
+  if (flags.byte_tokenizer) {
+    absl::Status written = WriteByteTokenizer(flags.out);
+    if (!written.ok()) {
+      std::fprintf(stderr, "lair init: %s\n", written.ToString().c_str());
+      return 1;
+    }
+    std::printf("wrote %s/tokenizer.json and tokenizer_config.json (byte-level, %d ids)\n", flags.out.c_str(),
+                kByteTokenizerVocabSize);
+  }
   return 0;
 }
 
@@ -55,6 +72,8 @@ LAIR_REGISTER_COMMAND(init, [](CLI::App& app) {
   init->add_option("--out", flags->out, "Output folder")->required();
   init->add_option("--set", flags->sets, "Override a config field: key=value (repeatable)");
   init->add_option("--seed", flags->seed, "Random seed")->capture_default_str();
+  init->add_flag("--byte-tokenizer", flags->byte_tokenizer,
+                 "Also write the byte-level demo tokenizer and size the vocabulary to it");
   init->callback([flags] { SetExitCode(RunInit(*flags)); });
 });
 

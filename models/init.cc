@@ -68,7 +68,7 @@ absl::StatusOr<json> InitConfig(const InitOptions& options) {
     if (it == NamedPresets().end()) {
       return absl::InvalidArgumentError(absl::StrCat("unknown preset '", options.preset, "'"));
     }
-    if (!family.empty() && family != it->second["model_type"]) {
+    if (!family.empty() && family != it->second["model_type"].get<std::string>()) {
       return absl::InvalidArgumentError(absl::StrCat("preset '", options.preset, "' is a ",
                                                      it->second["model_type"].get<std::string>(),
                                                      " model, not ", family));
