@@ -63,6 +63,7 @@ class Decoder : public Model {
   const std::string& family() const override { return config_.model_type; }
   int vocab_size() const override { return config_.vocab_size; }
   StateLayout state_layout() const override { return Layout(max_context_); }
+  ModelSize size() const override;
 
   absl::StatusOr<Tensor> Forward(const ForwardBatch& batch, StatePool& pool) override;
   absl::StatusOr<LossAndGradients> LossAndGrad(const std::vector<int32_t>& tokens) override;
@@ -95,6 +96,21 @@ class Decoder : public Model {
   int max_context_;
   std::vector<int> state_base_;  // per layer: index of its first state tensor
 };
+
+ModelSize Decoder::size() const {
+  ModelSize size;
+  for (int id = 0; id < params_->size(); ++id) {
+    const Tensor& t = params_->tensors()[id];
+    size.parameters += t.numel();
+    size.weight_bytes += static_cast<int64_t>(t.nbytes());
+    if (id != spec_.embedding || spec_.lm_head == spec_.embedding) {
+      size.forward_weight_bytes += static_cast<int64_t>(t.nbytes());
+    }
+    if (params_->is_matrix(id) && id != spec_.lm_head) size.matrix_parameters += t.numel();
+  }
+  size.head_parameters = params_->tensors()[spec_.lm_head].numel();
+  return size;
+}
 
 absl::Status Decoder::CheckBatch(const ForwardBatch& batch, const StatePool& pool) const {
   const int n = static_cast<int>(batch.tokens.size()), seqs = batch.num_seqs();

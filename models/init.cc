@@ -43,6 +43,13 @@ const std::map<std::string, json>& NamedPresets() {
       {"gla-1.3b",
        {{"model_type", "gla"}, {"hidden_size", 2048}, {"num_hidden_layers", 24}, {"num_heads", 4},
         {"vocab_size", 32000}}},
+      {"gsa-1.3b",
+       {{"model_type", "gsa"}, {"hidden_size", 2048}, {"num_hidden_layers", 24}, {"num_heads", 4},
+        {"num_slots", 64}, {"vocab_size", 32000}}},
+      // transformers' xLSTMConfig defaults, which are xLSTM-7b's shape.
+      {"xlstm-7b",
+       {{"model_type", "xlstm"}, {"hidden_size", 4096}, {"num_blocks", 32}, {"num_heads", 8},
+        {"qk_dim_factor", 0.5}, {"v_dim_factor", 1.0}, {"vocab_size", 50304}}},
   };
   return *presets;
 }

@@ -38,6 +38,20 @@ struct ForwardBatch {
   int num_seqs() const { return static_cast<int>(slots.size()); }
 };
 
+// A loaded model's weights as a benchmark counts them.
+struct ModelSize {
+  int64_t parameters = 0;    // elements of every parameter tensor (a tied head counts once)
+  int64_t weight_bytes = 0;  // their bytes on the device (matrices at LoadOptions::weight_dtype)
+  // Of weight_bytes, what every forward reads whole: all but an untied
+  // embedding table, of which a lookup reads only the batch's rows.
+  int64_t forward_weight_bytes = 0;
+  // Elements of the projection matrices every token goes through (MLPs and
+  // mixer projections): 2 FLOPs each per token. The head is not among them.
+  int64_t matrix_parameters = 0;
+  // Elements of the LM head, applied only to the rows whose logits are returned.
+  int64_t head_parameters = 0;
+};
+
 // Gradients of the mean next-token cross-entropy over a token sequence.
 struct LossAndGradients {
   double loss = 0;
@@ -59,6 +73,7 @@ class Model {
   virtual int vocab_size() const = 0;
   // The shape of one sequence's state, for sizing a pool.
   virtual StateLayout state_layout() const = 0;
+  virtual ModelSize size() const = 0;
 
   // Runs the batch, reading and updating each sequence's slot. Returns host
   // F32 logits [num_seqs, vocab] (or [N, vocab] with all_logits).

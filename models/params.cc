@@ -54,6 +54,7 @@ absl::StatusOr<int> Params::Add(const std::string& name, const Shape& shape, Ini
     tensors_.push_back(std::move(device));
   }
   names_.push_back(name);
+  matrix_.push_back(matrix);
   return size() - 1;
 }
 

@@ -90,6 +90,8 @@ class Params {
   int size() const { return static_cast<int>(names_.size()); }
   const std::string& name(int id) const { return names_[id]; }
   const std::vector<Tensor>& tensors() const { return tensors_; }
+  // Whether parameter `id` was declared with AddMatrix.
+  bool is_matrix(int id) const { return matrix_[id]; }
   int64_t NumElements() const;
 
  private:
@@ -98,6 +100,7 @@ class Params {
   DType matrix_dtype_;
   std::vector<std::string> names_;
   std::vector<Tensor> tensors_;
+  std::vector<bool> matrix_;
 };
 
 }  // namespace lair::models

@@ -11,12 +11,13 @@
 #                          libraries other than GoogleTest's and absl's removed)
 #   .carry/ops/            a copy of ../shared/fixtures/ops
 #   .whl/*.whl             fla-core, flash-linear-attention, mlstm_kernels (pip download)
-# Logs go to $OUT (or ./gpu-check-out). Stages: STAGES="build test verify bench ref".
+# Logs go to $OUT (or ./gpu-check-out). Stages: STAGES="build test verify bench ref model"
+# (model: `lair bench decode|prefill` on a random GLA-1.3B-shaped checkpoint).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"build test verify bench ref"}
+STAGES=${STAGES:-"build test verify bench ref model"}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 ROOT=/tmp/debroot
 LIB=$ROOT/usr/lib/x86_64-linux-gnu
@@ -108,3 +109,15 @@ for key in sorted(set(ours) | set(ref), key=lambda k: (k[0], int(k[1]), k[2])):
 for line in read("bench_lair.log"):
     if line.startswith("lair step_") or line.startswith("lair copy"): print(line)
 EOF
+
+if has model && [ -x $LAIR ]; then
+  status bench model
+  MODEL_DIR=$(mktemp -d)
+  timeout ${INIT_TIMEOUT:-300} $LAIR init --family gla --preset gla-1.3b --out "$MODEL_DIR" 2>&1 | tee "$OUT/bench_model.log"
+  for args in "decode --batch 1 --prompt-len 512 --gen-len 128" "decode --batch 32 --prompt-len 512 --gen-len 128" \
+              "prefill --batch 1 --prompt-len 4096"; do
+    timeout ${MODEL_TIMEOUT:-180} $LAIR bench $args --model "$MODEL_DIR" --device cuda --dtype bf16 2>&1 |
+      tee -a "$OUT/bench_model.log"
+  done
+  rm -rf "$MODEL_DIR"
+fi

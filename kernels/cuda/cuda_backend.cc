@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <span>
 #include <string>
 #include <utility>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/dense_ops.h"
+#include "kernels/cuda/mixer_backward.h"
 #include "kernels/cuda/scan.h"
 
 namespace lair::kernels {
@@ -163,6 +165,7 @@ class CudaBackend : public Backend {
   absl::Status DecayForward(const SequenceBatch& batch, const DecayForwardArgs& a,
                             MixerForm form) override {
     LAIR_ASSIGN_OR_RETURN(DeviceBatch db, CheckDecay(batch, a));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.o, {db.tokens, a.heads, a.value_dim}, "o", false));
     ScanParams p = DecayScan(db, batch, a);
     const StateRef pool = Pool(a.state, db.slots, a.key_dim, a.value_dim);
     p.s_init = batch.zero_initial_state ? StateRef{} : pool;
@@ -334,19 +337,10 @@ class CudaBackend : public Backend {
 
   absl::Status GsaForward(const SequenceBatch& batch, const GsaForwardArgs& a,
                           MixerForm /*form*/) override {
-    LAIR_ASSIGN_OR_RETURN(DeviceBatch db, Prepare(batch, a.q));
+    LAIR_ASSIGN_OR_RETURN(DeviceBatch db, CheckGsa(batch, a));
     const int64_t n = db.tokens;
     const int H = a.heads, K = a.key_dim, V = a.value_dim, M = a.num_slots_m;
-    LAIR_RETURN_IF_ERROR(CheckTensor(a.q, {n, H, K}, "q", false));
-    LAIR_RETURN_IF_ERROR(CheckTensor(a.k, {n, H, K}, "k", false));
-    LAIR_RETURN_IF_ERROR(CheckTensor(a.v, {n, H, V}, "v", false));
-    LAIR_RETURN_IF_ERROR(CheckTensor(a.s, {n, H, M}, "s", false));
-    LAIR_RETURN_IF_ERROR(CheckTensor(a.g, {n, H, M}, "g", true));
     LAIR_RETURN_IF_ERROR(CheckTensor(a.o, {n, H, V}, "o", false));
-    LAIR_RETURN_IF_ERROR(CheckPool(a.state_k, H, K, M, batch, "state_k"));
-    LAIR_RETURN_IF_ERROR(CheckPool(a.state_v, H, M, V, batch, "state_v"));
-    if (K > 128 || M > 128 || K % 4 != 0 || M % 4 != 0)
-      return absl::InvalidArgumentError("GSA on CUDA needs key_dim and num_slots_m ≤ 128, multiples of 4");
     LAIR_ASSIGN_OR_RETURN(Tensor z, Uninitialized(DType::kF32, {n, H, M}));
     // Pass 1: Hk_t = Hk_{t-1} diag(e^{g_t}) + k_t s_tᵀ, z_t = scale·Hk_tᵀq_t.
     {
@@ -378,26 +372,96 @@ class CudaBackend : public Backend {
     return CudaStatus(cuda::LaunchScan(p, s()), "gsa pass 2");
   }
 
-  absl::Status GsaBackward(const SequenceBatch&, const GsaBackwardArgs&) override {
-    return absl::UnimplementedError("GSA backward is not implemented on CUDA yet");
+  // Composed as kernels/cpu/gsa.cc: pass 1 again for P, pass 2 backward, the
+  // softmax Jacobian, pass 1 backward, and the s and g gradients of both passes.
+  absl::Status GsaBackward(const SequenceBatch& batch, const GsaBackwardArgs& b) override {
+    const GsaForwardArgs& a = b.fwd;
+    LAIR_ASSIGN_OR_RETURN(DeviceBatch db, CheckGsa(batch, a));
+    const int64_t n = db.tokens;
+    const int H = a.heads, K = a.key_dim, V = a.value_dim, M = a.num_slots_m, S = batch.num_seqs;
+    if (V > 128 || V % 4 != 0)
+      return absl::InvalidArgumentError("GSA backward on CUDA needs value_dim ≤ 128, a multiple of 4");
+    LAIR_RETURN_IF_ERROR(CheckTensor(b.d_o, {n, H, V}, "d_o", false));
+    if (b.d_hkt.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_hkt, {S, H, K, M}, "d_hkt", true));
+    if (b.d_hvt.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_hvt, {S, H, M, V}, "d_hvt", true));
+    LAIR_RETURN_IF_ERROR(CheckTensor(b.dq, {n, H, K}, "dq", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(b.dk, {n, H, K}, "dk", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(b.dv, {n, H, V}, "dv", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(b.ds, {n, H, M}, "ds", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(b.dg, {n, H, M}, "dg", true));
+    if (b.d_hk0.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_hk0, {S, H, K, M}, "d_hk0", true));
+    if (b.d_hv0.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_hv0, {S, H, M, V}, "d_hv0", true));
+
+    // 1. P from pass 1, run on private copies of the initial Hk (slot = sequence).
+    const int64_t per_slot = int64_t{H} * K * M;
+    LAIR_ASSIGN_OR_RETURN(Tensor hk, Uninitialized(DType::kF32, {S, H, K, M}));
+    if (!batch.zero_initial_state) {
+      for (int seq = 0; seq < S; ++seq) {
+        LAIR_RETURN_IF_ERROR(CudaStatus(
+            cudaMemcpyAsync(hk.f32() + seq * per_slot, a.state_k.f32() + batch.state_slot[seq] * per_slot,
+                            per_slot * sizeof(float), cudaMemcpyDeviceToDevice, s()),
+            "gsa backward state copy"));
+      }
+    }
+    std::vector<int32_t> own_slots(static_cast<size_t>(S));
+    std::iota(own_slots.begin(), own_slots.end(), 0);
+    SequenceBatch own = batch;
+    own.state_slot = own_slots;
+    own.state_slot_device = nullptr;
+    LAIR_ASSIGN_OR_RETURN(Tensor zero_gk, Allocate(DType::kF32, {n, H, K}));
+    LAIR_ASSIGN_OR_RETURN(Tensor p, Uninitialized(DType::kF32, {n, H, M}));
+    DecayForwardArgs pass1 = KeyPass(a, zero_gk, hk);
+    pass1.o = p;
+    LAIR_RETURN_IF_ERROR(DecayForward(own, pass1, MixerForm::kChunked));
+    LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchSoftmaxRows(p.f32(), n * H, M, s()), "gsa backward softmax"));
+
+    // 2. Pass 2 backward: dP, ds (key side), dv, dg, dHv_0.
+    LAIR_ASSIGN_OR_RETURN(Tensor dp, Uninitialized(DType::kF32, {n, H, M}));
+    LAIR_ASSIGN_OR_RETURN(Tensor ds_key, Uninitialized(DType::kF32, {n, H, M}));
+    DecayBackwardArgs back2;
+    back2.fwd = ValuePass(a, p, a.state_v);
+    back2.d_o = b.d_o;
+    back2.d_ht = b.d_hvt;
+    back2.dq = dp;
+    back2.dk = ds_key;
+    back2.dv = b.dv;
+    back2.dgk = b.dg;
+    back2.dh0 = b.d_hv0;
+    LAIR_RETURN_IF_ERROR(DecayBackward(batch, back2));
+
+    // 3. dZ = P ⊙ (dP − <P, dP>), in place of dP.
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchSoftmaxBackward(p.f32(), dp.f32(), n * H, M, s()), "gsa backward softmax jacobian"));
+
+    // 4. Pass 1 backward: dq, dk, ds (value side), dg, dHk_0.
+    LAIR_ASSIGN_OR_RETURN(Tensor ds_value, Uninitialized(DType::kF32, {n, H, M}));
+    LAIR_ASSIGN_OR_RETURN(Tensor dg_value, Uninitialized(DType::kF32, {n, H, M}));
+    DecayBackwardArgs back1;
+    back1.fwd = KeyPass(a, zero_gk, a.state_k);
+    back1.d_o = dp;
+    back1.d_ht = b.d_hkt;
+    back1.dq = b.dq;
+    back1.dk = b.dk;
+    back1.dv = ds_value;
+    back1.dgv = dg_value;
+    back1.dh0 = b.d_hk0;
+    LAIR_RETURN_IF_ERROR(DecayBackward(batch, back1));
+
+    // 5. Both passes read s and g.
+    LAIR_RETURN_IF_ERROR(CudaStatus(
+        cuda::LaunchAdd(ds_key.f32(), ds_value.f32(), b.ds.raw(), Elem(b.ds.dtype()), n * H * M, s()),
+        "gsa backward ds"));
+    return CudaStatus(cuda::LaunchAdd(b.dg.f32(), dg_value.f32(), b.dg.raw(), ElemType::kF32, n * H * M, s()),
+                      "gsa backward dg");
   }
 
   absl::Status MlstmForward(const SequenceBatch& batch, const MlstmForwardArgs& a,
                             MixerForm form) override {
-    LAIR_ASSIGN_OR_RETURN(DeviceBatch db, Prepare(batch, a.q));
+    LAIR_ASSIGN_OR_RETURN(DeviceBatch db, CheckMlstm(batch, a));
     const int64_t n = db.tokens;
     const int H = a.heads, K = a.key_dim, V = a.value_dim;
-    LAIR_RETURN_IF_ERROR(CheckTensor(a.q, {n, H, K}, "q", false));
-    LAIR_RETURN_IF_ERROR(CheckTensor(a.k, {n, H, K}, "k", false));
-    LAIR_RETURN_IF_ERROR(CheckTensor(a.v, {n, H, V}, "v", false));
-    LAIR_RETURN_IF_ERROR(CheckTensor(a.i, {n, H}, "i", true));
-    LAIR_RETURN_IF_ERROR(CheckTensor(a.f, {n, H}, "f", true));
     LAIR_RETURN_IF_ERROR(CheckTensor(a.h, {n, H, V}, "h", false));
-    LAIR_RETURN_IF_ERROR(CheckPool(a.state_c, H, K, V, batch, "state_c"));
-    const int64_t slots = a.state_c.dim(0);
-    LAIR_RETURN_IF_ERROR(CheckTensor(a.state_n, {slots, H, K}, "state_n", true));
     const bool exp_gate = a.kind == MlstmKind::kExp;
-    if (exp_gate) LAIR_RETURN_IF_ERROR(CheckTensor(a.state_m, {slots, H}, "state_m", true));
     if (K > 128 || K % 4 != 0) return absl::InvalidArgumentError("mLSTM on CUDA needs key_dim ≤ 128, multiple of 4");
 
     ScanParams p = Base(db, batch, H, K, V);
@@ -436,8 +500,68 @@ class CudaBackend : public Backend {
     return Run(p, db, batch, form, "mlstm forward");
   }
 
-  absl::Status MlstmBackward(const SequenceBatch&, const MlstmBackwardArgs&) override {
-    return absl::UnimplementedError("mLSTM backward is not implemented on CUDA yet");
+  // Exact reverse mode through the recurrent step (kernels/cuda/mixer_backward.h).
+  absl::Status MlstmBackward(const SequenceBatch& batch, const MlstmBackwardArgs& b) override {
+    const MlstmForwardArgs& a = b.fwd;
+    LAIR_ASSIGN_OR_RETURN(DeviceBatch db, CheckMlstm(batch, a));
+    const int64_t n = db.tokens;
+    const int H = a.heads, K = a.key_dim, V = a.value_dim, S = batch.num_seqs;
+    if (K < 1 || V < 1 || K > cuda::kMlstmBackwardMaxDim || V > cuda::kMlstmBackwardMaxDim)
+      return absl::InvalidArgumentError(absl::StrCat("mLSTM backward on CUDA needs key_dim and value_dim in [1, ",
+                                                     cuda::kMlstmBackwardMaxDim, "], got key_dim ", K,
+                                                     ", value_dim ", V));
+    LAIR_RETURN_IF_ERROR(CheckTensor(b.d_h, {n, H, V}, "d_h", false));
+    if (b.d_ct.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_ct, {S, H, K, V}, "d_ct", true));
+    if (b.d_nt.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_nt, {S, H, K}, "d_nt", true));
+    LAIR_RETURN_IF_ERROR(CheckTensor(b.dq, {n, H, K}, "dq", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(b.dk, {n, H, K}, "dk", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(b.dv, {n, H, V}, "dv", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(b.di, {n, H}, "di", true));
+    LAIR_RETURN_IF_ERROR(CheckTensor(b.df, {n, H}, "df", true));
+    if (b.d_c0.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_c0, {S, H, K, V}, "d_c0", true));
+    if (b.d_n0.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_n0, {S, H, K}, "d_n0", true));
+
+    cuda::MlstmBackwardParams p;
+    p.num_seqs = S;
+    p.heads = H;
+    p.dk = K;
+    p.dv = V;
+    p.max_len = db.max_len;
+    // Checkpoints every ⌈√T⌉ tokens: O(√T) states of scratch per (sequence, head).
+    p.block = 1;
+    while (p.block * p.block < db.max_len) ++p.block;
+    p.cu_seqlens = db.cu_seqlens;
+    p.gate = a.kind == MlstmKind::kExp   ? cuda::MlstmGate::kExp
+             : a.kind == MlstmKind::kSig ? cuda::MlstmGate::kSig
+                                         : cuda::MlstmGate::kSigNorm;
+    p.eps = a.eps;
+    p.q = Op(a.q);
+    p.k = Op(a.k);
+    p.v = Op(a.v);
+    p.dh = Op(b.d_h);
+    p.i = a.i.f32();
+    p.f = a.f.f32();
+    if (!batch.zero_initial_state) {
+      p.slot = db.slots;
+      p.c_init = a.state_c.f32();
+      p.n_init = a.state_n.f32();
+      if (a.kind == MlstmKind::kExp) p.m_init = a.state_m.f32();
+    }
+    p.d_ct = b.d_ct.defined() ? b.d_ct.f32() : nullptr;
+    p.d_nt = b.d_nt.defined() ? b.d_nt.f32() : nullptr;
+    p.dq = b.dq.raw();
+    p.dq_type = Elem(b.dq.dtype());
+    p.dk_out = b.dk.raw();
+    p.dk_type = Elem(b.dk.dtype());
+    p.dv_out = b.dv.raw();
+    p.dv_type = Elem(b.dv.dtype());
+    p.di = b.di.f32();
+    p.df = b.df.f32();
+    p.d_c0 = b.d_c0.defined() ? b.d_c0.f32() : nullptr;
+    p.d_n0 = b.d_n0.defined() ? b.d_n0.f32() : nullptr;
+    LAIR_ASSIGN_OR_RETURN(Tensor scratch, Uninitialized(DType::kF32, {cuda::MlstmBackwardScratchFloats(p)}));
+    p.scratch = scratch.f32();
+    return CudaStatus(cuda::LaunchMlstmBackward(p, s()), "mlstm backward");
   }
 
   // --- Dense operations: kernels/cuda/dense_ops.h on the same stream -------
@@ -534,7 +658,6 @@ class CudaBackend : public Backend {
     LAIR_RETURN_IF_ERROR(CheckTensor(a.q, {n, H, K}, "q", false));
     LAIR_RETURN_IF_ERROR(CheckTensor(a.k, {n, H, K}, "k", false));
     LAIR_RETURN_IF_ERROR(CheckTensor(a.v, {n, H, V}, "v", false));
-    LAIR_RETURN_IF_ERROR(CheckTensor(a.o, {n, H, V}, "o", false));
     LAIR_RETURN_IF_ERROR(CheckPool(a.state, H, K, V, batch, "state"));
     switch (a.kind) {
       case DecayKind::kConstant:
@@ -555,6 +678,75 @@ class CudaBackend : public Backend {
     if (K > 128 || V > 128 || K % 4 != 0 || V % 4 != 0)
       return absl::InvalidArgumentError("the CUDA decay kernels need key_dim, value_dim ≤ 128, multiples of 4");
     return db;
+  }
+
+  // What GSA forward and backward both read.
+  absl::StatusOr<DeviceBatch> CheckGsa(const SequenceBatch& batch, const GsaForwardArgs& a) {
+    LAIR_ASSIGN_OR_RETURN(DeviceBatch db, Prepare(batch, a.q));
+    const int64_t n = db.tokens;
+    const int H = a.heads, K = a.key_dim, V = a.value_dim, M = a.num_slots_m;
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.q, {n, H, K}, "q", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.k, {n, H, K}, "k", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.v, {n, H, V}, "v", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.s, {n, H, M}, "s", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.g, {n, H, M}, "g", true));
+    LAIR_RETURN_IF_ERROR(CheckPool(a.state_k, H, K, M, batch, "state_k"));
+    LAIR_RETURN_IF_ERROR(CheckPool(a.state_v, H, M, V, batch, "state_v"));
+    if (K > 128 || M > 128 || K % 4 != 0 || M % 4 != 0)
+      return absl::InvalidArgumentError("GSA on CUDA needs key_dim and num_slots_m ≤ 128, multiples of 4");
+    return db;
+  }
+
+  // What mLSTM forward and backward both read.
+  absl::StatusOr<DeviceBatch> CheckMlstm(const SequenceBatch& batch, const MlstmForwardArgs& a) {
+    LAIR_ASSIGN_OR_RETURN(DeviceBatch db, Prepare(batch, a.q));
+    const int64_t n = db.tokens;
+    const int H = a.heads, K = a.key_dim, V = a.value_dim;
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.q, {n, H, K}, "q", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.k, {n, H, K}, "k", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.v, {n, H, V}, "v", false));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.i, {n, H}, "i", true));
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.f, {n, H}, "f", true));
+    LAIR_RETURN_IF_ERROR(CheckPool(a.state_c, H, K, V, batch, "state_c"));
+    const int64_t slots = a.state_c.dim(0);
+    LAIR_RETURN_IF_ERROR(CheckTensor(a.state_n, {slots, H, K}, "state_n", true));
+    if (a.kind == MlstmKind::kExp) LAIR_RETURN_IF_ERROR(CheckTensor(a.state_m, {slots, H}, "state_m", true));
+    return db;
+  }
+
+  // GSA pass 1 as a decay: Hk_t = Hk_{t-1} diag(e^{g_t}) + k_t s_tᵀ, z_t = scale·Hk_tᵀq_t
+  // (`zero_gk` an [N,H,K] zero tensor: no decay on the key side).
+  static DecayForwardArgs KeyPass(const GsaForwardArgs& a, const Tensor& zero_gk, const Tensor& state) {
+    DecayForwardArgs p;
+    p.kind = DecayKind::kLeftRight;
+    p.heads = a.heads;
+    p.key_dim = a.key_dim;
+    p.value_dim = a.num_slots_m;
+    p.scale = a.scale;
+    p.chunk_size = a.chunk_size;
+    p.q = a.q;
+    p.k = a.k;
+    p.v = a.s;
+    p.gk = zero_gk;
+    p.gv = a.g;
+    p.state = state;
+    return p;
+  }
+
+  // GSA pass 2 as a decay: Hv_t = diag(e^{g_t}) Hv_{t-1} + s_t v_tᵀ, o_t = Hv_tᵀp_t.
+  static DecayForwardArgs ValuePass(const GsaForwardArgs& a, const Tensor& p_slots, const Tensor& state) {
+    DecayForwardArgs p;
+    p.kind = DecayKind::kVector;
+    p.heads = a.heads;
+    p.key_dim = a.num_slots_m;
+    p.value_dim = a.value_dim;
+    p.chunk_size = a.chunk_size;
+    p.q = p_slots;
+    p.k = a.s;
+    p.v = a.v;
+    p.gk = a.g;
+    p.state = state;
+    return p;
   }
 
   static ScanParams Base(const DeviceBatch& db, const SequenceBatch& batch, int H, int dk, int dv) {

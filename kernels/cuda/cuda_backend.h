@@ -9,9 +9,11 @@
 //
 // Mixers run as the chunked scans of kernels/cuda/scan.h; a batch of
 // one-token sequences (N == num_seqs) runs the bandwidth-bound step kernel.
-// Backward is implemented for the decay family; GSA and mLSTM backward return
-// Unimplemented. The dense operations are kernels/cuda/dense_ops.h on the
-// same stream (cuBLASLt SGEMM, no TF32).
+// Decay backward runs the scans' argument permutations; GSA backward composes
+// two decay backwards with the softmax Jacobian; mLSTM backward is the exact
+// reverse-mode kernel of kernels/cuda/mixer_backward.h (key_dim, value_dim
+// ≤ 128). The dense operations are kernels/cuda/dense_ops.h on the same
+// stream (cuBLASLt SGEMM, no TF32).
 #pragma once
 
 #include <memory>

@@ -1,8 +1,9 @@
 // CudaBackend against CpuBackend on random packed batches (ragged lengths,
 // shuffled slots, nonzero initial states): every decay kind forward (chunked
-// and the one-token step) and backward, GSA forward, every mLSTM kind forward
-// (chunked and step), in f32 (rounding-level agreement) and bf16 (inputs
-// rounded, fp32 accumulation); and the golden ops fixtures through
+// and the one-token step) and backward, GSA forward and backward, every mLSTM
+// kind forward (chunked and step) and backward, in f32 (rounding-level
+// agreement) and bf16 (inputs rounded, fp32 accumulation); and the golden ops
+// fixtures through
 // VerifyOp, as `lair verify ops --device cuda` runs them. Skips when no GPU is
 // present (and the fixture test when the fixtures are absent).
 #include <cmath>
@@ -180,6 +181,62 @@ TEST_F(CudaVsCpu, GsaForward) {
   }
 }
 
+// From pooled initial states and from zero ones, with every optional
+// cotangent and gradient present; ds in the activation dtype on the GPU.
+TEST_F(CudaVsCpu, GsaBackward) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (bool zero_init : {false, true}) {
+      MakeBatch({70, 1, 0, 33});
+      batch_.zero_initial_state = zero_init;
+      const int64_t n = offsets_.back();
+      const int H = 2, K = 64, V = 64, M = 16, S = batch_.num_seqs;
+      const std::string what = "gsa backward " + std::string(DTypeName(dt)) + (zero_init ? " zero h0" : "");
+      const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
+      const Tensor g = Rand({n, H, M}, -1, -0.01f), s = Rand({n, H, M}, 0, 1);
+      const Tensor hk = Rand({S + 1, H, K, M}, -1, 1), hv = Rand({S + 1, H, M, V}, -1, 1);
+      const Tensor d_o = Rand({n, H, V}, -1, 1);
+      const Tensor d_hkt = Rand({S, H, K, M}, -1, 1), d_hvt = Rand({S, H, M, V}, -1, 1);
+      GsaBackwardArgs c, d;
+      for (GsaBackwardArgs* b : {&c, &d}) {
+        b->fwd.heads = H, b->fwd.key_dim = K, b->fwd.value_dim = V, b->fwd.num_slots_m = M;
+        b->fwd.scale = 0.125f;
+      }
+      c.fwd.q = Cpu(q, dt), c.fwd.k = Cpu(k, dt), c.fwd.v = Cpu(v, dt), c.fwd.s = Cpu(s, dt), c.fwd.g = g.Clone();
+      d.fwd.q = Gpu(q, dt), d.fwd.k = Gpu(k, dt), d.fwd.v = Gpu(v, dt), d.fwd.s = Gpu(s, dt);
+      d.fwd.g = Gpu(g, DType::kF32);
+      c.fwd.state_k = hk.Clone(), c.fwd.state_v = hv.Clone();
+      d.fwd.state_k = Gpu(hk, DType::kF32), d.fwd.state_v = Gpu(hv, DType::kF32);
+      c.d_o = Cpu(d_o, dt), d.d_o = Gpu(d_o, dt);
+      c.d_hkt = d_hkt.Clone(), c.d_hvt = d_hvt.Clone();
+      d.d_hkt = Gpu(d_hkt, DType::kF32), d.d_hvt = Gpu(d_hvt, DType::kF32);
+      c.dq = Tensor::Zeros(DType::kF32, {n, H, K}), c.dk = Tensor::Zeros(DType::kF32, {n, H, K});
+      c.dv = Tensor::Zeros(DType::kF32, {n, H, V});
+      c.ds = Tensor::Zeros(DType::kF32, {n, H, M}), c.dg = Tensor::Zeros(DType::kF32, {n, H, M});
+      c.d_hk0 = Tensor::Zeros(DType::kF32, {S, H, K, M}), c.d_hv0 = Tensor::Zeros(DType::kF32, {S, H, M, V});
+      // Poisoned: every element must be written.
+      d.dq = Gpu(Rand({n, H, K}, 7, 8), dt), d.dk = Gpu(Rand({n, H, K}, 7, 8), dt);
+      d.dv = Gpu(Rand({n, H, V}, 7, 8), dt), d.ds = Gpu(Rand({n, H, M}, 7, 8), dt);
+      d.dg = Gpu(Rand({n, H, M}, 7, 8), DType::kF32);
+      d.d_hk0 = Gpu(Rand({S, H, K, M}, 7, 8), DType::kF32), d.d_hv0 = Gpu(Rand({S, H, M, V}, 7, 8), DType::kF32);
+      const Tensor hk_before = Down(d.fwd.state_k), hv_before = Down(d.fwd.state_v);
+      ASSERT_TRUE(cpu_->GsaBackward(batch_, c).ok());
+      const absl::Status st = gpu_->GsaBackward(batch_, d);
+      ASSERT_TRUE(st.ok()) << what << ": " << st;
+      const double gtol = dt == DType::kF32 ? 1e-3 : 5e-2;
+      Expect(d.dq, c.dq, gtol, what + " dq");
+      Expect(d.dk, c.dk, gtol, what + " dk");
+      Expect(d.dv, c.dv, gtol, what + " dv");
+      Expect(d.ds, c.ds, gtol, what + " ds");
+      Expect(d.dg, c.dg, gtol, what + " dg");
+      Expect(d.d_hk0, c.d_hk0, gtol, what + " dhk0");
+      Expect(d.d_hv0, c.d_hv0, gtol, what + " dhv0");
+      // The pools are inputs only.
+      Expect(d.fwd.state_k, hk_before, 0.0, what + " state_k untouched");
+      Expect(d.fwd.state_v, hv_before, 0.0, what + " state_v untouched");
+    }
+  }
+}
+
 TEST_F(CudaVsCpu, MlstmForward) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (MlstmKind kind : {MlstmKind::kExp, MlstmKind::kSig, MlstmKind::kSigNorm}) {
@@ -214,8 +271,91 @@ TEST_F(CudaVsCpu, MlstmForward) {
   }
 }
 
-// Every op of the golden fixtures, f32 and bf16. GSA and mLSTM backward are
-// not implemented on CUDA: their reports must fail with Unimplemented alone.
+// Every kind, both dtypes, two shapes (the larger one needs more than 48 KiB
+// of shared memory), pooled and zero initial states, every cotangent present.
+TEST_F(CudaVsCpu, MlstmBackward) {
+  struct Dims {
+    int key_dim, value_dim;
+  };
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (MlstmKind kind : {MlstmKind::kExp, MlstmKind::kSig, MlstmKind::kSigNorm}) {
+      for (Dims dims : {Dims{64, 48}, Dims{128, 128}}) {
+        for (bool zero_init : {false, true}) {
+          MakeBatch({70, 1, 0, 33});
+          batch_.zero_initial_state = zero_init;
+          const int64_t n = offsets_.back();
+          const int H = 2, K = dims.key_dim, V = dims.value_dim, S = batch_.num_seqs;
+          const std::string what = "mlstm backward kind " + std::to_string(static_cast<int>(kind)) + " K" +
+                                   std::to_string(K) + " V" + std::to_string(V) + " " +
+                                   std::string(DTypeName(dt)) + (zero_init ? " zero h0" : "");
+          const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
+          const Tensor ig = Rand({n, H}, -3, 3), fg = Rand({n, H}, -1, 5);
+          const Tensor c0 = Rand({S + 1, H, K, V}, -1, 1), n0 = Rand({S + 1, H, K}, -1, 1);
+          const Tensor m0 = Rand({S + 1, H}, -1, 1);
+          const Tensor d_h = Rand({n, H, V}, -1, 1);
+          const Tensor d_ct = Rand({S, H, K, V}, -1, 1), d_nt = Rand({S, H, K}, -1, 1);
+          MlstmBackwardArgs c, d;
+          for (MlstmBackwardArgs* b : {&c, &d}) {
+            b->fwd.kind = kind, b->fwd.heads = H, b->fwd.key_dim = K, b->fwd.value_dim = V;
+          }
+          c.fwd.q = Cpu(q, dt), c.fwd.k = Cpu(k, dt), c.fwd.v = Cpu(v, dt);
+          c.fwd.i = ig.Clone(), c.fwd.f = fg.Clone();
+          d.fwd.q = Gpu(q, dt), d.fwd.k = Gpu(k, dt), d.fwd.v = Gpu(v, dt);
+          d.fwd.i = Gpu(ig, DType::kF32), d.fwd.f = Gpu(fg, DType::kF32);
+          c.fwd.state_c = c0.Clone(), c.fwd.state_n = n0.Clone(), c.fwd.state_m = m0.Clone();
+          d.fwd.state_c = Gpu(c0, DType::kF32), d.fwd.state_n = Gpu(n0, DType::kF32);
+          d.fwd.state_m = Gpu(m0, DType::kF32);
+          c.d_h = Cpu(d_h, dt), d.d_h = Gpu(d_h, dt);
+          c.d_ct = d_ct.Clone(), c.d_nt = d_nt.Clone();
+          d.d_ct = Gpu(d_ct, DType::kF32), d.d_nt = Gpu(d_nt, DType::kF32);
+          c.dq = Tensor::Zeros(DType::kF32, {n, H, K}), c.dk = Tensor::Zeros(DType::kF32, {n, H, K});
+          c.dv = Tensor::Zeros(DType::kF32, {n, H, V});
+          c.di = Tensor::Zeros(DType::kF32, {n, H}), c.df = Tensor::Zeros(DType::kF32, {n, H});
+          c.d_c0 = Tensor::Zeros(DType::kF32, {S, H, K, V}), c.d_n0 = Tensor::Zeros(DType::kF32, {S, H, K});
+          // Poisoned: every element must be written.
+          d.dq = Gpu(Rand({n, H, K}, 7, 8), dt), d.dk = Gpu(Rand({n, H, K}, 7, 8), dt);
+          d.dv = Gpu(Rand({n, H, V}, 7, 8), dt);
+          d.di = Gpu(Rand({n, H}, 7, 8), DType::kF32), d.df = Gpu(Rand({n, H}, 7, 8), DType::kF32);
+          d.d_c0 = Gpu(Rand({S, H, K, V}, 7, 8), DType::kF32), d.d_n0 = Gpu(Rand({S, H, K}, 7, 8), DType::kF32);
+          ASSERT_TRUE(cpu_->MlstmBackward(batch_, c).ok());
+          const absl::Status st = gpu_->MlstmBackward(batch_, d);
+          ASSERT_TRUE(st.ok()) << what << ": " << st;
+          ASSERT_TRUE(gpu_->Synchronize().ok()) << what;
+          const double gtol = dt == DType::kF32 ? 1e-3 : 5e-2;
+          Expect(d.dq, c.dq, gtol, what + " dq");
+          Expect(d.dk, c.dk, gtol, what + " dk");
+          Expect(d.dv, c.dv, gtol, what + " dv");
+          Expect(d.di, c.di, gtol, what + " di");
+          Expect(d.df, c.df, gtol, what + " df");
+          Expect(d.d_c0, c.d_c0, gtol, what + " dc0");
+          Expect(d.d_n0, c.d_n0, gtol, what + " dn0");
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaVsCpu, MlstmBackwardRejectsWideHeads) {
+  MakeBatch({3});
+  const int64_t n = offsets_.back();
+  const int H = 1, K = 64, V = 160;
+  MlstmBackwardArgs d;
+  d.fwd.kind = MlstmKind::kSig, d.fwd.heads = H, d.fwd.key_dim = K, d.fwd.value_dim = V;
+  d.fwd.q = Gpu(Rand({n, H, K}, -1, 1), DType::kF32), d.fwd.k = Gpu(Rand({n, H, K}, -1, 1), DType::kF32);
+  d.fwd.v = Gpu(Rand({n, H, V}, -1, 1), DType::kF32);
+  d.fwd.i = Gpu(Rand({n, H}, -1, 1), DType::kF32), d.fwd.f = Gpu(Rand({n, H}, -1, 1), DType::kF32);
+  d.fwd.state_c = Gpu(Rand({2, H, K, V}, -1, 1), DType::kF32);
+  d.fwd.state_n = Gpu(Rand({2, H, K}, -1, 1), DType::kF32);
+  d.d_h = Gpu(Rand({n, H, V}, -1, 1), DType::kF32);
+  d.dq = Gpu(Rand({n, H, K}, 0, 1), DType::kF32), d.dk = Gpu(Rand({n, H, K}, 0, 1), DType::kF32);
+  d.dv = Gpu(Rand({n, H, V}, 0, 1), DType::kF32);
+  d.di = Gpu(Rand({n, H}, 0, 1), DType::kF32), d.df = Gpu(Rand({n, H}, 0, 1), DType::kF32);
+  const absl::Status st = gpu_->MlstmBackward(batch_, d);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(std::string(st.message()).find("value_dim"), std::string::npos) << st;
+}
+
+// Every op of the golden fixtures, f32 and bf16, forward and backward.
 TEST_F(CudaVsCpu, GoldenFixtures) {
   const char* env = std::getenv("LAIR_FIXTURES");
   const std::string dir = std::string(env ? env : LAIR_DEFAULT_FIXTURES_DIR) + "/ops";
@@ -232,13 +372,10 @@ TEST_F(CudaVsCpu, GoldenFixtures) {
                     c.passed() ? "ok" : "FAIL");
         EXPECT_TRUE(c.passed()) << spec.name << " " << c.label;
       }
-      const bool unimplemented_backward =
-          absl::IsUnimplemented(report.status) &&
-          (spec.kind == "gsa" || spec.kind.rfind("mlstm", 0) == 0);
       if (!report.status.ok())
         std::printf("fixture %s %s status: %s\n", std::string(DTypeName(dt)).c_str(),
                     spec.name.c_str(), std::string(report.status.message()).c_str());
-      EXPECT_TRUE(report.status.ok() || unimplemented_backward) << spec.name << ": " << report.status;
+      EXPECT_TRUE(report.status.ok()) << spec.name << ": " << report.status;
     }
   }
 }

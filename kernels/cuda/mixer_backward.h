@@ -1,0 +1,70 @@
+// Launch contracts of the GSA and mLSTM backward kernels (host-visible, no
+// CUDA syntax). GSA backward is two decay backwards joined by the softmax
+// Jacobian below; mLSTM backward is its own kernel, exact reverse mode through
+// the recurrent step (kernels/cpu/mlstm.cc's semantics).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/scan.h"
+
+namespace lair::kernels::cuda {
+
+// dP ← P ⊙ (dP − Σ_c P_c dP_c) per row of fp32 [rows, width], in place of dP.
+cudaError_t LaunchSoftmaxBackward(const float* p, float* dp, int64_t rows, int width,
+                                  cudaStream_t stream);
+
+// out[i] = a[i] + b[i] from fp32 inputs, stored as out_type; out may alias a.
+cudaError_t LaunchAdd(const float* a, const float* b, void* out, ElemType out_type, int64_t count,
+                      cudaStream_t stream);
+
+enum class MlstmGate : int {
+  kExp = 0,      // exponential input gate, max stabilizer m, normalized output
+  kSig = 1,      // sigmoid gates, unnormalized output
+  kSigNorm = 2,  // sigmoid gates, output / (max(|q'ᵀn|, 1) + eps)
+};
+
+// mLSTM backward, one CTA per (sequence, head): a forward sweep keeps the state
+// (C, n, m) entering every checkpoint block of `block` tokens in `scratch`;
+// each block is then recomputed step by step (into scratch as well) and walked
+// backwards. dk, dv ≤ kMlstmBackwardMaxDim. m0 is a constant (no gradient).
+inline constexpr int kMlstmBackwardMaxDim = 128;
+
+struct MlstmBackwardParams {
+  int num_seqs = 0, heads = 0;
+  int dk = 0, dv = 0;
+  int max_len = 0;                      // longest sequence
+  int block = 0;                        // tokens between checkpoints
+  const int32_t* cu_seqlens = nullptr;  // device [num_seqs + 1]
+  MlstmGate gate = MlstmGate::kExp;
+  float eps = 0.0f;
+  Operand q, k, v, dh;                  // [N,H,dk], [N,H,dk], [N,H,dv], [N,H,dv]
+  const float* i = nullptr;             // [N,H] pre-activations
+  const float* f = nullptr;
+  // Initial states: pools [slots,H,dk,dv], [slots,H,dk], [slots,H] read through
+  // `slot`; c_init null means zero states (m_init null: m0 = 0).
+  const int32_t* slot = nullptr;
+  const float* c_init = nullptr;
+  const float* n_init = nullptr;
+  const float* m_init = nullptr;
+  const float* d_ct = nullptr;  // [num_seqs,H,dk,dv] or null (zero)
+  const float* d_nt = nullptr;  // [num_seqs,H,dk] or null
+  void* dq = nullptr;           // [N,H,dk] of dq_type
+  void* dk_out = nullptr;       // [N,H,dk] of dk_type
+  void* dv_out = nullptr;       // [N,H,dv] of dv_type
+  ElemType dq_type = ElemType::kF32, dk_type = ElemType::kF32, dv_type = ElemType::kF32;
+  float* di = nullptr;          // [N,H]
+  float* df = nullptr;          // [N,H]
+  float* d_c0 = nullptr;        // [num_seqs,H,dk,dv] or null (not wanted)
+  float* d_n0 = nullptr;        // [num_seqs,H,dk] or null
+  float* scratch = nullptr;     // MlstmBackwardScratchFloats(*this) floats
+};
+
+// fp32 elements of scratch the launch needs (block and max_len set).
+int64_t MlstmBackwardScratchFloats(const MlstmBackwardParams& p);
+
+cudaError_t LaunchMlstmBackward(const MlstmBackwardParams& p, cudaStream_t stream);
+
+}  // namespace lair::kernels::cuda
