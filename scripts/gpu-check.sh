@@ -17,7 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"build test verify bench ref model"}
+STAGES=${STAGES:-"build test verify models bench ref model"}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 ROOT=/tmp/debroot
 LIB=$ROOT/usr/lib/x86_64-linux-gnu
@@ -109,6 +109,18 @@ for key in sorted(set(ours) | set(ref), key=lambda k: (k[0], int(k[1]), k[2])):
 for line in read("bench_lair.log"):
     if line.startswith("lair step_") or line.startswith("lair copy"): print(line)
 EOF
+
+if has models && [ -x $LAIR ]; then
+  # The fixture models (config, weights, goldens; .carry/models) through the
+  # CUDA model path: fp32 at the fp32 tolerances, bf16 weights at the bf16 ones.
+  status verify models
+  for dt in f32 bf16; do
+    for m in .carry/models/*/; do
+      timeout 120 $LAIR verify model --model "$m" --device cuda --dtype $dt --no-grads >>"$OUT/verify_models.log" 2>&1
+      echo "$dt $(basename "$m"): exit $? $(tail -1 "$OUT/verify_models.log")"
+    done
+  done
+fi
 
 if has model && [ -x $LAIR ]; then
   status bench model
