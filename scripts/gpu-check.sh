@@ -11,8 +11,9 @@
 #                          libraries other than GoogleTest's and absl's removed)
 #   .carry/ops/            a copy of ../shared/fixtures/ops
 #   .whl/*.whl             fla-core, flash-linear-attention, mlstm_kernels (pip download)
-# Logs go to $OUT (or ./gpu-check-out). Stages: STAGES="build test verify bench ref model"
-# (model: `lair bench decode|prefill` on a random GLA-1.3B-shaped checkpoint).
+# Logs go to $OUT (or ./gpu-check-out). Stages: STAGES="build test verify models bench ref model"
+# (models: the fixture models (.carry/models) through the CUDA model path;
+# model: `lair bench decode|prefill` on a random GLA-1.3B-shaped checkpoint).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
