@@ -180,6 +180,8 @@ class CudaBackend : public Backend {
     LAIR_ASSIGN_OR_RETURN(DeviceBatch db, CheckDecay(batch, a));
     const int64_t n = db.tokens;
     const int H = a.heads, K = a.key_dim, V = a.value_dim, S = batch.num_seqs;
+    // The dq pass scans with value_dim in the key role (the ULA permutation).
+    if (V > 256) return absl::InvalidArgumentError("the CUDA decay backward needs value_dim ≤ 256");
     LAIR_RETURN_IF_ERROR(CheckTensor(b.d_o, {n, H, V}, "d_o", false));
     LAIR_RETURN_IF_ERROR(CheckTensor(b.dq, {n, H, K}, "dq", false));
     LAIR_RETURN_IF_ERROR(CheckTensor(b.dk, {n, H, K}, "dk", false));
@@ -675,8 +677,9 @@ class CudaBackend : public Backend {
       case DecayKind::kNone:
         break;
     }
-    if (K > 128 || V > 128 || K % 4 != 0 || V % 4 != 0)
-      return absl::InvalidArgumentError("the CUDA decay kernels need key_dim, value_dim ≤ 128, multiples of 4");
+    // The scan keeps a [key_dim, 64] state tile in shared memory; value_dim is tiled.
+    if (K > 256 || K % 4 != 0 || V % 4 != 0)
+      return absl::InvalidArgumentError("the CUDA decay kernels need key_dim ≤ 256 and key_dim, value_dim multiples of 4");
     return db;
   }
 

@@ -24,7 +24,7 @@ struct ScanTraits {
   static constexpr int kChunk = 32;    // C, tokens per chunk
   static constexpr int kTileV = 64;    // dv columns per CTA
   static constexpr int kThreads = 256;
-  static constexpr int kMaxDk = 128;
+  static constexpr int kMaxDk = 256;
   static constexpr int kTileVP = kTileV + 1;  // padded row (bank conflicts)
   static constexpr int kChunkP = kChunk + 1;
   static constexpr int kRowsA = kChunk * kChunk / kThreads;   // A entries per thread

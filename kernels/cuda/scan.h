@@ -60,7 +60,7 @@ enum class NormKind : int {
 
 struct ScanParams {
   int num_seqs = 0, heads = 0;
-  int dk = 0, dv = 0;                 // dims of Q'/K' and of V'/O' (dk ≤ 128, multiple of 4)
+  int dk = 0, dv = 0;                 // dims of Q'/K' and of V'/O' (dk ≤ 256, multiple of 4)
   const int32_t* cu_seqlens = nullptr;  // device [num_seqs + 1]
   bool reverse = false;               // iterate from the last token to the first
   Operand q, k, v;

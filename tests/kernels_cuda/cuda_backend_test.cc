@@ -83,14 +83,16 @@ constexpr DecayKind kKinds[] = {DecayKind::kNone, DecayKind::kConstant, DecayKin
                                 DecayKind::kVector, DecayKind::kLeftRight};
 
 TEST_F(CudaVsCpu, DecayForwardAndBackward) {
+  // Head shapes of the tiny models and of the GLA 1.3B layout (key_dim 256).
+  for (const auto& [K, V] : {std::pair{64, 96}, std::pair{256, 192}})
   for (DType dt : {DType::kF32, DType::kBF16}) {
     const double tol = dt == DType::kF32 ? kF32Tol : kBf16Tol;
     for (DecayKind kind : kKinds) {
       for (bool step : {false, true}) {
         MakeBatch(step ? std::vector<int>{1, 1, 1} : std::vector<int>{70, 1, 0, 33});
         const int64_t n = offsets_.back();
-        const int H = 2, K = 64, V = 96, S = batch_.num_seqs;
-        const std::string what = std::string(DTypeName(dt)) + " kind " +
+        const int H = 2, S = batch_.num_seqs;
+        const std::string what = "K=" + std::to_string(K) + " " + std::string(DTypeName(dt)) + " kind " +
                                  std::to_string(static_cast<int>(kind)) + (step ? " step" : " chunked");
         const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
         const Tensor lg = Rand({H}, -0.5f, -0.01f), g = Rand({n, H}, -1, -0.01f);
