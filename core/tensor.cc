@@ -33,7 +33,7 @@ Tensor Tensor::Zeros(DType dtype, Shape shape) {
 Tensor Tensor::FromFloats(Shape shape, const std::vector<float>& values) {
   Tensor t = Zeros(DType::kF32, std::move(shape));
   LAIR_CHECK(static_cast<int64_t>(values.size()) == t.numel());
-  std::memcpy(t.raw(), values.data(), values.size() * sizeof(float));
+  if (!values.empty()) std::memcpy(t.raw(), values.data(), values.size() * sizeof(float));
   return t;
 }
 
