@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/decay.h"
 #include "kernels/cpu/mixer_checks.h"
+#include "kernels/gsa_passes.h"
 
 namespace lair::kernels::cpu {
 namespace {
@@ -60,42 +61,6 @@ absl::Status InPass(const absl::Status& status, const std::string& prefix, int p
   return absl::Status(status.code(), absl::StrCat(prefix, "g (decay pass ", pass, "): ", std::string(status.message())));
 }
 
-// Pass 1: Hk_t = Hk_{t-1} Diag(e^{g_t}) + k_t s_tᵀ, z_t = scale·Hk_tᵀq_t.
-// `zero_gk` is an [N,H,K] zero tensor (no decay on the key side).
-DecayForwardArgs KeyPass(const GsaForwardArgs& a, const Tensor& zero_gk, const Tensor& state) {
-  DecayForwardArgs p;
-  p.kind = DecayKind::kLeftRight;
-  p.heads = a.heads;
-  p.key_dim = a.key_dim;
-  p.value_dim = a.num_slots_m;
-  p.scale = a.scale;
-  p.chunk_size = a.chunk_size;
-  p.q = a.q;
-  p.k = a.k;
-  p.v = a.s;
-  p.gk = zero_gk;
-  p.gv = a.g;
-  p.state = state;
-  return p;
-}
-
-// Pass 2: Hv_t = Diag(e^{g_t}) Hv_{t-1} + s_t v_tᵀ, o_t = Hv_tᵀp_t.
-DecayForwardArgs ValuePass(const GsaForwardArgs& a, const Tensor& p_slots, const Tensor& state) {
-  DecayForwardArgs p;
-  p.kind = DecayKind::kVector;
-  p.heads = a.heads;
-  p.key_dim = a.num_slots_m;
-  p.value_dim = a.value_dim;
-  p.scale = 1.0f;
-  p.chunk_size = a.chunk_size;
-  p.q = p_slots;
-  p.k = a.s;
-  p.v = a.v;
-  p.gk = a.g;
-  p.state = state;
-  return p;
-}
-
 // Rows of M logits become softmax probabilities, in place.
 void SoftmaxRows(const Tensor& z, int64_t m) {
   float* data = z.f32();
@@ -121,13 +86,13 @@ absl::Status GsaForwardCpu(const SequenceBatch& batch, const GsaForwardArgs& arg
 
   // 1. Slot logits Z (a g > 0 is refused here, before any state is written).
   Tensor z = Tensor::Zeros(DType::kF32, {n, h, m});
-  DecayForwardArgs pass1 = KeyPass(args, Tensor::Zeros(DType::kF32, args.q.shape()), args.state_k);
+  DecayForwardArgs pass1 = GsaKeyPass(args, Tensor::Zeros(DType::kF32, args.q.shape()), args.state_k);
   pass1.o = z;
   LAIR_RETURN_IF_ERROR(InPass(DecayForwardCpu(batch, pass1, form, threads), prefix, 1));
   // 2. P = softmax(Z).
   SoftmaxRows(z, m);
   // 3. Read the value memory with P.
-  DecayForwardArgs pass2 = ValuePass(args, z, args.state_v);
+  DecayForwardArgs pass2 = GsaValuePass(args, z, args.state_v);
   pass2.o = args.o;
   return InPass(DecayForwardCpu(batch, pass2, form, threads), prefix, 2);
 }
@@ -169,7 +134,7 @@ absl::Status GsaBackwardCpu(const SequenceBatch& batch, const GsaBackwardArgs& a
   own.cu_seqlens_device = nullptr;
   own.zero_initial_state = false;
   Tensor p = Tensor::Zeros(DType::kF32, slot_shape);
-  DecayForwardArgs pass1 = KeyPass(fwd, zero_gk, hk);
+  DecayForwardArgs pass1 = GsaKeyPass(fwd, zero_gk, hk);
   pass1.o = p;
   LAIR_RETURN_IF_ERROR(InPass(DecayForwardCpu(own, pass1, MixerForm::kAuto, threads), prefix, 1));
   SoftmaxRows(p, m);
@@ -177,7 +142,7 @@ absl::Status GsaBackwardCpu(const SequenceBatch& batch, const GsaBackwardArgs& a
   // 2. Pass 2 backward: dP, ds (key side), dv, dg, dHv_0.
   Tensor dp = Tensor::Zeros(DType::kF32, slot_shape);
   DecayBackwardArgs back2;
-  back2.fwd = ValuePass(fwd, p, fwd.state_v);
+  back2.fwd = GsaValuePass(fwd, p, fwd.state_v);
   back2.d_o = args.d_o;
   back2.d_ht = args.d_hvt;
   back2.dq = dp;
@@ -200,7 +165,7 @@ absl::Status GsaBackwardCpu(const SequenceBatch& batch, const GsaBackwardArgs& a
   Tensor ds_value = Tensor::Zeros(DType::kF32, slot_shape);
   Tensor dg_value = Tensor::Zeros(DType::kF32, slot_shape);
   DecayBackwardArgs back1;
-  back1.fwd = KeyPass(fwd, zero_gk, fwd.state_k);
+  back1.fwd = GsaKeyPass(fwd, zero_gk, fwd.state_k);
   back1.d_o = dp;
   back1.d_ht = args.d_hkt;
   back1.dq = args.dq;

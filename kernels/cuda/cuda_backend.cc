@@ -16,6 +16,7 @@
 #include "kernels/cuda/dense_ops.h"
 #include "kernels/cuda/mixer_backward.h"
 #include "kernels/cuda/scan.h"
+#include "kernels/gsa_passes.h"
 
 namespace lair::kernels {
 namespace {
@@ -412,7 +413,7 @@ class CudaBackend : public Backend {
     own.state_slot_device = nullptr;
     LAIR_ASSIGN_OR_RETURN(Tensor zero_gk, Allocate(DType::kF32, {n, H, K}));
     LAIR_ASSIGN_OR_RETURN(Tensor p, Uninitialized(DType::kF32, {n, H, M}));
-    DecayForwardArgs pass1 = KeyPass(a, zero_gk, hk);
+    DecayForwardArgs pass1 = GsaKeyPass(a, zero_gk, hk);
     pass1.o = p;
     LAIR_RETURN_IF_ERROR(DecayForward(own, pass1, MixerForm::kChunked));
     LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchSoftmaxRows(p.f32(), n * H, M, s()), "gsa backward softmax"));
@@ -421,7 +422,7 @@ class CudaBackend : public Backend {
     LAIR_ASSIGN_OR_RETURN(Tensor dp, Uninitialized(DType::kF32, {n, H, M}));
     LAIR_ASSIGN_OR_RETURN(Tensor ds_key, Uninitialized(DType::kF32, {n, H, M}));
     DecayBackwardArgs back2;
-    back2.fwd = ValuePass(a, p, a.state_v);
+    back2.fwd = GsaValuePass(a, p, a.state_v);
     back2.d_o = b.d_o;
     back2.d_ht = b.d_hvt;
     back2.dq = dp;
@@ -439,7 +440,7 @@ class CudaBackend : public Backend {
     LAIR_ASSIGN_OR_RETURN(Tensor ds_value, Uninitialized(DType::kF32, {n, H, M}));
     LAIR_ASSIGN_OR_RETURN(Tensor dg_value, Uninitialized(DType::kF32, {n, H, M}));
     DecayBackwardArgs back1;
-    back1.fwd = KeyPass(a, zero_gk, a.state_k);
+    back1.fwd = GsaKeyPass(a, zero_gk, a.state_k);
     back1.d_o = dp;
     back1.d_ht = b.d_hkt;
     back1.dq = b.dq;
@@ -715,41 +716,6 @@ class CudaBackend : public Backend {
     LAIR_RETURN_IF_ERROR(CheckTensor(a.state_n, {slots, H, K}, "state_n", true));
     if (a.kind == MlstmKind::kExp) LAIR_RETURN_IF_ERROR(CheckTensor(a.state_m, {slots, H}, "state_m", true));
     return db;
-  }
-
-  // GSA pass 1 as a decay: Hk_t = Hk_{t-1} diag(e^{g_t}) + k_t s_tᵀ, z_t = scale·Hk_tᵀq_t
-  // (`zero_gk` an [N,H,K] zero tensor: no decay on the key side).
-  static DecayForwardArgs KeyPass(const GsaForwardArgs& a, const Tensor& zero_gk, const Tensor& state) {
-    DecayForwardArgs p;
-    p.kind = DecayKind::kLeftRight;
-    p.heads = a.heads;
-    p.key_dim = a.key_dim;
-    p.value_dim = a.num_slots_m;
-    p.scale = a.scale;
-    p.chunk_size = a.chunk_size;
-    p.q = a.q;
-    p.k = a.k;
-    p.v = a.s;
-    p.gk = zero_gk;
-    p.gv = a.g;
-    p.state = state;
-    return p;
-  }
-
-  // GSA pass 2 as a decay: Hv_t = diag(e^{g_t}) Hv_{t-1} + s_t v_tᵀ, o_t = Hv_tᵀp_t.
-  static DecayForwardArgs ValuePass(const GsaForwardArgs& a, const Tensor& p_slots, const Tensor& state) {
-    DecayForwardArgs p;
-    p.kind = DecayKind::kVector;
-    p.heads = a.heads;
-    p.key_dim = a.num_slots_m;
-    p.value_dim = a.value_dim;
-    p.chunk_size = a.chunk_size;
-    p.q = p_slots;
-    p.k = a.s;
-    p.v = a.v;
-    p.gk = a.g;
-    p.state = state;
-    return p;
   }
 
   static ScanParams Base(const DeviceBatch& db, const SequenceBatch& batch, int H, int dk, int dv) {
