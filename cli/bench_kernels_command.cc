@@ -4,8 +4,9 @@
 // Chunked ops run B·T = --tokens packed tokens (B sequences of T each, T from
 // --seq-lens) with H = --heads, K = V = --dim, bf16 activations, fp32 gates
 // and states, from a zero initial state: GLA (vector decay), simple GLA
-// (scalar decay), GSA (--slots slots), mLSTM exp and sig. Each prints the
-// median milliseconds of the forward and of forward + backward.
+// (scalar decay), GSA (--slots slots), mLSTM exp and sig (--ops picks some of
+// gla, simple_gla, gsa, mlstm_exp, mlstm_sig; --modes some of fwd, fwdbwd).
+// Each prints the median milliseconds of the forward and of forward + backward.
 // The decode step runs B ∈ --decode-batches one-token sequences with their
 // states in slots and reports state bytes moved (read + write) per second,
 // against the device-to-device copy bandwidth measured in the same run.
@@ -40,7 +41,13 @@ struct BenchKernelsFlags {
   int slots = 64;
   std::vector<int> seq_lens = {1024, 4096, 16384};
   std::vector<int> decode_batches = {1, 32, 256};
+  std::vector<std::string> ops = {"gla", "simple_gla", "gsa", "mlstm_exp", "mlstm_sig"};
+  std::vector<std::string> modes = {"fwd", "fwdbwd"};
   int reps = 7;
+
+  bool Wants(const std::vector<std::string>& list, const std::string& name) const {
+    return std::find(list.begin(), list.end(), name) != list.end();
+  }
 };
 
 // Uniform random host data (xorshift: fast enough for 10⁸ values).
@@ -162,6 +169,8 @@ absl::Status Run(const BenchKernelsFlags& f) {
   LAIR_ASSIGN_OR_RETURN(Tensor dv, backend.Allocate(DType::kBF16, {n, H, D}));
   LAIR_ASSIGN_OR_RETURN(Tensor dgk, backend.Allocate(DType::kF32, {n, H, D}));
   LAIR_ASSIGN_OR_RETURN(Tensor dg, backend.Allocate(DType::kF32, {n, H}));
+  LAIR_ASSIGN_OR_RETURN(Tensor di, backend.Allocate(DType::kF32, {n, H}));
+  LAIR_ASSIGN_OR_RETURN(Tensor df, backend.Allocate(DType::kF32, {n, H}));
 
   for (int T : f.seq_lens) {
     const int B = static_cast<int>(n / T);
@@ -184,13 +193,15 @@ absl::Status Run(const BenchKernelsFlags& f) {
       if (vector) b.dgk = dgk; else b.dg = dg;
       auto fwd = [&] { return backend.DecayForward(sb, a, kernels::MixerForm::kChunked); };
       const std::string name = vector ? "gla" : "simple_gla";
-      PrintTime(name + at + " fwd", Time(backend, f.reps, 1, fwd));
-      PrintTime(name + at + " fwdbwd", Time(backend, f.reps, 1, [&] {
-                  LAIR_RETURN_IF_ERROR(fwd());
-                  return backend.DecayBackward(sb, b);
-                }));
+      if (!f.Wants(f.ops, name)) continue;
+      if (f.Wants(f.modes, "fwd")) PrintTime(name + at + " fwd", Time(backend, f.reps, 1, fwd));
+      if (f.Wants(f.modes, "fwdbwd"))
+        PrintTime(name + at + " fwdbwd", Time(backend, f.reps, 1, [&] {
+                    LAIR_RETURN_IF_ERROR(fwd());
+                    return backend.DecayBackward(sb, b);
+                  }));
     }
-    {
+    if (f.Wants(f.ops, "gsa")) {
       LAIR_ASSIGN_OR_RETURN(Tensor hk, backend.Allocate(DType::kF32, {B, H, D, M}));
       LAIR_ASSIGN_OR_RETURN(Tensor hv, backend.Allocate(DType::kF32, {B, H, M, D}));
       kernels::GsaForwardArgs a;
@@ -198,13 +209,16 @@ absl::Status Run(const BenchKernelsFlags& f) {
       a.q = q, a.k = k, a.v = v, a.s = ss, a.g = gs, a.o = o, a.state_k = hk, a.state_v = hv;
       kernels::GsaBackwardArgs b;
       b.fwd = a;
+      LAIR_ASSIGN_OR_RETURN(b.ds, backend.Allocate(DType::kBF16, {n, H, M}));
+      LAIR_ASSIGN_OR_RETURN(b.dg, backend.Allocate(DType::kF32, {n, H, M}));
       b.d_o = d_o, b.dq = dq, b.dk = dk, b.dv = dv;
       auto fwd = [&] { return backend.GsaForward(sb, a, kernels::MixerForm::kChunked); };
-      PrintTime("gsa" + at + " fwd", Time(backend, f.reps, 1, fwd));
-      PrintTime("gsa" + at + " fwdbwd", Time(backend, f.reps, 1, [&] {
-                  LAIR_RETURN_IF_ERROR(fwd());
-                  return backend.GsaBackward(sb, b);
-                }));
+      if (f.Wants(f.modes, "fwd")) PrintTime("gsa" + at + " fwd", Time(backend, f.reps, 1, fwd));
+      if (f.Wants(f.modes, "fwdbwd"))
+        PrintTime("gsa" + at + " fwdbwd", Time(backend, f.reps, 1, [&] {
+                    LAIR_RETURN_IF_ERROR(fwd());
+                    return backend.GsaBackward(sb, b);
+                  }));
     }
     LAIR_ASSIGN_OR_RETURN(Tensor cn, backend.Allocate(DType::kF32, {B, H, D}));
     LAIR_ASSIGN_OR_RETURN(Tensor cm, backend.Allocate(DType::kF32, {B, H}));
@@ -216,14 +230,16 @@ absl::Status Run(const BenchKernelsFlags& f) {
       a.state_c = state, a.state_n = cn, a.state_m = cm;
       kernels::MlstmBackwardArgs b;
       b.fwd = a;
-      b.d_h = d_o, b.dq = dq, b.dk = dk, b.dv = dv;
+      b.d_h = d_o, b.dq = dq, b.dk = dk, b.dv = dv, b.di = di, b.df = df;
       auto fwd = [&] { return backend.MlstmForward(sb, a, kernels::MixerForm::kChunked); };
       const std::string name = exp_gate ? "mlstm_exp" : "mlstm_sig";
-      PrintTime(name + at + " fwd", Time(backend, f.reps, 1, fwd));
-      PrintTime(name + at + " fwdbwd", Time(backend, f.reps, 1, [&] {
-                  LAIR_RETURN_IF_ERROR(fwd());
-                  return backend.MlstmBackward(sb, b);
-                }));
+      if (!f.Wants(f.ops, name)) continue;
+      if (f.Wants(f.modes, "fwd")) PrintTime(name + at + " fwd", Time(backend, f.reps, 1, fwd));
+      if (f.Wants(f.modes, "fwdbwd"))
+        PrintTime(name + at + " fwdbwd", Time(backend, f.reps, 1, [&] {
+                    LAIR_RETURN_IF_ERROR(fwd());
+                    return backend.MlstmBackward(sb, b);
+                  }));
     }
   }
 
@@ -271,6 +287,8 @@ LAIR_REGISTER_COMMAND(bench_kernels, [](CLI::App& app) {
   cmd->add_option("--seq-lens", flags->seq_lens, "Sequence lengths T")->capture_default_str();
   cmd->add_option("--decode-batches", flags->decode_batches, "Decode batch sizes")
       ->capture_default_str();
+  cmd->add_option("--ops", flags->ops, "Chunked ops to time")->capture_default_str();
+  cmd->add_option("--modes", flags->modes, "fwd and/or fwdbwd")->capture_default_str();
   cmd->add_option("--reps", flags->reps, "Timed rounds (median)")->capture_default_str();
   cmd->callback([flags] {
     const absl::Status status = Run(*flags);

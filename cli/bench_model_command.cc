@@ -1,18 +1,23 @@
 // `lair bench decode` and `lair bench prefill`: a whole model's throughput on
 // one backend, against a hardware rate measured in the same run.
 //
-//   lair bench decode  --model DIR [--device cpu|cuda] [--dtype f32|bf16]
-//                      --batch B --prompt-len P --gen-len G [--warmup N]
-//   lair bench prefill --model DIR [--device cpu|cuda] [--dtype f32|bf16]
+//   lair bench decode  --model DIR [--device cpu|cuda] [--dtype f32|bf16] [--gemm fast|exact]
+//                      --batch B --prompt-len P --gen-len G [--warmup N] [--no-graphs]
+//   lair bench prefill --model DIR [--device cpu|cuda] [--dtype f32|bf16] [--gemm fast|exact]
 //                      --batch B --prompt-len P [--warmup N]
 //
-// Both load DIR (projection matrices as --dtype; bf16 needs CUDA), make a
-// StatePool of B slots and prefill B random prompts of P tokens as one
-// ForwardBatch (the mixers' chunked form) into zeroed slots.
+// Both load DIR (projection matrices as --dtype; bf16 needs CUDA) on a
+// backend multiplying as --gemm (kernels::GemmMode: fast, the serving
+// default, is bf16 tensor cores), make a StatePool of B slots and prefill B
+// random prompts of P tokens as one ForwardBatch (the mixers' chunked form)
+// into zeroed slots.
 //
 // decode then runs N untimed and G timed steps of one token per sequence,
-// each feeding back the argmax of the step's logits (greedy). A step is timed
-// from a synchronized backend to its host logits and argmax. It reports
+// each feeding back the step's greedy tokens (Model::ForwardGreedy: the
+// argmax runs on the device; decode steps replay CUDA graphs unless
+// --no-graphs). A step is timed from a synchronized backend to its host
+// token ids. It also times the download of a [B, vocab] F32 tensor, what
+// a host sampler's logits would add to each step. It reports
 // B·G / (sum of the timed steps) in tokens/s, the mean and median step, and
 // the step's memory floor: the weights a forward reads whole
 // (ModelSize::forward_weight_bytes: an untied embedding table is left out,
@@ -24,8 +29,10 @@
 //
 // prefill runs N untimed prefills and one timed one, and reports B·P / time
 // in tokens/s and its FLOP rate against a Backend::Gemm measured in the same
-// run (F32 activations times --dtype weights, as the projections run; CUDA
-// 8192³, CPU 1024³; median of 5). FLOPs counted: 2 per projection-matrix
+// run (F32 activations times --dtype weights on the same backend, as the
+// projections run: with --gemm fast and bf16 that is cuBLASLt's bf16 tensor
+// core GEMM after rounding the activations; CUDA 8192³, CPU 1024³; median
+// of 5). FLOPs counted: 2 per projection-matrix
 // element per token (ModelSize::matrix_parameters), 2 per head element per
 // returned row (the last token of each sequence: B rows), and 4 per state
 // element per token (each recurrent-state element updated and read once; for
@@ -63,6 +70,8 @@ struct BenchModelFlags {
   std::string model;
   std::string device = "cpu";
   std::string dtype = "f32";
+  std::string gemm = "fast";
+  bool no_graphs = false;  // decode only
   int batch = 1;
   int prompt_len = 0;
   int gen_len = 0;  // decode only
@@ -76,6 +85,7 @@ absl::Status Validate(const BenchModelFlags& f, bool decode) {
   if (f.dtype == "bf16" && f.device == "cpu") {
     return absl::InvalidArgumentError("--dtype bf16 needs --device cuda (the CPU backend computes in f32)");
   }
+  LAIR_RETURN_IF_ERROR(kernels::ParseGemmMode(f.gemm, "--gemm").status());
   if (f.batch < 1) return absl::InvalidArgumentError("--batch must be >= 1");
   if (f.prompt_len < 1) return absl::InvalidArgumentError("--prompt-len must be >= 1");
   if (decode && f.gen_len < 1) return absl::InvalidArgumentError("--gen-len must be >= 1");
@@ -151,8 +161,11 @@ struct Bench {
 
 absl::StatusOr<Bench> Setup(const BenchModelFlags& f, int max_context) {
   Bench b;
-  LAIR_ASSIGN_OR_RETURN(b.backend, kernels::MakeBackend(f.device));
+  kernels::BackendOptions backend_options;
+  LAIR_ASSIGN_OR_RETURN(backend_options.gemm, kernels::ParseGemmMode(f.gemm, "--gemm"));
+  LAIR_ASSIGN_OR_RETURN(b.backend, kernels::MakeBackend(f.device, backend_options));
   models::LoadOptions options;
+  options.step_graphs = !f.no_graphs;
   options.weight_dtype = f.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   options.max_context = max_context;
   LAIR_ASSIGN_OR_RETURN(b.model, models::Model::Load(f.model, b.backend.get(), options));
@@ -198,10 +211,12 @@ std::vector<int32_t> Argmax(const Tensor& logits) {
 }
 
 void PrintHeader(const Bench& b, const BenchModelFlags& f) {
-  std::printf("backend %s; model %s: %s, %.1fM parameters, weights %.1f MB (%s matrices), "
-              "state %.2f MB per sequence\n",
-              b.backend->Name().c_str(), f.model.c_str(), b.model->family().c_str(), b.size.parameters / 1e6,
-              b.size.weight_bytes / 1e6, f.dtype.c_str(), b.pool.layout().BytesPerSlot() / 1e6);
+  std::printf(
+      "backend %s (gemm %s); model %s: %s, %.1fM parameters, weights %.1f MB (%s matrices), "
+      "state %.2f MB per sequence\n",
+      b.backend->Name().c_str(), f.gemm.c_str(), f.model.c_str(), b.model->family().c_str(),
+      b.size.parameters / 1e6, b.size.weight_bytes / 1e6, f.dtype.c_str(),
+      b.pool.layout().BytesPerSlot() / 1e6);
 }
 
 void Row(const char* label, const std::string& value) { std::printf("  %-22s %s\n", label, value.c_str()); }
@@ -234,8 +249,7 @@ absl::Status RunDecode(const BenchModelFlags& f) {
   for (int i = 0; i < f.warmup + f.gen_len; ++i) {
     LAIR_RETURN_IF_ERROR(b.backend->Synchronize());
     const auto start = std::chrono::steady_clock::now();
-    LAIR_ASSIGN_OR_RETURN(logits, b.model->Forward(step, b.pool));
-    step.tokens = Argmax(logits);
+    LAIR_ASSIGN_OR_RETURN(step.tokens, b.model->ForwardGreedy(step, b.pool));
     LAIR_RETURN_IF_ERROR(b.backend->Synchronize());
     if (i >= f.warmup) step_seconds.push_back(SecondsSince(start));
     for (int32_t& position : step.start_positions) ++position;
@@ -250,6 +264,11 @@ absl::Status RunDecode(const BenchModelFlags& f) {
   const double floor_bytes = static_cast<double>(b.size.forward_weight_bytes) + state_bytes;
   const double floor_seconds = floor_bytes / copy_rate;
   const double tokens_per_second = static_cast<double>(f.batch) * f.gen_len / total;
+  LAIR_ASSIGN_OR_RETURN(Tensor device_logits,
+                        b.backend->Allocate(DType::kF32, {f.batch, b.model->vocab_size()}));
+  LAIR_ASSIGN_OR_RETURN(const double download_seconds, MedianSeconds(*b.backend, 5, [&] {
+                          return b.backend->Download(device_logits).status();
+                        }));
 
   std::printf("batch %d, prompt %d, %d timed decode steps after %d warm-up steps\n", f.batch, f.prompt_len,
               f.gen_len, f.warmup);
@@ -262,10 +281,17 @@ absl::Status RunDecode(const BenchModelFlags& f) {
                             b.size.forward_weight_bytes / 1e6, state_bytes / 1e6));
   Row("floor time", Printed("%.3f ms", floor_seconds * 1e3));
   Row("fraction of floor", Printed("%.3f", floor_seconds / median));
-  std::printf("lair bench decode: %s B=%d P=%d G=%d %s %s: %.1f tokens/s, %.3f ms/step (median), "
-              "%.3f of the memory floor\n",
-              b.model->family().c_str(), f.batch, f.prompt_len, f.gen_len, f.device.c_str(), f.dtype.c_str(),
-              tokens_per_second, median * 1e3, floor_seconds / median);
+  Row("graphs", f.no_graphs ? "off (op by op)"
+                            : "decode steps replay CUDA graphs (where the backend has them)");
+  Row("host logits would add",
+      Printed("%.3f ms per step (download of %.2f MB)", download_seconds * 1e3,
+              static_cast<double>(device_logits.nbytes()) / 1e6));
+  std::printf(
+      "lair bench decode: %s B=%d P=%d G=%d %s %s gemm=%s graphs=%s: %.1f tokens/s, %.3f ms/step "
+      "(median), %.3f of the memory floor\n",
+      b.model->family().c_str(), f.batch, f.prompt_len, f.gen_len, f.device.c_str(),
+      f.dtype.c_str(), f.gemm.c_str(), f.no_graphs ? "off" : "on", tokens_per_second, median * 1e3,
+      floor_seconds / median);
   return absl::OkStatus();
 }
 
@@ -295,11 +321,14 @@ absl::Status RunPrefill(const BenchModelFlags& f) {
   Row("FLOPs counted", Printed("%.2f G = projections %.2f + head %.3f + state %.3f", flops / 1e9,
                                matrix_flops / 1e9, head_flops / 1e9, state_flops / 1e9));
   Row("achieved", Printed("%.1f GFLOP/s", flops / seconds / 1e9));
-  Row("matmul rate", Printed("%.1f GFLOP/s (Gemm, %s weights)", gemm_rate / 1e9, f.dtype.c_str()));
+  Row("matmul rate", Printed("%.1f GFLOP/s (Gemm, %s weights, gemm %s)", gemm_rate / 1e9,
+                             f.dtype.c_str(), f.gemm.c_str()));
   Row("fraction of matmul", Printed("%.3f", fraction));
-  std::printf("lair bench prefill: %s B=%d P=%d %s %s: %.0f tokens/s, %.1f GFLOP/s, %.3f of the matmul rate\n",
-              b.model->family().c_str(), f.batch, f.prompt_len, f.device.c_str(), f.dtype.c_str(), tokens / seconds,
-              flops / seconds / 1e9, fraction);
+  std::printf(
+      "lair bench prefill: %s B=%d P=%d %s %s gemm=%s: %.0f tokens/s, %.1f GFLOP/s, %.3f of the "
+      "matmul rate (%.1f GFLOP/s)\n",
+      b.model->family().c_str(), f.batch, f.prompt_len, f.device.c_str(), f.dtype.c_str(),
+      f.gemm.c_str(), tokens / seconds, flops / seconds / 1e9, fraction, gemm_rate / 1e9);
   return absl::OkStatus();
 }
 
@@ -314,6 +343,9 @@ void AddCommand(CLI::App& app, bool decode) {
   cmd->add_option("--model", flags->model, "Model folder (config.json and weights)")->required();
   cmd->add_option("--device", flags->device, "Backend: cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--dtype", flags->dtype, "Weight matrices: f32 or bf16 (CUDA)")->capture_default_str();
+  cmd->add_option("--gemm", flags->gemm, "Matrix products: fast (tensor cores) or exact (fp32)")
+      ->capture_default_str();
+  if (decode) cmd->add_flag("--no-graphs", flags->no_graphs, "Run every decode step op by op");
   cmd->add_option("--batch", flags->batch, "Sequences B")->capture_default_str();
   cmd->add_option("--prompt-len", flags->prompt_len, "Prompt tokens P per sequence")->required();
   if (decode) cmd->add_option("--gen-len", flags->gen_len, "Timed decode steps G")->required();

@@ -26,7 +26,7 @@ namespace lair::cli {
 namespace {
 
 struct GenerateFlags {
-  std::string model, tokenizer, prompt, prompt_ids, device = "cpu";
+  std::string model, tokenizer, prompt, prompt_ids, device = "cpu", gemm = "fast";
   int max_tokens = 64;
   float temperature = 0.0f, top_p = 1.0f;
   int top_k = 0;
@@ -75,7 +75,11 @@ int RunGenerate(const GenerateFlags& flags) {
     prompt = tokenizer->Encode(flags.prompt, /*add_special_tokens=*/true);
   }
   if (prompt.empty()) return fail(absl::InvalidArgumentError("the prompt has no tokens"));
-  auto backend = kernels::MakeBackend(flags.device);
+  kernels::BackendOptions backend_options;
+  absl::StatusOr<kernels::GemmMode> gemm = kernels::ParseGemmMode(flags.gemm, "--gemm");
+  if (!gemm.ok()) return fail(gemm.status());
+  backend_options.gemm = *gemm;
+  auto backend = kernels::MakeBackend(flags.device, backend_options);
   if (!backend.ok()) return fail(backend.status());
   models::LoadOptions options;
   options.max_context = static_cast<int>(prompt.size()) + flags.max_tokens;
@@ -94,9 +98,16 @@ int RunGenerate(const GenerateFlags& flags) {
   batch.start_positions = {0};
   int position = static_cast<int>(prompt.size());
   for (int step = 0; step < flags.max_tokens; ++step) {
-    auto logits = (*model)->Forward(batch, *pool);
-    if (!logits.ok()) return fail(logits.status());
-    int32_t next = Sample(logits->f32(), logits->dim(1), flags, rng);
+    int32_t next = 0;
+    if (flags.temperature <= 0.0f) {  // greedy: the argmax runs where the logits are
+      auto ids = (*model)->ForwardGreedy(batch, *pool);
+      if (!ids.ok()) return fail(ids.status());
+      next = ids->front();
+    } else {
+      auto logits = (*model)->Forward(batch, *pool);
+      if (!logits.ok()) return fail(logits.status());
+      next = Sample(logits->f32(), logits->dim(1), flags, rng);
+    }
     if (tokenizer && tokenizer->EosId() == next) break;
     if (decoder) {
       std::fputs(decoder->Add(next).c_str(), stdout);
@@ -129,6 +140,9 @@ LAIR_REGISTER_COMMAND(generate, [](CLI::App& app) {
   gen->add_option("--top-k", flags->top_k, "Keep the k most likely (0 = all)")->capture_default_str()->check(CLI::NonNegativeNumber);
   gen->add_option("--seed", flags->seed, "Sampling seed")->capture_default_str();
   gen->add_option("--device", flags->device, "Backend: cpu, cuda or cuda:N")->capture_default_str();
+  gen->add_option("--gemm", flags->gemm,
+                  "Matrix products on CUDA: fast (tensor cores) or exact (fp32)")
+      ->capture_default_str();
   gen->callback([flags] {
     if (flags->prompt.empty() && flags->prompt_ids.empty()) {
       std::fprintf(stderr, "lair generate: --prompt or --prompt-ids is required\n");

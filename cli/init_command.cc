@@ -1,5 +1,5 @@
 // `lair init --family F --out DIR [--preset P] [--set key=value ...] [--seed S]
-//  [--byte-tokenizer]`: writes a fresh model (config.json and
+//  [--dtype f32|bf16] [--byte-tokenizer]`: writes a fresh model (config.json and
 // model.safetensors with the reference tensor names) through
 // models::InitModel. --byte-tokenizer also writes the byte-level demo
 // tokenizer (tokenizer/byte_tokenizer_writer.h) into DIR and sizes the
@@ -23,6 +23,7 @@ struct InitFlags {
   std::string family, preset, out;
   std::vector<std::string> sets;
   uint64_t seed = 0;
+  std::string dtype = "f32";
   bool byte_tokenizer = false;
 };
 
@@ -31,6 +32,7 @@ int RunInit(const InitFlags& flags) {
   options.family = flags.family;
   options.preset = flags.preset;
   options.seed = flags.seed;
+  options.matrix_dtype = flags.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   // First, so that a --set vocab_size later in the list overrides it.
   if (flags.byte_tokenizer) options.overrides.emplace_back("vocab_size", std::to_string(kByteTokenizerVocabSize));
   for (const std::string& set : flags.sets) {
@@ -72,6 +74,10 @@ LAIR_REGISTER_COMMAND(init, [](CLI::App& app) {
   init->add_option("--out", flags->out, "Output folder")->required();
   init->add_option("--set", flags->sets, "Override a config field: key=value (repeatable)");
   init->add_option("--seed", flags->seed, "Random seed")->capture_default_str();
+  init->add_option("--dtype", flags->dtype,
+                   "Projection matrices on disk: f32 or bf16 (half the bytes)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   init->add_flag("--byte-tokenizer", flags->byte_tokenizer,
                  "Also write the byte-level demo tokenizer and size the vocabulary to it");
   init->callback([flags] { SetExitCode(RunInit(*flags)); });

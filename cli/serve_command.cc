@@ -31,6 +31,7 @@ struct ServeFlags {
   std::string tokenizer;  // empty: the model folder
   std::string device = "cpu";
   std::string dtype;      // empty: f32 on the CPU, bf16 on CUDA
+  std::string gemm = "fast";  // kernels::GemmMode
   int max_context = 4096; // KV length per sequence for softmax-attention families
   double shutdown_grace_seconds = 10;
   server::ServerConfig server;
@@ -47,7 +48,10 @@ void RaiseFileLimit() {
 }
 
 absl::StatusOr<std::unique_ptr<engine::ModelRunner>> LoadRunner(const ServeFlags& flags) {
-  LAIR_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::MakeBackend(flags.device));
+  kernels::BackendOptions backend_options;
+  LAIR_ASSIGN_OR_RETURN(backend_options.gemm, kernels::ParseGemmMode(flags.gemm, "--gemm"));
+  LAIR_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
+                        kernels::MakeBackend(flags.device, backend_options));
   models::LoadOptions options;
   const std::string dtype = flags.dtype.empty() ? (flags.device == "cpu" ? "f32" : "bf16") : flags.dtype;
   if (dtype != "f32" && dtype != "bf16") return absl::InvalidArgumentError("--dtype: use f32 or bf16");
@@ -130,6 +134,10 @@ LAIR_REGISTER_COMMAND(serve, [](CLI::App& app) {
       ->envname("LAIR_API_KEY");
   command->add_option("--device", flags->device, "cpu, cuda or cuda:N")->capture_default_str();
   command->add_option("--dtype", flags->dtype, "Weight type: f32 or bf16 (default f32 on cpu, bf16 on cuda)");
+  command
+      ->add_option("--gemm", flags->gemm,
+                   "Matrix products on CUDA: fast (tensor cores) or exact (fp32)")
+      ->capture_default_str();
   command->add_option("--max-context", flags->max_context, "Context length for softmax-attention models")
       ->capture_default_str();
   command->add_option("--max-batch-tokens", e.max_batch_tokens, "Tokens per engine step")->capture_default_str();

@@ -12,9 +12,12 @@
 // Thread safety: a Backend is used by one thread at a time.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/tensor.h"
 #include "kernels/dense.h"
@@ -25,6 +28,28 @@ namespace lair::kernels {
 // How a mixer forward runs. kAuto picks the recurrent form for one-token
 // steps and the chunked form otherwise.
 enum class MixerForm { kAuto, kChunked, kRecurrent };
+
+// How the CUDA backend multiplies by weight matrices (kernels/cuda/dense_ops.h,
+// GemmPrecision, has the numbers). kExact: fp32 products, BF16/F16 weights
+// widened first; what `lair verify` compares. kFast: bf16/f16 tensor cores
+// (TF32 for F32 weights) with fp32 accumulation; the serving default. The
+// CPU backend is always exact.
+enum class GemmMode { kExact, kFast };
+
+struct BackendOptions {
+  GemmMode gemm = GemmMode::kExact;
+};
+
+// "exact" or "fast"; InvalidArgument naming `flag` otherwise.
+absl::StatusOr<GemmMode> ParseGemmMode(std::string_view name, std::string_view flag);
+
+// A recorded step (a CUDA graph): Launch queues the same device work again,
+// at the same addresses, reading whatever those addresses hold by then.
+class StepGraph {
+ public:
+  virtual ~StepGraph() = default;
+  virtual absl::Status Launch() = 0;
+};
 
 class Backend {
  public:
@@ -43,6 +68,36 @@ class Backend {
   // Copies src into dst (same dtype and element count, both on this device).
   virtual absl::Status Copy(const Tensor& src, const Tensor& dst) = 0;
   virtual absl::Status Synchronize() = 0;
+
+  // --- Steps: what a model forward wraps around its operations ------------
+  // The defaults suit a host backend. Between BeginStep and EndStep,
+  // AllocateScratch may hand out memory that the next BeginStep reuses (the
+  // CUDA backend bumps a pointer through a preallocated arena), so a step's
+  // temporaries cost nothing and repeat at the same addresses.
+  virtual void BeginStep() {}
+  virtual void EndStep() {}
+  // An output an operation overwrites whole: contents undefined (the
+  // default zero-fills). Allocated inside a step, it is valid until the next
+  // BeginStep.
+  virtual absl::StatusOr<Tensor> AllocateScratch(DType dtype, Shape shape) {
+    return Allocate(dtype, std::move(shape));
+  }
+  // Small host int arrays (token ids, offsets, slots) as I32 device tensors,
+  // one per part, in one transfer that is queued, not waited for. They stay
+  // valid until the next StageInts; the host spans may change on return.
+  virtual absl::StatusOr<std::vector<Tensor>> StageInts(
+      std::span<const std::span<const int32_t>> parts);
+  // ids[r] = the first index of the largest value of row r of logits [R, V]
+  // F32 (greedy sampling without moving the logits); ids is I32 [R].
+  virtual absl::Status ArgmaxRows(const Tensor& logits, const Tensor& ids);
+  // Runs nothing: records the device work `step` queues into a graph, or
+  // Unimplemented where the backend has none. `step` must not synchronize,
+  // read device memory on the host or grow memory. Launch the graph to run it.
+  virtual absl::StatusOr<std::unique_ptr<StepGraph>> CaptureStep(
+      const std::function<absl::Status()>& step);
+  // Changes whenever memory a recorded step may use (arena, scratch, staging
+  // buffer) moves: graphs recorded under another epoch must be taken again.
+  virtual uint64_t memory_epoch() const { return 0; }
 
   // --- Mixers (see kernels/mixer.h for the math and layouts) ---------------
   virtual absl::Status DecayForward(const SequenceBatch& batch, const DecayForwardArgs& args,
@@ -82,6 +137,7 @@ std::unique_ptr<Backend> MakeCpuBackend(int threads = 0);
 
 // "cpu" or "cuda" (or "cuda:N"). Unimplemented when LAIR was built without
 // CUDA; Unavailable when no GPU is present.
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(std::string_view device);
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(std::string_view device,
+                                                     const BackendOptions& options = {});
 
 }  // namespace lair::kernels

@@ -11,7 +11,8 @@
 
 namespace lair::kernels {
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(std::string_view device) {
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(std::string_view device,
+                                                     const BackendOptions& options) {
   if (device == "cpu") return MakeCpuBackend();
   if (device == "cuda" || device.starts_with("cuda:")) {
     int index = 0;
@@ -26,8 +27,9 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(std::string_view device) {
       }
     }
 #ifdef LAIR_HAVE_CUDA
-    return MakeCudaBackend(index);
+    return MakeCudaBackend(index, options);
 #else
+    (void)options;
     return absl::UnimplementedError(
         absl::StrCat("device \"", std::string(device), "\": LAIR was built without CUDA"));
 #endif

@@ -22,15 +22,16 @@ absl::Status Divides(const ConfigReader& r, std::string_view field, int divisor,
 
 // Refuses a field whose value is not the one LAIR implements.
 template <typename T>
-absl::Status Require(const ConfigReader& r, std::string_view field, absl::StatusOr<T> value, T wanted,
-                     std::string_view why) {
+absl::Status Require(const ConfigReader& r, std::string_view field, absl::StatusOr<T> value,
+                     T wanted, std::string_view why) {
   if (!value.ok()) return value.status();
   if (*value == wanted) return absl::OkStatus();
   return r.FieldError(field, std::string(why));
 }
 
 // hidden · expand as fla computes it (int() truncation), checked integral.
-absl::StatusOr<int> Expanded(const ConfigReader& r, std::string_view field, int hidden, double def) {
+absl::StatusOr<int> Expanded(const ConfigReader& r, std::string_view field, int hidden,
+                             double def) {
   LAIR_ASSIGN_OR_RETURN(double expand, r.Float(field, def));
   LAIR_RETURN_IF_ERROR(Positive(r, field, expand));
   double dim = hidden * expand;
@@ -73,7 +74,8 @@ absl::StatusOr<DecoderConfig> ParseFlaBase(const ConfigReader& r, int default_hi
     LAIR_ASSIGN_OR_RETURN(c.intermediate_size, FlaMlpWidth(r, c.hidden_size, default_hidden_ratio));
     LAIR_ASSIGN_OR_RETURN(std::string act, r.String("hidden_act", "swish"));
     if (act != "swish" && act != "silu") {
-      return r.FieldError("hidden_act", absl::StrCat("only swish/silu MLPs are supported, got '", act, "'"));
+      return r.FieldError("hidden_act",
+                          absl::StrCat("only swish/silu MLPs are supported, got '", act, "'"));
     }
   }
   if (r.Has("attn")) {
@@ -90,18 +92,24 @@ absl::Status ParseShortConv(const ConfigReader& r, ShortConvConfig* conv) {
   return Positive(r, "conv_size", conv->size);
 }
 
-// num_heads / num_kv_heads and the per-head dimensions of key_dim, value_dim.
-absl::Status SplitHeads(const ConfigReader& r, int default_heads, int* heads, int* kv_heads,
-                        int key_dim, int value_dim, int* head_k, int* head_v) {
-  LAIR_ASSIGN_OR_RETURN(*heads, r.Int("num_heads", default_heads));
-  LAIR_RETURN_IF_ERROR(Positive(r, "num_heads", *heads));
+// The head layout the GLA, GSA, linear-attention and RetNet configs share:
+// key_dim = hidden·expand_k and value_dim = hidden·expand_v (defaults
+// `expand_k`, `expand_v`), num_heads / num_kv_heads, and the per-head
+// dimensions.
+template <typename Config>
+absl::Status ParseHeads(const ConfigReader& r, double expand_k, double expand_v, int default_heads,
+                        Config* c) {
+  LAIR_ASSIGN_OR_RETURN(c->key_dim, Expanded(r, "expand_k", c->base.hidden_size, expand_k));
+  LAIR_ASSIGN_OR_RETURN(c->value_dim, Expanded(r, "expand_v", c->base.hidden_size, expand_v));
+  LAIR_ASSIGN_OR_RETURN(c->num_heads, r.Int("num_heads", default_heads));
+  LAIR_RETURN_IF_ERROR(Positive(r, "num_heads", c->num_heads));
   LAIR_ASSIGN_OR_RETURN(std::optional<int> kv, r.OptionalInt("num_kv_heads"));
-  *kv_heads = kv.value_or(*heads);
-  LAIR_RETURN_IF_ERROR(Divides(r, "num_kv_heads", *kv_heads, *heads, "num_heads"));
-  LAIR_RETURN_IF_ERROR(Divides(r, "num_heads", *heads, key_dim, "the key dimension"));
-  LAIR_RETURN_IF_ERROR(Divides(r, "num_heads", *heads, value_dim, "the value dimension"));
-  *head_k = key_dim / *heads;
-  *head_v = value_dim / *heads;
+  c->num_kv_heads = kv.value_or(c->num_heads);
+  LAIR_RETURN_IF_ERROR(Divides(r, "num_kv_heads", c->num_kv_heads, c->num_heads, "num_heads"));
+  LAIR_RETURN_IF_ERROR(Divides(r, "num_heads", c->num_heads, c->key_dim, "the key dimension"));
+  LAIR_RETURN_IF_ERROR(Divides(r, "num_heads", c->num_heads, c->value_dim, "the value dimension"));
+  c->head_k_dim = c->key_dim / c->num_heads;
+  c->head_v_dim = c->value_dim / c->num_heads;
   return absl::OkStatus();
 }
 
@@ -113,17 +121,16 @@ absl::StatusOr<std::string> FeatureMap(const ConfigReader& r,
     if (*map == choice) return *map;
   }
   std::string supported;
-  for (std::string_view choice : choices) absl::StrAppend(&supported, supported.empty() ? "" : ", ", std::string(choice));
-  return r.FieldError("feature_map", absl::StrCat("'", *map, "' is not supported (supported: ", supported, ")"));
+  for (std::string_view choice : choices)
+    absl::StrAppend(&supported, supported.empty() ? "" : ", ", std::string(choice));
+  return r.FieldError("feature_map",
+                      absl::StrCat("'", *map, "' is not supported (supported: ", supported, ")"));
 }
 
 absl::StatusOr<ModelConfig> ParseGla(const ConfigReader& r) {
   GlaConfig c;
   LAIR_ASSIGN_OR_RETURN(c.base, ParseFlaBase(r, 4, true));
-  LAIR_ASSIGN_OR_RETURN(c.key_dim, Expanded(r, "expand_k", c.base.hidden_size, 0.5));
-  LAIR_ASSIGN_OR_RETURN(c.value_dim, Expanded(r, "expand_v", c.base.hidden_size, 1.0));
-  LAIR_RETURN_IF_ERROR(SplitHeads(r, 4, &c.num_heads, &c.num_kv_heads, c.key_dim, c.value_dim,
-                                  &c.head_k_dim, &c.head_v_dim));
+  LAIR_RETURN_IF_ERROR(ParseHeads(r, 0.5, 1.0, 4, &c));
   LAIR_ASSIGN_OR_RETURN(c.feature_map, FeatureMap(r, {"relu", "sigmoid", "silu", "swish"}));
   LAIR_RETURN_IF_ERROR(ParseShortConv(r, &c.conv));
   LAIR_ASSIGN_OR_RETURN(c.use_output_gate, r.Bool("use_output_gate", true));
@@ -145,10 +152,7 @@ absl::StatusOr<ModelConfig> ParseGla(const ConfigReader& r) {
 absl::StatusOr<ModelConfig> ParseGsa(const ConfigReader& r) {
   GsaConfig c;
   LAIR_ASSIGN_OR_RETURN(c.base, ParseFlaBase(r, 4, true));
-  LAIR_ASSIGN_OR_RETURN(c.key_dim, Expanded(r, "expand_k", c.base.hidden_size, 1.0));
-  LAIR_ASSIGN_OR_RETURN(c.value_dim, Expanded(r, "expand_v", c.base.hidden_size, 1.0));
-  LAIR_RETURN_IF_ERROR(SplitHeads(r, 4, &c.num_heads, &c.num_kv_heads, c.key_dim, c.value_dim,
-                                  &c.head_k_dim, &c.head_v_dim));
+  LAIR_RETURN_IF_ERROR(ParseHeads(r, 1.0, 1.0, 4, &c));
   LAIR_ASSIGN_OR_RETURN(c.num_slots, r.Int("num_slots", 64));
   LAIR_RETURN_IF_ERROR(Positive(r, "num_slots", c.num_slots));
   LAIR_ASSIGN_OR_RETURN(c.feature_map, r.OneOf("feature_map", {"swish", "relu"}, "swish"));
@@ -168,13 +172,10 @@ absl::StatusOr<ModelConfig> ParseGsa(const ConfigReader& r) {
 absl::StatusOr<ModelConfig> ParseLinearAttn(const ConfigReader& r) {
   LinearAttnConfig c;
   LAIR_ASSIGN_OR_RETURN(c.base, ParseFlaBase(r, 4, true));
-  LAIR_ASSIGN_OR_RETURN(c.key_dim, Expanded(r, "expand_k", c.base.hidden_size, 1.0));
-  LAIR_ASSIGN_OR_RETURN(c.value_dim, Expanded(r, "expand_v", c.base.hidden_size, 1.0));
-  LAIR_RETURN_IF_ERROR(SplitHeads(r, 4, &c.num_heads, &c.num_kv_heads, c.key_dim, c.value_dim,
-                                  &c.head_k_dim, &c.head_v_dim));
-  LAIR_ASSIGN_OR_RETURN(c.feature_map, r.OneOf("feature_map",
-                                               {"elementwise_product", "elu", "relu", "identity"},
-                                               "elementwise_product"));
+  LAIR_RETURN_IF_ERROR(ParseHeads(r, 1.0, 1.0, 4, &c));
+  LAIR_ASSIGN_OR_RETURN(c.feature_map,
+                        r.OneOf("feature_map", {"elementwise_product", "elu", "relu", "identity"},
+                                "elementwise_product"));
   LAIR_ASSIGN_OR_RETURN(c.tie_feature_map_qk, r.Bool("tie_feature_map_qk", false));
   LAIR_ASSIGN_OR_RETURN(c.norm_q, r.Bool("norm_q", false));
   LAIR_ASSIGN_OR_RETURN(c.norm_k, r.Bool("norm_k", false));
@@ -185,22 +186,21 @@ absl::StatusOr<ModelConfig> ParseLinearAttn(const ConfigReader& r) {
   LAIR_RETURN_IF_ERROR(Require(r, "norm_feature_map", r.Bool("norm_feature_map", false), false,
                                "normalized linear attention output is not supported"));
   LAIR_RETURN_IF_ERROR(Require(r, "output_norm", r.String("output_norm", "rmsnorm"),
-                               std::string("rmsnorm"), "only the rmsnorm output norm is supported"));
+                               std::string("rmsnorm"),
+                               "only the rmsnorm output norm is supported"));
   return c;
 }
 
 absl::StatusOr<ModelConfig> ParseRetNet(const ConfigReader& r) {
   RetNetConfig c;
   LAIR_ASSIGN_OR_RETURN(c.base, ParseFlaBase(r, 2, true));
-  LAIR_ASSIGN_OR_RETURN(c.key_dim, Expanded(r, "expand_k", c.base.hidden_size, 1.0));
-  LAIR_ASSIGN_OR_RETURN(c.value_dim, Expanded(r, "expand_v", c.base.hidden_size, 2.0));
-  LAIR_RETURN_IF_ERROR(SplitHeads(r, 8, &c.num_heads, &c.num_kv_heads, c.key_dim, c.value_dim,
-                                  &c.head_k_dim, &c.head_v_dim));
+  LAIR_RETURN_IF_ERROR(ParseHeads(r, 1.0, 2.0, 8, &c));
   LAIR_ASSIGN_OR_RETURN(c.feature_map, FeatureMap(r, {"relu", "sigmoid", "silu", "swish"}));
   LAIR_ASSIGN_OR_RETURN(c.use_output_gate, r.Bool("use_output_gate", true));
   LAIR_ASSIGN_OR_RETURN(c.fuse_norm, r.Bool("fuse_norm", true));
   LAIR_ASSIGN_OR_RETURN(c.elementwise_affine, r.Bool("elementwise_affine", true));
-  if (c.head_k_dim % 2 != 0) return r.FieldError("expand_k", "the rotary head dimension must be even");
+  if (c.head_k_dim % 2 != 0)
+    return r.FieldError("expand_k", "the rotary head dimension must be even");
   return c;
 }
 
@@ -232,7 +232,8 @@ absl::StatusOr<ModelConfig> ParseHgrn2(const ConfigReader& r) {
 // large for a double, the string "Infinity", or {"__float__": "Infinity"}.
 bool IsInfinity(const nlohmann::json& value) {
   if (value.is_number()) return std::isinf(value.get<double>()) || value.get<double>() > 1e300;
-  if (value.is_string()) return value.get<std::string>() == "Infinity" || value.get<std::string>() == "inf";
+  if (value.is_string())
+    return value.get<std::string>() == "Infinity" || value.get<std::string>() == "inf";
   if (value.is_object() && value.contains("__float__")) return IsInfinity(value["__float__"]);
   return false;
 }
@@ -250,15 +251,18 @@ absl::StatusOr<ModelConfig> ParseMamba2(const ConfigReader& r) {
   LAIR_ASSIGN_OR_RETURN(c.use_conv_bias, r.Bool("use_conv_bias", true));
   LAIR_ASSIGN_OR_RETURN(c.use_bias, r.Bool("use_bias", false));
   for (auto [field, value] : {std::pair<std::string_view, int>{"num_heads", c.num_heads},
-                              {"head_dim", c.head_dim}, {"state_size", c.state_size},
-                              {"expand", c.expand}, {"n_groups", c.n_groups},
+                              {"head_dim", c.head_dim},
+                              {"state_size", c.state_size},
+                              {"expand", c.expand},
+                              {"n_groups", c.n_groups},
                               {"conv_kernel", c.conv_kernel}}) {
     LAIR_RETURN_IF_ERROR(Positive(r, field, value));
   }
   c.intermediate_size = c.expand * c.base.hidden_size;
   if (c.num_heads * c.head_dim != c.intermediate_size) {
-    return r.FieldError("head_dim", absl::StrCat("num_heads · head_dim must equal expand · hidden_size = ",
-                                                 c.intermediate_size));
+    return r.FieldError("head_dim",
+                        absl::StrCat("num_heads · head_dim must equal expand · hidden_size = ",
+                                     c.intermediate_size));
   }
   LAIR_RETURN_IF_ERROR(Divides(r, "n_groups", c.n_groups, c.num_heads, "num_heads"));
   c.conv_dim = c.intermediate_size + 2 * c.n_groups * c.state_size;
@@ -275,7 +279,8 @@ absl::StatusOr<ModelConfig> ParseMamba2(const ConfigReader& r) {
     const nlohmann::json& limit = r.json()[field];
     bool default_limit = limit.is_array() && limit.size() == 2 && limit[0].is_number() &&
                          limit[0].get<double>() == 0.0 && IsInfinity(limit[1]);
-    if (!default_limit) return r.FieldError(field, "only the unclamped time step (0, inf) is supported");
+    if (!default_limit)
+      return r.FieldError(field, "only the unclamped time step (0, inf) is supported");
   }
   return c;
 }
@@ -296,15 +301,19 @@ absl::StatusOr<ModelConfig> ParseXlstm(const ConfigReader& r) {
   LAIR_ASSIGN_OR_RETURN(double v_factor, r.Float("v_dim_factor", 1.0));
   LAIR_ASSIGN_OR_RETURN(c.gate_soft_cap, r.Float("gate_soft_cap", 15.0));
   LAIR_ASSIGN_OR_RETURN(std::optional<double> logit_cap, r.OptionalFloat("output_logit_soft_cap"));
-  c.output_logit_soft_cap = r.json().contains("output_logit_soft_cap") ? logit_cap.value_or(0.0) : 30.0;
+  c.output_logit_soft_cap =
+      r.json().contains("output_logit_soft_cap") ? logit_cap.value_or(0.0) : 30.0;
   LAIR_ASSIGN_OR_RETURN(c.eps, r.Float("eps", 1e-6));
   LAIR_ASSIGN_OR_RETURN(c.use_bias, r.Bool("use_bias", false));
   LAIR_ASSIGN_OR_RETURN(double ffn_factor, r.Float("ffn_proj_factor", 2.667));
   LAIR_ASSIGN_OR_RETURN(int ffn_multiple, r.Int("ffn_round_up_to_multiple_of", 64));
   for (auto [field, value] : {std::pair<std::string_view, double>{"vocab_size", b.vocab_size},
-                              {"hidden_size", b.hidden_size}, {"num_blocks", b.num_layers},
-                              {"num_heads", c.num_heads}, {"norm_eps", b.norm_eps},
-                              {"gate_soft_cap", c.gate_soft_cap}, {"ffn_proj_factor", ffn_factor},
+                              {"hidden_size", b.hidden_size},
+                              {"num_blocks", b.num_layers},
+                              {"num_heads", c.num_heads},
+                              {"norm_eps", b.norm_eps},
+                              {"gate_soft_cap", c.gate_soft_cap},
+                              {"ffn_proj_factor", ffn_factor},
                               {"ffn_round_up_to_multiple_of", ffn_multiple}}) {
     LAIR_RETURN_IF_ERROR(Positive(r, field, value));
   }
@@ -318,7 +327,8 @@ absl::StatusOr<ModelConfig> ParseXlstm(const ConfigReader& r) {
   c.qk_head_dim = c.qk_dim / c.num_heads;
   c.v_head_dim = c.v_dim / c.num_heads;
   double up = b.hidden_size * ffn_factor;
-  b.intermediate_size = static_cast<int>(std::floor((up + ffn_multiple - 1) / ffn_multiple) * ffn_multiple);
+  b.intermediate_size =
+      static_cast<int>(std::floor((up + ffn_multiple - 1) / ffn_multiple) * ffn_multiple);
   if (c.use_bias) return r.FieldError("use_bias", "projection biases are not supported");
   LAIR_RETURN_IF_ERROR(Require(r, "weight_mode", r.String("weight_mode", "single"),
                                std::string("single"), "only weight_mode 'single' is supported"));
@@ -342,19 +352,24 @@ absl::StatusOr<ModelConfig> ParseLlama(const ConfigReader& r) {
   LAIR_ASSIGN_OR_RETURN(c.num_kv_heads, r.Int("num_key_value_heads", c.num_heads));
   LAIR_ASSIGN_OR_RETURN(c.max_position_embeddings, r.Int("max_position_embeddings", 2048));
   for (auto [field, value] : {std::pair<std::string_view, double>{"vocab_size", b.vocab_size},
-                              {"hidden_size", b.hidden_size}, {"num_hidden_layers", b.num_layers},
+                              {"hidden_size", b.hidden_size},
+                              {"num_hidden_layers", b.num_layers},
                               {"intermediate_size", b.intermediate_size},
-                              {"rms_norm_eps", b.norm_eps}, {"num_attention_heads", c.num_heads}}) {
+                              {"rms_norm_eps", b.norm_eps},
+                              {"num_attention_heads", c.num_heads}}) {
     LAIR_RETURN_IF_ERROR(Positive(r, field, value));
   }
-  LAIR_RETURN_IF_ERROR(Divides(r, "num_key_value_heads", c.num_kv_heads, c.num_heads, "num_attention_heads"));
+  LAIR_RETURN_IF_ERROR(
+      Divides(r, "num_key_value_heads", c.num_kv_heads, c.num_heads, "num_attention_heads"));
   LAIR_ASSIGN_OR_RETURN(std::optional<int> head_dim, r.OptionalInt("head_dim"));
   if (!head_dim) {
-    LAIR_RETURN_IF_ERROR(Divides(r, "num_attention_heads", c.num_heads, b.hidden_size, "hidden_size"));
+    LAIR_RETURN_IF_ERROR(
+        Divides(r, "num_attention_heads", c.num_heads, b.hidden_size, "hidden_size"));
   }
   c.head_dim = head_dim.value_or(b.hidden_size / c.num_heads);
   LAIR_RETURN_IF_ERROR(Positive(r, "head_dim", c.head_dim));
-  if (c.head_dim % 2 != 0) return r.FieldError("head_dim", "the rotary head dimension must be even");
+  if (c.head_dim % 2 != 0)
+    return r.FieldError("head_dim", "the rotary head dimension must be even");
   // Rotary: transformers 5 writes rope_parameters; older configs rope_theta
   // and rope_scaling. Only the unscaled ("default") rotary is implemented.
   LAIR_ASSIGN_OR_RETURN(c.rope_theta, r.Float("rope_theta", 10000.0));
@@ -370,8 +385,8 @@ absl::StatusOr<ModelConfig> ParseLlama(const ConfigReader& r) {
                                "only silu MLPs are supported"));
   LAIR_RETURN_IF_ERROR(Require(r, "attention_bias", r.Bool("attention_bias", false), false,
                                "attention projection biases are not supported"));
-  LAIR_RETURN_IF_ERROR(Require(r, "mlp_bias", r.Bool("mlp_bias", false), false,
-                               "MLP biases are not supported"));
+  LAIR_RETURN_IF_ERROR(
+      Require(r, "mlp_bias", r.Bool("mlp_bias", false), false, "MLP biases are not supported"));
   LAIR_RETURN_IF_ERROR(Require(r, "pretraining_tp", r.Int("pretraining_tp", 1), 1,
                                "tensor-parallel slicing (pretraining_tp > 1) is not supported"));
   return c;
@@ -389,8 +404,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const ConfigReader& reader) {
   if (type == "mamba2") return ParseMamba2(reader);
   if (type == "xlstm") return ParseXlstm(reader);
   if (type == "llama") return ParseLlama(reader);
-  return reader.FieldError("model_type", absl::StrCat("unknown model_type '", type, "' (supported: ",
-                                                      absl::StrJoin(kModelTypes, ", "), ")"));
+  return reader.FieldError("model_type",
+                           absl::StrCat("unknown model_type '", type,
+                                        "' (supported: ", absl::StrJoin(kModelTypes, ", "), ")"));
 }
 
 const DecoderConfig& BaseConfig(const ModelConfig& config) {

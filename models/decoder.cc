@@ -1,6 +1,7 @@
 #include "models/decoder.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -47,16 +48,22 @@ namespace {
 class Decoder : public Model {
  public:
   Decoder(DecoderConfig config, std::unique_ptr<Params> params, DecoderSpec spec,
-          kernels::Backend* backend, int max_context)
+          kernels::Backend* backend, int max_context, bool step_graphs)
       : config_(std::move(config)),
         params_(std::move(params)),
         spec_(std::move(spec)),
         backend_(backend),
-        max_context_(max_context) {
+        max_context_(max_context),
+        step_graphs_(step_graphs) {
     StateLayout layout;
     for (size_t i = 0; i < spec_.layers.size(); ++i) {
       state_base_.push_back(static_cast<int>(layout.tensors.size()));
       spec_.layers[i].mixer->DeclareState(absl::StrCat("layers.", i, "."), 1, &layout);
+    }
+    // A state that grows with max_context is a KV cache.
+    const StateLayout longer = Layout(2);
+    for (size_t i = 0; i < layout.tensors.size(); ++i) {
+      has_kv_cache_ |= layout.tensors[i].shape != longer.tensors[i].shape;
     }
   }
 
@@ -65,10 +72,49 @@ class Decoder : public Model {
   StateLayout state_layout() const override { return Layout(max_context_); }
   ModelSize size() const override;
 
-  absl::StatusOr<Tensor> Forward(const ForwardBatch& batch, StatePool& pool) override;
+  absl::StatusOr<Tensor> Forward(const ForwardBatch& batch, StatePool& pool) override {
+    LAIR_ASSIGN_OR_RETURN(StepOutput out, Step(batch, pool, /*greedy=*/false));
+    return backend_->Download(out.logits);
+  }
+  absl::StatusOr<std::vector<int32_t>> ForwardGreedy(const ForwardBatch& batch,
+                                                     StatePool& pool) override {
+    if (batch.all_logits)
+      return absl::InvalidArgumentError("ForwardGreedy: all_logits is not supported");
+    LAIR_ASSIGN_OR_RETURN(StepOutput out, Step(batch, pool, /*greedy=*/true));
+    LAIR_ASSIGN_OR_RETURN(Tensor ids, backend_->Download(out.ids));
+    return std::vector<int32_t>(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
+  }
+  int recorded_step_graphs() const override {
+    int count = 0;
+    for (const auto& [size, entry] : decode_graphs_) count += entry.graph != nullptr;
+    return count;
+  }
   absl::StatusOr<LossAndGradients> LossAndGrad(const std::vector<int32_t>& tokens) override;
 
  private:
+  // A forward's device results, valid until the next step.
+  struct StepOutput {
+    Tensor logits;  // [rows, vocab] F32
+    Tensor ids;     // [rows] I32 greedy tokens, when asked for (or recorded)
+  };
+  // A recorded decode step of one batch size.
+  struct DecodeGraph {
+    bool warm = false;  // a step of this size ran op by op: scratch and plans are sized
+    std::unique_ptr<kernels::StepGraph> graph;
+    uint64_t epoch = 0;                    // Backend::memory_epoch when recorded
+    uint64_t failed_epoch = ~uint64_t{0};  // the epoch of the last failed recording
+    const void* metadata = nullptr;        // the staged token ids it reads
+    const void* state = nullptr;           // the pool it reads and writes
+    StepOutput out;
+  };
+
+  // The forward of `batch` as one backend step; the results stay on the device.
+  absl::StatusOr<StepOutput> Step(const ForwardBatch& batch, StatePool& pool, bool greedy);
+  // Runs (or queues, while recording) the ops of a forward; with `greedy`
+  // (or when recording) also the ids.
+  absl::StatusOr<StepOutput> RunOps(const StepContext& ctx, const Tensor& tokens,
+                                    const Tensor& last_rows, bool greedy);
+
   StateLayout Layout(int max_context) const {
     StateLayout layout;
     for (size_t i = 0; i < spec_.layers.size(); ++i) {
@@ -94,7 +140,10 @@ class Decoder : public Model {
   DecoderSpec spec_;
   kernels::Backend* backend_;
   int max_context_;
+  bool step_graphs_;
+  bool has_kv_cache_ = false;  // a state sized by max_context (graph replays skip its bound check)
   std::vector<int> state_base_;  // per layer: index of its first state tensor
+  std::map<int, DecodeGraph> decode_graphs_;  // by batch size
 };
 
 ModelSize Decoder::size() const {
@@ -189,7 +238,20 @@ absl::StatusOr<Var> Decoder::Run(Graph& g, StepContext ctx, const Tensor& tokens
   return logits;
 }
 
-absl::StatusOr<Tensor> Decoder::Forward(const ForwardBatch& batch, StatePool& pool) {
+absl::StatusOr<Decoder::StepOutput> Decoder::RunOps(const StepContext& ctx, const Tensor& tokens,
+                                                    const Tensor& last_rows, bool greedy) {
+  Graph g(backend_, &params_->tensors(), /*record=*/false);
+  LAIR_ASSIGN_OR_RETURN(Var logits, Run(g, ctx, tokens, last_rows));
+  StepOutput out{logits.t, Tensor()};
+  if (greedy) {
+    LAIR_ASSIGN_OR_RETURN(out.ids, backend_->AllocateScratch(DType::kI32, {logits.dim(0)}));
+    LAIR_RETURN_IF_ERROR(backend_->ArgmaxRows(logits.t, out.ids));
+  }
+  return out;
+}
+
+absl::StatusOr<Decoder::StepOutput> Decoder::Step(const ForwardBatch& batch, StatePool& pool,
+                                                  bool greedy) {
   LAIR_RETURN_IF_ERROR(CheckBatch(batch, pool));
   const int seqs = batch.num_seqs();
   std::vector<int32_t> positions, last;
@@ -200,29 +262,68 @@ absl::StatusOr<Tensor> Decoder::Forward(const ForwardBatch& batch, StatePool& po
     for (int j = 0; j < len; ++j) positions.push_back(batch.start_positions[s] + j);
     last.push_back(batch.cu_seqlens[s + 1] - 1);
   }
+  backend_->BeginStep();
+  struct EndStep {
+    kernels::Backend* backend;
+    ~EndStep() { backend->EndStep(); }
+  } end_step{backend_};
+  // Every small input in one copy: tokens, offsets, slots, positions, last rows, starts.
+  const std::span<const int32_t> parts[] = {
+      batch.tokens, batch.cu_seqlens, batch.slots, positions, last, batch.start_positions};
+  LAIR_ASSIGN_OR_RETURN(std::vector<Tensor> staged, backend_->StageInts(parts));
+  const bool on_device = backend_->device() != Device::kCpu;
   StepContext ctx;
   ctx.batch.num_seqs = seqs;
   ctx.batch.cu_seqlens = batch.cu_seqlens;
   ctx.batch.state_slot = batch.slots;
   ctx.batch.max_seqlen = max_seqlen;
-  Tensor cu_device, slot_device;
-  if (backend_->device() != Device::kCpu) {
-    LAIR_ASSIGN_OR_RETURN(cu_device, UploadInts(batch.cu_seqlens));
-    LAIR_ASSIGN_OR_RETURN(slot_device, UploadInts(batch.slots));
-    ctx.batch.cu_seqlens_device = cu_device.data<int32_t>();
-    ctx.batch.state_slot_device = slot_device.data<int32_t>();
+  if (on_device) {
+    ctx.batch.cu_seqlens_device = staged[1].data<int32_t>();
+    ctx.batch.state_slot_device = staged[2].data<int32_t>();
+    ctx.start_positions_device = staged[5].data<int32_t>();
   }
   ctx.pool = &pool;
   ctx.start_positions = batch.start_positions;
-  LAIR_ASSIGN_OR_RETURN(ctx.positions, UploadInts(positions));
-  LAIR_ASSIGN_OR_RETURN(Tensor tokens, UploadInts(batch.tokens));
-  Tensor last_rows;
-  if (!batch.all_logits) {
-    LAIR_ASSIGN_OR_RETURN(last_rows, UploadInts(last));
+  ctx.positions = staged[3];
+  const Tensor& tokens = staged[0];
+  const Tensor last_rows = batch.all_logits ? Tensor() : staged[4];
+
+  // A decode step: replay its graph, record one, or run op by op.
+  const bool decode = step_graphs_ && !batch.all_logits && max_seqlen == 1;
+  bool in_context = true;
+  for (int s = 0; has_kv_cache_ && s < seqs; ++s)
+    in_context &= batch.start_positions[s] < max_context_;
+  if (!decode || !in_context) return RunOps(ctx, tokens, last_rows, greedy);
+  DecodeGraph& entry = decode_graphs_[seqs];
+  const uint64_t epoch = backend_->memory_epoch();
+  const void* state = pool.layout().tensors.empty() ? nullptr : pool.tensor(0).raw();
+  if (entry.graph &&
+      (entry.epoch != epoch || entry.metadata != tokens.raw() || entry.state != state)) {
+    entry.graph.reset();
   }
-  Graph g(backend_, &params_->tensors(), /*record=*/false);
-  LAIR_ASSIGN_OR_RETURN(Var logits, Run(g, ctx, tokens, last_rows));
-  return backend_->Download(logits.t);
+  if (!entry.graph && entry.warm && entry.failed_epoch != epoch) {
+    StepOutput recorded;
+    absl::StatusOr<std::unique_ptr<kernels::StepGraph>> graph =
+        backend_->CaptureStep([&]() -> absl::Status {
+          LAIR_ASSIGN_OR_RETURN(recorded, RunOps(ctx, tokens, last_rows, /*greedy=*/true));
+          return absl::OkStatus();
+        });
+    if (graph.ok()) {
+      entry.graph = std::move(*graph);
+      entry.epoch = epoch;
+      entry.metadata = tokens.raw();
+      entry.state = state;
+      entry.out = recorded;
+    } else {
+      entry.failed_epoch = epoch;  // retried once memory has moved (e.g. the arena grew)
+    }
+  }
+  if (!entry.graph) {
+    entry.warm = true;
+    return RunOps(ctx, tokens, last_rows, greedy);
+  }
+  LAIR_RETURN_IF_ERROR(entry.graph->Launch());
+  return entry.out;
 }
 
 absl::StatusOr<LossAndGradients> Decoder::LossAndGrad(const std::vector<int32_t>& tokens) {
@@ -281,8 +382,10 @@ absl::StatusOr<LossAndGradients> Decoder::LossAndGrad(const std::vector<int32_t>
 }  // namespace
 
 std::unique_ptr<Model> MakeDecoder(const DecoderConfig& config, std::unique_ptr<Params> params,
-                                   DecoderSpec spec, kernels::Backend* backend, int max_context) {
-  return std::make_unique<Decoder>(config, std::move(params), std::move(spec), backend, max_context);
+                                   DecoderSpec spec, kernels::Backend* backend, int max_context,
+                                   bool step_graphs) {
+  return std::make_unique<Decoder>(config, std::move(params), std::move(spec), backend, max_context,
+                                   step_graphs);
 }
 
 }  // namespace lair::models

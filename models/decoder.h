@@ -35,6 +35,7 @@ struct StepContext {
   int state_base = 0;                         // index of this layer's first pool tensor
   Tensor positions;                           // [N] I32 device: absolute position of each token
   std::span<const int32_t> start_positions;   // [num_seqs] host: tokens already in each slot
+  const int32_t* start_positions_device = nullptr;  // the same on the device (null on the CPU)
   kernels::MixerForm form = kernels::MixerForm::kAuto;
   Var layer_extra;                            // this layer's output of DecoderSpec::layer_extras
 
@@ -90,8 +91,25 @@ absl::StatusOr<DecoderSpec> DeclareSkeleton(const DecoderConfig& config, const S
                                             Params& params);
 
 // A Model over a finished spec. `params` holds the weights on `backend`.
+//
+// Every forward is one backend step (Backend::BeginStep: its temporaries
+// come from the step arena) whose int metadata (tokens, offsets, slots,
+// positions, last rows) reaches the device in one Backend::StageInts copy;
+// the only wait is the download of the logits or greedy ids.
+//
+// With `step_graphs`, a decode step (every sequence one new token, last
+// logits) is recorded per batch size B as a Backend::StepGraph and replayed:
+// the first step of size B runs op by op (it sizes the arena and scratch and
+// plans the GEMMs), the second records and launches, later ones only stage
+// their metadata and launch. A graph is retaken when the backend's
+// memory_epoch moves. Recording each B as it first recurs (not vLLM's padded
+// buckets, captured up front) records only the sizes an engine actually
+// runs and never pays for padding rows; the price is one op-by-op step and
+// one recording per distinct B, and memory per graph is only its nodes
+// (activations live in the shared arena).
 std::unique_ptr<Model> MakeDecoder(const DecoderConfig& config, std::unique_ptr<Params> params,
-                                   DecoderSpec spec, kernels::Backend* backend, int max_context);
+                                   DecoderSpec spec, kernels::Backend* backend, int max_context,
+                                   bool step_graphs);
 
 // The family's spec for any parsed config, weights declared through `params`
 // (models/families.h has one builder per family).

@@ -11,7 +11,9 @@ absl::StatusOr<DecoderSpec> BuildDecoderSpec(const ModelConfig& config, Params& 
     Params& params;
     absl::StatusOr<DecoderSpec> operator()(const GlaConfig& c) { return BuildGla(c, params); }
     absl::StatusOr<DecoderSpec> operator()(const GsaConfig& c) { return BuildGsa(c, params); }
-    absl::StatusOr<DecoderSpec> operator()(const LinearAttnConfig& c) { return BuildLinearAttn(c, params); }
+    absl::StatusOr<DecoderSpec> operator()(const LinearAttnConfig& c) {
+      return BuildLinearAttn(c, params);
+    }
     absl::StatusOr<DecoderSpec> operator()(const RetNetConfig& c) { return BuildRetNet(c, params); }
     absl::StatusOr<DecoderSpec> operator()(const Hgrn2Config& c) { return BuildHgrn2(c, params); }
     absl::StatusOr<DecoderSpec> operator()(const Mamba2Config& c) { return BuildMamba2(c, params); }
@@ -20,6 +22,8 @@ absl::StatusOr<DecoderSpec> BuildDecoderSpec(const ModelConfig& config, Params& 
   };
   return std::visit(Visitor{params}, config);
 }
+
+namespace {
 
 SkeletonNames FlaSkeletonNames() {
   SkeletonNames names;
@@ -34,6 +38,18 @@ SkeletonNames FlaSkeletonNames() {
   return names;
 }
 
+}  // namespace
+
+absl::StatusOr<DecoderSpec> BuildFlaDecoder(const DecoderConfig& base, Params& params,
+                                            const DeclareMixer& declare_mixer) {
+  const SkeletonNames names = FlaSkeletonNames();
+  LAIR_ASSIGN_OR_RETURN(DecoderSpec spec, DeclareSkeleton(base, names, params));
+  for (int i = 0; i < base.num_layers; ++i) {
+    LAIR_ASSIGN_OR_RETURN(spec.layers[i].mixer, declare_mixer(LayerPrefix(names, i) + "attn."));
+  }
+  return spec;
+}
+
 Var SplitHeads(Graph& g, const Var& x, int heads) {
   return g.Reshape(x, {x.dim(0), heads, x.dim(-1) / heads});
 }
@@ -45,14 +61,15 @@ absl::StatusOr<Var> RepeatKvHeads(Graph& g, const Var& x, int groups) {
   return g.Reshape(repeated, {n, kv * groups, d});
 }
 
-absl::StatusOr<ShortConv> ShortConv::Declare(Params& params, const std::string& prefix, int channels,
-                                             const ShortConvConfig& config, bool silu) {
+absl::StatusOr<ShortConv> ShortConv::Declare(Params& params, const std::string& prefix,
+                                             int channels, const ShortConvConfig& config,
+                                             bool silu) {
   ShortConv conv;
   conv.channels = channels;
   conv.width = config.size;
   conv.silu = silu;
-  LAIR_ASSIGN_OR_RETURN(conv.weight, params.Add(prefix + ".weight", {channels, 1, config.size},
-                                                InitSpec::Normal()));
+  LAIR_ASSIGN_OR_RETURN(
+      conv.weight, params.Add(prefix + ".weight", {channels, 1, config.size}, InitSpec::Normal()));
   return conv;
 }
 
@@ -63,21 +80,22 @@ void ShortConv::DeclareState(const std::string& name, StateLayout* layout) const
 absl::StatusOr<Var> ShortConv::Forward(Graph& g, const Var& x, const StepContext& ctx,
                                        int state_index) const {
   Var x2 = g.Reshape(x, {x.dim(0), channels});
-  LAIR_ASSIGN_OR_RETURN(Var y, g.Conv1d(ctx.batch, x2, weight, /*bias_id=*/-1, silu, ctx.State(state_index)));
+  LAIR_ASSIGN_OR_RETURN(
+      Var y, g.Conv1d(ctx.batch, x2, weight, /*bias_id=*/-1, silu, ctx.State(state_index)));
   return g.Reshape(y, x.shape());
 }
 
-absl::StatusOr<ProjectionTriple> ProjectionTriple::Declare(Params& params, const std::string& prefix,
-                                                           const std::array<std::string, 3>& names,
-                                                           int hidden, const std::array<int, 3>& dims,
-                                                           const ShortConvConfig& config, bool conv_silu) {
+absl::StatusOr<ProjectionTriple> ProjectionTriple::Declare(
+    Params& params, const std::string& prefix, const std::array<std::string, 3>& names, int hidden,
+    const std::array<int, 3>& dims, const ShortConvConfig& config, bool conv_silu) {
   ProjectionTriple t;
   t.use_conv = config.use;
   for (int i = 0; i < 3; ++i) {
-    LAIR_ASSIGN_OR_RETURN(t.proj[i], params.AddMatrix(prefix + names[i] + "_proj.weight", {dims[i], hidden}));
+    LAIR_ASSIGN_OR_RETURN(t.proj[i],
+                          params.AddMatrix(prefix + names[i] + "_proj.weight", {dims[i], hidden}));
     if (t.use_conv) {
-      LAIR_ASSIGN_OR_RETURN(t.conv[i], ShortConv::Declare(params, prefix + names[i] + "_conv1d", dims[i],
-                                                          config, conv_silu));
+      LAIR_ASSIGN_OR_RETURN(t.conv[i], ShortConv::Declare(params, prefix + names[i] + "_conv1d",
+                                                          dims[i], config, conv_silu));
     }
   }
   return t;
@@ -88,7 +106,8 @@ void ProjectionTriple::DeclareState(const std::string& prefix, StateLayout* layo
   for (int i = 0; i < 3; ++i) conv[i].DeclareState(absl::StrCat(prefix, "conv", i), layout);
 }
 
-absl::StatusOr<std::array<Var, 3>> ProjectionTriple::Forward(Graph& g, const Var& x, const StepContext& ctx,
+absl::StatusOr<std::array<Var, 3>> ProjectionTriple::Forward(Graph& g, const Var& x,
+                                                             const StepContext& ctx,
                                                              int first_state) const {
   std::array<Var, 3> out;
   for (int i = 0; i < 3; ++i) {
@@ -107,7 +126,8 @@ absl::StatusOr<HeadOutputGate> HeadOutputGate::Declare(Params& params, const std
   HeadOutputGate out;
   out.eps = static_cast<float>(eps);
   if (use_output_gate) {
-    LAIR_ASSIGN_OR_RETURN(out.gate, params.AddMatrix(prefix + "g_proj.weight", {value_dim, hidden}));
+    LAIR_ASSIGN_OR_RETURN(out.gate,
+                          params.AddMatrix(prefix + "g_proj.weight", {value_dim, hidden}));
   }
   if (elementwise_affine) {
     std::string name = fuse_norm && use_output_gate ? "g_norm_swish_gate.weight" : "g_norm.weight";
@@ -120,8 +140,8 @@ absl::StatusOr<Var> HeadOutputGate::Forward(Graph& g, const Var& x, const Var& o
   Var normed;
   if (gate >= 0) {
     LAIR_ASSIGN_OR_RETURN(Var r, g.Linear(x, gate));
-    LAIR_ASSIGN_OR_RETURN(normed, g.Norm(o, norm, kernels::NormKind::kRms, eps, 0, kernels::NormGate::kAfter,
-                                         g.Reshape(r, o.shape())));
+    LAIR_ASSIGN_OR_RETURN(normed, g.Norm(o, norm, kernels::NormKind::kRms, eps, 0,
+                                         kernels::NormGate::kAfter, g.Reshape(r, o.shape())));
   } else {
     LAIR_ASSIGN_OR_RETURN(normed, g.Norm(o, norm, kernels::NormKind::kRms, eps));
   }

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <array>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "models/config.h"
@@ -24,9 +26,13 @@ absl::StatusOr<DecoderSpec> BuildMamba2(const Mamba2Config& config, Params& para
 absl::StatusOr<DecoderSpec> BuildXlstm(const XlstmConfig& config, Params& params);
 absl::StatusOr<DecoderSpec> BuildLlama(const LlamaConfig& config, Params& params);
 
-// The skeleton names of fla's causal LMs (model.embeddings, attn_norm,
-// mlp_norm, gate/up/down_proj, model.norm, lm_head).
-SkeletonNames FlaSkeletonNames();
+// The skeleton of an fla causal LM under fla's names (model.embeddings,
+// attn_norm, mlp_norm, gate/up/down_proj, model.norm, lm_head), with layer
+// i's mixer from declare_mixer("model.layers.<i>.attn.").
+using DeclareMixer =
+    std::function<absl::StatusOr<std::unique_ptr<Mixer>>(const std::string& prefix)>;
+absl::StatusOr<DecoderSpec> BuildFlaDecoder(const DecoderConfig& base, Params& params,
+                                            const DeclareMixer& declare_mixer);
 
 // [N, H·D] -> [N, H, D].
 Var SplitHeads(Graph& g, const Var& x, int heads);
@@ -46,7 +52,8 @@ struct ShortConv {
                                            const ShortConvConfig& config, bool silu);
   void DeclareState(const std::string& name, StateLayout* layout) const;
   // `state_index` is the index (relative to the layer) of its window.
-  absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx, int state_index) const;
+  absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx,
+                              int state_index) const;
 };
 
 // Three input projections `<prefix><name>_proj.weight` (no bias), each
@@ -58,9 +65,20 @@ struct ProjectionTriple {
   bool use_conv = false;
 
   static absl::StatusOr<ProjectionTriple> Declare(Params& params, const std::string& prefix,
-                                                  const std::array<std::string, 3>& names, int hidden,
-                                                  const std::array<int, 3>& dims,
+                                                  const std::array<std::string, 3>& names,
+                                                  int hidden, const std::array<int, 3>& dims,
                                                   const ShortConvConfig& config, bool conv_silu);
+  // q, k, v of an fla attention layer: q is key_dim wide; k and v belong to
+  // the num_kv_heads heads that groups of query heads share.
+  template <typename Config>
+  static absl::StatusOr<ProjectionTriple> DeclareQkv(Params& params, const std::string& prefix,
+                                                     const Config& config,
+                                                     const ShortConvConfig& conv, bool conv_silu) {
+    const int groups = config.num_heads / config.num_kv_heads;
+    return Declare(params, prefix, {"q", "k", "v"}, config.base.hidden_size,
+                   {config.key_dim, config.key_dim / groups, config.value_dim / groups}, conv,
+                   conv_silu);
+  }
   // Appends the conv windows (none without convolutions).
   void DeclareState(const std::string& prefix, StateLayout* layout) const;
   absl::StatusOr<std::array<Var, 3>> Forward(Graph& g, const Var& x, const StepContext& ctx,
@@ -77,9 +95,18 @@ struct HeadOutputGate {
   int gate = -1;  // g_proj; -1: no output gate
   float eps = 1e-6f;
 
-  static absl::StatusOr<HeadOutputGate> Declare(Params& params, const std::string& prefix, int hidden,
-                                                int value_dim, int head_v_dim, bool use_output_gate,
-                                                bool fuse_norm, bool elementwise_affine, double eps);
+  static absl::StatusOr<HeadOutputGate> Declare(Params& params, const std::string& prefix,
+                                                int hidden, int value_dim, int head_v_dim,
+                                                bool use_output_gate, bool fuse_norm,
+                                                bool elementwise_affine, double eps);
+  // Declare with the fields of a GLA or RetNet config.
+  template <typename Config>
+  static absl::StatusOr<HeadOutputGate> Declare(Params& params, const std::string& prefix,
+                                                const Config& config) {
+    return Declare(params, prefix, config.base.hidden_size, config.value_dim, config.head_v_dim,
+                   config.use_output_gate, config.fuse_norm, config.elementwise_affine,
+                   config.base.norm_eps);
+  }
   // x: the layer input [N, hidden]; o: [N, H, head_v_dim]. Returns [N, H·head_v_dim].
   absl::StatusOr<Var> Forward(Graph& g, const Var& x, const Var& o) const;
 };

@@ -15,11 +15,18 @@ class GlaMixer : public Mixer {
  public:
   GlaMixer(const GlaConfig& config, ProjectionTriple qkv, int gk0, int gk1, int gk1_bias,
            HeadOutputGate output, int o)
-      : config_(config), qkv_(std::move(qkv)), gk0_(gk0), gk1_(gk1), gk1_bias_(gk1_bias), output_(output), o_(o) {}
+      : config_(config),
+        qkv_(std::move(qkv)),
+        gk0_(gk0),
+        gk1_(gk1),
+        gk1_bias_(gk1_bias),
+        output_(output),
+        o_(o) {}
 
   void DeclareState(const std::string& prefix, int, StateLayout* layout) const override {
-    layout->tensors.push_back(
-        {prefix + "recurrent", DType::kF32, {config_.num_heads, config_.head_k_dim, config_.head_v_dim}});
+    layout->tensors.push_back({prefix + "recurrent",
+                               DType::kF32,
+                               {config_.num_heads, config_.head_k_dim, config_.head_v_dim}});
     qkv_.DeclareState(prefix, layout);
   }
 
@@ -32,9 +39,12 @@ class GlaMixer : public Mixer {
     in.kind = kernels::DecayKind::kVector;
     in.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_k_dim));
     in.q = SplitHeads(g, qkv[0], config_.num_heads);
-    LAIR_ASSIGN_OR_RETURN(in.k, RepeatKvHeads(g, SplitHeads(g, qkv[1], config_.num_kv_heads), groups));
-    LAIR_ASSIGN_OR_RETURN(in.v, RepeatKvHeads(g, SplitHeads(g, qkv[2], config_.num_kv_heads), groups));
-    LAIR_ASSIGN_OR_RETURN(gk, g.Unary(UnaryOp::kLogSigmoid, gk, 1.0f / config_.gate_logit_normalizer));
+    LAIR_ASSIGN_OR_RETURN(in.k,
+                          RepeatKvHeads(g, SplitHeads(g, qkv[1], config_.num_kv_heads), groups));
+    LAIR_ASSIGN_OR_RETURN(in.v,
+                          RepeatKvHeads(g, SplitHeads(g, qkv[2], config_.num_kv_heads), groups));
+    LAIR_ASSIGN_OR_RETURN(gk,
+                          g.Unary(UnaryOp::kLogSigmoid, gk, 1.0f / config_.gate_logit_normalizer));
     LAIR_ASSIGN_OR_RETURN(in.gk, RepeatKvHeads(g, SplitHeads(g, gk, config_.num_kv_heads), groups));
     if (!config_.feature_map.empty()) {
       LAIR_ASSIGN_OR_RETURN(in.q, Activation(g, config_.feature_map, in.q));
@@ -56,26 +66,23 @@ class GlaMixer : public Mixer {
 }  // namespace
 
 absl::StatusOr<DecoderSpec> BuildGla(const GlaConfig& config, Params& params) {
-  SkeletonNames names = FlaSkeletonNames();
-  LAIR_ASSIGN_OR_RETURN(DecoderSpec spec, DeclareSkeleton(config.base, names, params));
   const int hidden = config.base.hidden_size, groups = config.num_heads / config.num_kv_heads;
-  const int k_dim = config.key_dim / groups, v_dim = config.value_dim / groups;
-  for (int i = 0; i < config.base.num_layers; ++i) {
-    std::string p = LayerPrefix(names, i) + "attn.";
-    LAIR_ASSIGN_OR_RETURN(ProjectionTriple qkv,
-                          ProjectionTriple::Declare(params, p, {"q", "k", "v"}, hidden,
-                                                    {config.key_dim, k_dim, v_dim}, config.conv, true));
-    LAIR_ASSIGN_OR_RETURN(int gk0, params.AddMatrix(p + "gk_proj.0.weight", {config.gate_low_rank_dim, hidden}));
-    LAIR_ASSIGN_OR_RETURN(int gk1, params.AddMatrix(p + "gk_proj.1.weight", {k_dim, config.gate_low_rank_dim}));
-    LAIR_ASSIGN_OR_RETURN(int gk1_bias, params.Add(p + "gk_proj.1.bias", {k_dim}, InitSpec::Zeros()));
-    LAIR_ASSIGN_OR_RETURN(int o, params.AddMatrix(p + "o_proj.weight", {hidden, config.value_dim}));
-    LAIR_ASSIGN_OR_RETURN(HeadOutputGate output,
-                          HeadOutputGate::Declare(params, p, hidden, config.value_dim, config.head_v_dim,
-                                                  config.use_output_gate, config.fuse_norm,
-                                                  config.elementwise_affine, config.base.norm_eps));
-    spec.layers[i].mixer = std::make_unique<GlaMixer>(config, std::move(qkv), gk0, gk1, gk1_bias, output, o);
-  }
-  return spec;
+  const int k_dim = config.key_dim / groups;
+  return BuildFlaDecoder(
+      config.base, params, [&](const std::string& p) -> absl::StatusOr<std::unique_ptr<Mixer>> {
+        LAIR_ASSIGN_OR_RETURN(ProjectionTriple qkv,
+                              ProjectionTriple::DeclareQkv(params, p, config, config.conv, true));
+        LAIR_ASSIGN_OR_RETURN(
+            int gk0, params.AddMatrix(p + "gk_proj.0.weight", {config.gate_low_rank_dim, hidden}));
+        LAIR_ASSIGN_OR_RETURN(
+            int gk1, params.AddMatrix(p + "gk_proj.1.weight", {k_dim, config.gate_low_rank_dim}));
+        LAIR_ASSIGN_OR_RETURN(int gk1_bias,
+                              params.Add(p + "gk_proj.1.bias", {k_dim}, InitSpec::Zeros()));
+        LAIR_ASSIGN_OR_RETURN(int o,
+                              params.AddMatrix(p + "o_proj.weight", {hidden, config.value_dim}));
+        LAIR_ASSIGN_OR_RETURN(HeadOutputGate output, HeadOutputGate::Declare(params, p, config));
+        return std::make_unique<GlaMixer>(config, std::move(qkv), gk0, gk1, gk1_bias, output, o);
+      });
 }
 
 }  // namespace lair::models

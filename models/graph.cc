@@ -45,7 +45,13 @@ Var Graph::Param(int id) {
   return Var{(*params_)[id], grad};
 }
 
-absl::StatusOr<Tensor> Graph::New(const Shape& shape) { return backend_->Allocate(DType::kF32, shape); }
+// A forward-only graph's values are overwritten whole by the op that makes
+// them (and live in the step arena); gradients may be accumulated into, so
+// a recording graph's are zeroed.
+absl::StatusOr<Tensor> Graph::New(const Shape& shape) {
+  return record_ ? backend_->Allocate(DType::kF32, shape)
+                 : backend_->AllocateScratch(DType::kF32, shape);
+}
 
 int Graph::NewGrad(std::initializer_list<const Var*> inputs) {
   if (!record_) return -1;
@@ -385,9 +391,11 @@ absl::StatusOr<Var> Graph::Rotary(const Var& x, const Tensor& positions, int rot
   return out;
 }
 
-absl::StatusOr<Var> Graph::Attention(const kernels::SequenceBatch& batch, const Var& q, const Var& k,
-                                     const Var& v, float scale, const Tensor& k_cache,
-                                     const Tensor& v_cache, std::span<const int32_t> start_positions) {
+absl::StatusOr<Var> Graph::Attention(const kernels::SequenceBatch& batch, const Var& q,
+                                     const Var& k, const Var& v, float scale, const Tensor& k_cache,
+                                     const Tensor& v_cache,
+                                     std::span<const int32_t> start_positions,
+                                     const int32_t* start_positions_device) {
   kernels::AttentionArgs args;
   args.heads = static_cast<int>(q.dim(1));
   args.kv_heads = static_cast<int>(k.dim(1));
@@ -399,6 +407,7 @@ absl::StatusOr<Var> Graph::Attention(const kernels::SequenceBatch& batch, const 
   args.k_cache = k_cache;
   args.v_cache = v_cache;
   args.start_positions = start_positions;
+  args.start_positions_device = start_positions_device;
   LAIR_ASSIGN_OR_RETURN(args.o, New(q.shape()));
   LAIR_RETURN_IF_ERROR(backend_->Attention(batch, args));
   Var out{args.o, NewGrad({&q, &k, &v})};

@@ -109,7 +109,8 @@ class Graph {
   absl::StatusOr<Var> Rotary(const Var& x, const Tensor& positions, int rotary_dim, float theta);
   absl::StatusOr<Var> Attention(const kernels::SequenceBatch& batch, const Var& q, const Var& k,
                                 const Var& v, float scale, const Tensor& k_cache,
-                                const Tensor& v_cache, std::span<const int32_t> start_positions);
+                                const Tensor& v_cache, std::span<const int32_t> start_positions,
+                                const int32_t* start_positions_device = nullptr);
   absl::StatusOr<Var> Decay(const kernels::SequenceBatch& batch, const DecayInputs& in,
                             const Tensor& state, kernels::MixerForm form);
   absl::StatusOr<Var> Gsa(const kernels::SequenceBatch& batch, const GsaInputs& in,

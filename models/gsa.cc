@@ -28,12 +28,16 @@ class GsaMixer : public Mixer {
     LAIR_ASSIGN_OR_RETURN(auto qkv, qkv_.Forward(g, x, ctx, 2));
     GsaInputs in;
     in.scale = static_cast<float>(config_.scale);
-    LAIR_ASSIGN_OR_RETURN(in.q, Activation(g, config_.feature_map, SplitHeads(g, qkv[0], config_.num_heads)));
-    LAIR_ASSIGN_OR_RETURN(Var k, Activation(g, config_.feature_map, SplitHeads(g, qkv[1], config_.num_kv_heads)));
-    LAIR_ASSIGN_OR_RETURN(Var v, g.Unary(UnaryOp::kSilu, SplitHeads(g, qkv[2], config_.num_kv_heads)));
+    LAIR_ASSIGN_OR_RETURN(
+        in.q, Activation(g, config_.feature_map, SplitHeads(g, qkv[0], config_.num_heads)));
+    LAIR_ASSIGN_OR_RETURN(
+        Var k, Activation(g, config_.feature_map, SplitHeads(g, qkv[1], config_.num_kv_heads)));
+    LAIR_ASSIGN_OR_RETURN(Var v,
+                          g.Unary(UnaryOp::kSilu, SplitHeads(g, qkv[2], config_.num_kv_heads)));
     LAIR_ASSIGN_OR_RETURN(Var f, g.Linear(x, f_));
-    LAIR_ASSIGN_OR_RETURN(Var gate, g.Unary(UnaryOp::kLogSigmoid, SplitHeads(g, f, config_.num_kv_heads),
-                                            1.0f / config_.gate_logit_normalizer));
+    LAIR_ASSIGN_OR_RETURN(Var gate,
+                          g.Unary(UnaryOp::kLogSigmoid, SplitHeads(g, f, config_.num_kv_heads),
+                                  1.0f / config_.gate_logit_normalizer));
     LAIR_ASSIGN_OR_RETURN(Var s, g.Unary(UnaryOp::kExp, gate, -1.0f, 1.0f));
     LAIR_ASSIGN_OR_RETURN(in.k, RepeatKvHeads(g, k, groups));
     LAIR_ASSIGN_OR_RETURN(in.v, RepeatKvHeads(g, v, groups));
@@ -42,7 +46,8 @@ class GsaMixer : public Mixer {
     LAIR_ASSIGN_OR_RETURN(Var o, g.Gsa(ctx.batch, in, ctx.State(0), ctx.State(1), ctx.form));
     o = g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)});
     LAIR_ASSIGN_OR_RETURN(o, g.Unary(UnaryOp::kSilu, o));
-    LAIR_ASSIGN_OR_RETURN(o, g.Norm(o, norm_, kernels::NormKind::kRms, static_cast<float>(config_.output_norm_eps)));
+    LAIR_ASSIGN_OR_RETURN(
+        o, g.Norm(o, norm_, kernels::NormKind::kRms, static_cast<float>(config_.output_norm_eps)));
     return g.Linear(o, o_);
   }
 
@@ -55,26 +60,22 @@ class GsaMixer : public Mixer {
 }  // namespace
 
 absl::StatusOr<DecoderSpec> BuildGsa(const GsaConfig& config, Params& params) {
-  SkeletonNames names = FlaSkeletonNames();
-  LAIR_ASSIGN_OR_RETURN(DecoderSpec spec, DeclareSkeleton(config.base, names, params));
-  const int hidden = config.base.hidden_size, groups = config.num_heads / config.num_kv_heads;
-  for (int i = 0; i < config.base.num_layers; ++i) {
-    std::string p = LayerPrefix(names, i) + "attn.";
-    LAIR_ASSIGN_OR_RETURN(
-        ProjectionTriple qkv,
-        ProjectionTriple::Declare(params, p, {"q", "k", "v"}, hidden,
-                                  {config.key_dim, config.key_dim / groups, config.value_dim / groups},
-                                  config.conv, true));
-    LAIR_ASSIGN_OR_RETURN(int f, params.AddMatrix(p + "f_proj.weight",
-                                                  {config.num_kv_heads * config.num_slots, hidden}));
-    int norm = -1;
-    if (config.elementwise_affine) {
-      LAIR_ASSIGN_OR_RETURN(norm, params.Add(p + "g_norm.weight", {hidden}, InitSpec::Ones()));
-    }
-    LAIR_ASSIGN_OR_RETURN(int o, params.AddMatrix(p + "o_proj.weight", {hidden, config.value_dim}));
-    spec.layers[i].mixer = std::make_unique<GsaMixer>(config, std::move(qkv), f, norm, o);
-  }
-  return spec;
+  const int hidden = config.base.hidden_size;
+  return BuildFlaDecoder(
+      config.base, params, [&](const std::string& p) -> absl::StatusOr<std::unique_ptr<Mixer>> {
+        LAIR_ASSIGN_OR_RETURN(ProjectionTriple qkv,
+                              ProjectionTriple::DeclareQkv(params, p, config, config.conv, true));
+        LAIR_ASSIGN_OR_RETURN(int f,
+                              params.AddMatrix(p + "f_proj.weight",
+                                               {config.num_kv_heads * config.num_slots, hidden}));
+        int norm = -1;
+        if (config.elementwise_affine) {
+          LAIR_ASSIGN_OR_RETURN(norm, params.Add(p + "g_norm.weight", {hidden}, InitSpec::Ones()));
+        }
+        LAIR_ASSIGN_OR_RETURN(int o,
+                              params.AddMatrix(p + "o_proj.weight", {hidden, config.value_dim}));
+        return std::make_unique<GsaMixer>(config, std::move(qkv), f, norm, o);
+      });
 }
 
 }  // namespace lair::models

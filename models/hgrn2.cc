@@ -20,8 +20,9 @@ class Hgrn2Mixer : public Mixer {
       : config_(config), qfi_(std::move(qfi)), norm_(norm), o_(o) {}
 
   void DeclareState(const std::string& prefix, int, StateLayout* layout) const override {
-    layout->tensors.push_back(
-        {prefix + "recurrent", DType::kF32, {config_.num_heads, config_.expand_ratio, config_.head_i_dim}});
+    layout->tensors.push_back({prefix + "recurrent",
+                               DType::kF32,
+                               {config_.num_heads, config_.expand_ratio, config_.head_i_dim}});
     qfi_.DeclareState(prefix, layout);
   }
 
@@ -49,7 +50,8 @@ class Hgrn2Mixer : public Mixer {
     in.gk = SplitHeads(g, gate, config_.num_heads);
     LAIR_ASSIGN_OR_RETURN(Var o, g.Decay(ctx.batch, in, ctx.State(0), ctx.form));
     o = g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)});
-    LAIR_ASSIGN_OR_RETURN(o, g.Norm(o, norm_, kernels::NormKind::kRms, static_cast<float>(config_.base.norm_eps)));
+    LAIR_ASSIGN_OR_RETURN(
+        o, g.Norm(o, norm_, kernels::NormKind::kRms, static_cast<float>(config_.base.norm_eps)));
     return g.Linear(o, o_);
   }
 
@@ -62,11 +64,8 @@ class Hgrn2Mixer : public Mixer {
 }  // namespace
 
 absl::StatusOr<DecoderSpec> BuildHgrn2(const Hgrn2Config& config, Params& params) {
-  SkeletonNames names = FlaSkeletonNames();
-  LAIR_ASSIGN_OR_RETURN(DecoderSpec spec, DeclareSkeleton(config.base, names, params));
   const int hidden = config.base.hidden_size, layers = config.base.num_layers;
-  for (int i = 0; i < layers; ++i) {
-    std::string p = LayerPrefix(names, i) + "attn.";
+  auto declare_mixer = [&](const std::string& p) -> absl::StatusOr<std::unique_ptr<Mixer>> {
     LAIR_ASSIGN_OR_RETURN(ProjectionTriple qfi,
                           ProjectionTriple::Declare(params, p, {"q", "f", "i"}, hidden,
                                                     {config.forget_dim, config.forget_dim, hidden},
@@ -76,12 +75,13 @@ absl::StatusOr<DecoderSpec> BuildHgrn2(const Hgrn2Config& config, Params& params
       LAIR_ASSIGN_OR_RETURN(norm, params.Add(p + "g_norm.weight", {hidden}, InitSpec::Ones()));
     }
     LAIR_ASSIGN_OR_RETURN(int o, params.AddMatrix(p + "o_proj.weight", {hidden, hidden}));
-    spec.layers[i].mixer = std::make_unique<Hgrn2Mixer>(config, std::move(qfi), norm, o);
-  }
+    return std::make_unique<Hgrn2Mixer>(config, std::move(qfi), norm, o);
+  };
+  LAIR_ASSIGN_OR_RETURN(DecoderSpec spec, BuildFlaDecoder(config.base, params, declare_mixer));
   if (!config.use_lower_bound) return spec;
 
-  LAIR_ASSIGN_OR_RETURN(int bounds, params.Add("model.lower_bounds", {layers, config.forget_dim},
-                                               InitSpec::Zeros()));
+  LAIR_ASSIGN_OR_RETURN(
+      int bounds, params.Add("model.lower_bounds", {layers, config.forget_dim}, InitSpec::Zeros()));
   // softmax over layers = exp(P) / (1ᵀ exp(P)); lbᵀ = softmaxᵀ Mᵀ with
   // M[i][j] = 1 for 1 ≤ j ≤ i (the cumulative sum minus the first row).
   Tensor ones = Tensor::Zeros(DType::kF32, {1, layers});
@@ -92,7 +92,8 @@ absl::StatusOr<DecoderSpec> BuildHgrn2(const Hgrn2Config& config, Params& params
   }
   LAIR_ASSIGN_OR_RETURN(Tensor ones_device, params.Constant(ones));
   LAIR_ASSIGN_OR_RETURN(Tensor cumsum_device, params.Constant(cumsum));
-  spec.layer_extras = [bounds, layers, ones_device, cumsum_device](Graph& g) -> absl::StatusOr<std::vector<Var>> {
+  spec.layer_extras = [bounds, layers, ones_device,
+                       cumsum_device](Graph& g) -> absl::StatusOr<std::vector<Var>> {
     LAIR_ASSIGN_OR_RETURN(Var e, g.Unary(UnaryOp::kExp, g.Param(bounds)));
     LAIR_ASSIGN_OR_RETURN(Var total, g.MatMul(Graph::Constant(ones_device), e, false, false));
     LAIR_ASSIGN_OR_RETURN(Var p, g.Binary(BinaryOp::kDiv, e, total));

@@ -108,8 +108,20 @@ absl::StatusOr<int64_t> InitModel(const InitOptions& options, const std::string&
   std::ofstream out(out_dir + "/config.json");
   out << config_json.dump(2) << "\n";
   if (!out) return absl::InternalError(absl::StrCat(out_dir, "/config.json: write failed"));
+  if (options.matrix_dtype != DType::kF32 && options.matrix_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("matrix_dtype: F32 or BF16");
+  }
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (int id = 0; id < params.size(); ++id) tensors.emplace_back(params.name(id), params.tensors()[id]);
+  for (int id = 0; id < params.size(); ++id) {
+    const Tensor& t = params.tensors()[id];
+    if (options.matrix_dtype == DType::kBF16 && params.is_matrix(id)) {
+      Tensor narrow = Tensor::Zeros(DType::kBF16, t.shape());
+      for (int64_t i = 0; i < t.numel(); ++i) narrow.data<uint16_t>()[i] = FloatToBF16(t.f32()[i]);
+      tensors.emplace_back(params.name(id), std::move(narrow));
+    } else {
+      tensors.emplace_back(params.name(id), t);
+    }
+  }
   LAIR_RETURN_IF_ERROR(WriteSafetensors(out_dir + "/model.safetensors", tensors, {{"format", "pt"}}));
   return params.NumElements();
 }

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
 
@@ -27,6 +28,9 @@ struct InitOptions {
   // arrays), anything else is a string.
   std::vector<std::pair<std::string, std::string>> overrides;
   uint64_t seed = 0;
+  // How the projection matrices are stored (kF32 or kBF16, as Hugging Face
+  // checkpoints usually are); norms, biases and gate parameters stay F32.
+  DType matrix_dtype = DType::kF32;
 };
 
 // The preset names InitConfig knows.
@@ -35,8 +39,9 @@ std::vector<std::string> InitPresets();
 // The validated config.json for `options`.
 absl::StatusOr<nlohmann::json> InitConfig(const InitOptions& options);
 
-// Writes out_dir/config.json and out_dir/model.safetensors (F32), creating
-// out_dir. Returns the number of parameters.
+// Writes out_dir/config.json and out_dir/model.safetensors (matrices as
+// options.matrix_dtype, the rest F32), creating out_dir. Returns the number
+// of parameters.
 absl::StatusOr<int64_t> InitModel(const InitOptions& options, const std::string& out_dir);
 
 }  // namespace lair::models

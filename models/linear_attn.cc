@@ -27,13 +27,14 @@ struct Hadamard {
 
 class LinearAttnMixer : public Mixer {
  public:
-  LinearAttnMixer(const LinearAttnConfig& config, ProjectionTriple qkv, Hadamard map_q, Hadamard map_k,
-                  int norm, int o)
+  LinearAttnMixer(const LinearAttnConfig& config, ProjectionTriple qkv, Hadamard map_q,
+                  Hadamard map_k, int norm, int o)
       : config_(config), qkv_(std::move(qkv)), map_q_(map_q), map_k_(map_k), norm_(norm), o_(o) {}
 
   void DeclareState(const std::string& prefix, int, StateLayout* layout) const override {
-    layout->tensors.push_back(
-        {prefix + "recurrent", DType::kF32, {config_.num_heads, config_.head_k_dim, config_.head_v_dim}});
+    layout->tensors.push_back({prefix + "recurrent",
+                               DType::kF32,
+                               {config_.num_heads, config_.head_k_dim, config_.head_v_dim}});
   }
 
   absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const override {
@@ -43,11 +44,14 @@ class LinearAttnMixer : public Mixer {
     in.kind = kernels::DecayKind::kNone;
     in.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_k_dim));
     LAIR_ASSIGN_OR_RETURN(in.q, FeatureMap(g, map_q_, SplitHeads(g, qkv[0], config_.num_heads)));
-    LAIR_ASSIGN_OR_RETURN(Var k, FeatureMap(g, map_k_, SplitHeads(g, qkv[1], config_.num_kv_heads)));
+    LAIR_ASSIGN_OR_RETURN(Var k,
+                          FeatureMap(g, map_k_, SplitHeads(g, qkv[1], config_.num_kv_heads)));
     LAIR_ASSIGN_OR_RETURN(in.k, RepeatKvHeads(g, k, groups));
-    LAIR_ASSIGN_OR_RETURN(in.v, RepeatKvHeads(g, SplitHeads(g, qkv[2], config_.num_kv_heads), groups));
+    LAIR_ASSIGN_OR_RETURN(in.v,
+                          RepeatKvHeads(g, SplitHeads(g, qkv[2], config_.num_kv_heads), groups));
     LAIR_ASSIGN_OR_RETURN(Var o, g.Decay(ctx.batch, in, ctx.State(0), ctx.form));
-    LAIR_ASSIGN_OR_RETURN(o, g.Norm(o, norm_, kernels::NormKind::kRms, static_cast<float>(config_.base.norm_eps)));
+    LAIR_ASSIGN_OR_RETURN(
+        o, g.Norm(o, norm_, kernels::NormKind::kRms, static_cast<float>(config_.base.norm_eps)));
     return g.Linear(g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)}), o_);
   }
 
@@ -73,32 +77,31 @@ class LinearAttnMixer : public Mixer {
 }  // namespace
 
 absl::StatusOr<DecoderSpec> BuildLinearAttn(const LinearAttnConfig& config, Params& params) {
-  SkeletonNames names = FlaSkeletonNames();
-  LAIR_ASSIGN_OR_RETURN(DecoderSpec spec, DeclareSkeleton(config.base, names, params));
-  const int hidden = config.base.hidden_size, groups = config.num_heads / config.num_kv_heads;
-  for (int i = 0; i < config.base.num_layers; ++i) {
-    std::string p = LayerPrefix(names, i) + "attn.";
-    LAIR_ASSIGN_OR_RETURN(
-        ProjectionTriple qkv,
-        ProjectionTriple::Declare(params, p, {"q", "k", "v"}, hidden,
-                                  {config.key_dim, config.key_dim / groups, config.value_dim / groups},
-                                  ShortConvConfig{}, false));
-    Hadamard map_q, map_k;
-    if (config.feature_map == "elementwise_product") {
-      LAIR_ASSIGN_OR_RETURN(map_q, Hadamard::Declare(params, p + "feature_map_q", config.head_k_dim));
-      map_k = map_q;
-      if (!config.tie_feature_map_qk) {
-        LAIR_ASSIGN_OR_RETURN(map_k, Hadamard::Declare(params, p + "feature_map_k", config.head_k_dim));
-      }
-    }
-    int norm = -1;
-    if (config.elementwise_affine) {
-      LAIR_ASSIGN_OR_RETURN(norm, params.Add(p + "norm.weight", {config.head_v_dim}, InitSpec::Ones()));
-    }
-    LAIR_ASSIGN_OR_RETURN(int o, params.AddMatrix(p + "o_proj.weight", {hidden, config.value_dim}));
-    spec.layers[i].mixer = std::make_unique<LinearAttnMixer>(config, std::move(qkv), map_q, map_k, norm, o);
-  }
-  return spec;
+  const int hidden = config.base.hidden_size;
+  return BuildFlaDecoder(
+      config.base, params, [&](const std::string& p) -> absl::StatusOr<std::unique_ptr<Mixer>> {
+        LAIR_ASSIGN_OR_RETURN(
+            ProjectionTriple qkv,
+            ProjectionTriple::DeclareQkv(params, p, config, ShortConvConfig{}, false));
+        Hadamard map_q, map_k;
+        if (config.feature_map == "elementwise_product") {
+          LAIR_ASSIGN_OR_RETURN(map_q,
+                                Hadamard::Declare(params, p + "feature_map_q", config.head_k_dim));
+          map_k = map_q;
+          if (!config.tie_feature_map_qk) {
+            LAIR_ASSIGN_OR_RETURN(
+                map_k, Hadamard::Declare(params, p + "feature_map_k", config.head_k_dim));
+          }
+        }
+        int norm = -1;
+        if (config.elementwise_affine) {
+          LAIR_ASSIGN_OR_RETURN(
+              norm, params.Add(p + "norm.weight", {config.head_v_dim}, InitSpec::Ones()));
+        }
+        LAIR_ASSIGN_OR_RETURN(int o,
+                              params.AddMatrix(p + "o_proj.weight", {hidden, config.value_dim}));
+        return std::make_unique<LinearAttnMixer>(config, std::move(qkv), map_q, map_k, norm, o);
+      });
 }
 
 }  // namespace lair::models

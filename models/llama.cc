@@ -26,8 +26,10 @@ class LlamaAttention : public Mixer {
     LAIR_ASSIGN_OR_RETURN(q, g.Rotary(SplitHeads(g, q, config_.num_heads), ctx.positions, config_.head_dim, theta));
     LAIR_ASSIGN_OR_RETURN(k, g.Rotary(SplitHeads(g, k, config_.num_kv_heads), ctx.positions, config_.head_dim, theta));
     v = SplitHeads(g, v, config_.num_kv_heads);
-    LAIR_ASSIGN_OR_RETURN(Var o, g.Attention(ctx.batch, q, k, v, 1.0f / std::sqrt(static_cast<float>(config_.head_dim)),
-                                             ctx.State(0), ctx.State(1), ctx.start_positions));
+    LAIR_ASSIGN_OR_RETURN(
+        Var o,
+        g.Attention(ctx.batch, q, k, v, 1.0f / std::sqrt(static_cast<float>(config_.head_dim)),
+                    ctx.State(0), ctx.State(1), ctx.start_positions, ctx.start_positions_device));
     return g.Linear(g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)}), o_);
   }
 

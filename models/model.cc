@@ -1,5 +1,7 @@
 #include "models/model.h"
 
+#include <algorithm>
+
 #include "checkpoint/config_reader.h"
 #include "checkpoint/safetensors.h"
 #include "models/config.h"
@@ -16,7 +18,23 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kerne
   CheckpointSource source(&checkpoint);
   auto params = std::make_unique<Params>(&source, backend, options.weight_dtype);
   LAIR_ASSIGN_OR_RETURN(DecoderSpec spec, BuildDecoderSpec(config, *params));
-  return MakeDecoder(BaseConfig(config), std::move(params), std::move(spec), backend, options.max_context);
+  return MakeDecoder(BaseConfig(config), std::move(params), std::move(spec), backend,
+                     options.max_context, options.step_graphs);
+}
+
+absl::StatusOr<std::vector<int32_t>> Model::ForwardGreedy(const ForwardBatch& batch,
+                                                          StatePool& pool) {
+  if (batch.all_logits)
+    return absl::InvalidArgumentError("ForwardGreedy: all_logits is not supported");
+  LAIR_ASSIGN_OR_RETURN(Tensor logits, Forward(batch, pool));
+  const Tensor host = logits.ToF32();
+  const int64_t rows = host.dim(0), vocab = host.dim(1);
+  std::vector<int32_t> ids(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = host.f32() + r * vocab;
+    ids[r] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+  }
+  return ids;
 }
 
 }  // namespace lair::models

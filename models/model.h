@@ -25,6 +25,10 @@ namespace lair::models {
 struct LoadOptions {
   DType weight_dtype = DType::kF32;  // kBF16 on CUDA for serving
   int max_context = 4096;            // KV-cache length per slot (softmax-attention families)
+  // Record each decode batch size's step (one new token per sequence, last
+  // logits) as a backend step graph (CUDA graphs) and replay it; see
+  // models/decoder.h. Off: every step runs op by op.
+  bool step_graphs = true;
 };
 
 // One engine step's worth of tokens: several sequences, each a contiguous run
@@ -78,6 +82,16 @@ class Model {
   // Runs the batch, reading and updating each sequence's slot. Returns host
   // F32 logits [num_seqs, vocab] (or [N, vocab] with all_logits).
   virtual absl::StatusOr<Tensor> Forward(const ForwardBatch& batch, StatePool& pool) = 0;
+
+  // Forward, then each sequence's greedy token (the first argmax of its
+  // logits row), taken where the logits are so that only num_seqs ids reach
+  // the host. The default argmaxes Forward's host logits. REQUIRES:
+  // !batch.all_logits.
+  virtual absl::StatusOr<std::vector<int32_t>> ForwardGreedy(const ForwardBatch& batch,
+                                                             StatePool& pool);
+  // How many decode batch sizes currently replay a recorded step graph
+  // (LoadOptions::step_graphs); 0 where the backend records none.
+  virtual int recorded_step_graphs() const { return 0; }
 
   // Loss and every parameter's gradient for `tokens` (positions 0..T-2
   // predict tokens 1..T-1), from a zero state.

@@ -11,12 +11,18 @@ namespace {
 
 class RetentionMixer : public Mixer {
  public:
-  RetentionMixer(const RetNetConfig& config, ProjectionTriple qkv, Tensor log_gamma, HeadOutputGate output, int o)
-      : config_(config), qkv_(std::move(qkv)), log_gamma_(std::move(log_gamma)), output_(output), o_(o) {}
+  RetentionMixer(const RetNetConfig& config, ProjectionTriple qkv, Tensor log_gamma,
+                 HeadOutputGate output, int o)
+      : config_(config),
+        qkv_(std::move(qkv)),
+        log_gamma_(std::move(log_gamma)),
+        output_(output),
+        o_(o) {}
 
   void DeclareState(const std::string& prefix, int, StateLayout* layout) const override {
-    layout->tensors.push_back(
-        {prefix + "recurrent", DType::kF32, {config_.num_heads, config_.head_k_dim, config_.head_v_dim}});
+    layout->tensors.push_back({prefix + "recurrent",
+                               DType::kF32,
+                               {config_.num_heads, config_.head_k_dim, config_.head_v_dim}});
     qkv_.DeclareState(prefix, layout);
   }
 
@@ -36,7 +42,8 @@ class RetentionMixer : public Mixer {
     LAIR_ASSIGN_OR_RETURN(in.q, g.Rotary(q, ctx.positions, config_.head_k_dim, 10000.0f));
     LAIR_ASSIGN_OR_RETURN(k, g.Rotary(k, ctx.positions, config_.head_k_dim, 10000.0f));
     LAIR_ASSIGN_OR_RETURN(in.k, RepeatKvHeads(g, k, groups));
-    LAIR_ASSIGN_OR_RETURN(in.v, RepeatKvHeads(g, SplitHeads(g, qkv[2], config_.num_kv_heads), groups));
+    LAIR_ASSIGN_OR_RETURN(in.v,
+                          RepeatKvHeads(g, SplitHeads(g, qkv[2], config_.num_kv_heads), groups));
     LAIR_ASSIGN_OR_RETURN(Var o, g.Decay(ctx.batch, in, ctx.State(0), ctx.form));
     LAIR_ASSIGN_OR_RETURN(o, output_.Forward(g, x, o));
     return g.Linear(o, o_);
@@ -53,30 +60,23 @@ class RetentionMixer : public Mixer {
 }  // namespace
 
 absl::StatusOr<DecoderSpec> BuildRetNet(const RetNetConfig& config, Params& params) {
-  SkeletonNames names = FlaSkeletonNames();
-  LAIR_ASSIGN_OR_RETURN(DecoderSpec spec, DeclareSkeleton(config.base, names, params));
-  const int hidden = config.base.hidden_size, groups = config.num_heads / config.num_kv_heads;
+  const int hidden = config.base.hidden_size;
   // fla computes the decays in fp32: log(1 − 2^(−5 − h)).
   Tensor gamma = Tensor::Zeros(DType::kF32, {config.num_heads});
   for (int h = 0; h < config.num_heads; ++h) {
     gamma.f32()[h] = std::log(1.0f - std::pow(2.0f, -5.0f - static_cast<float>(h)));
   }
   LAIR_ASSIGN_OR_RETURN(Tensor log_gamma, params.Constant(gamma));
-  for (int i = 0; i < config.base.num_layers; ++i) {
-    std::string p = LayerPrefix(names, i) + "attn.";
-    LAIR_ASSIGN_OR_RETURN(
-        ProjectionTriple qkv,
-        ProjectionTriple::Declare(params, p, {"q", "k", "v"}, hidden,
-                                  {config.key_dim, config.key_dim / groups, config.value_dim / groups},
-                                  ShortConvConfig{}, false));
-    LAIR_ASSIGN_OR_RETURN(int o, params.AddMatrix(p + "o_proj.weight", {hidden, config.value_dim}));
-    LAIR_ASSIGN_OR_RETURN(HeadOutputGate output,
-                          HeadOutputGate::Declare(params, p, hidden, config.value_dim, config.head_v_dim,
-                                                  config.use_output_gate, config.fuse_norm,
-                                                  config.elementwise_affine, config.base.norm_eps));
-    spec.layers[i].mixer = std::make_unique<RetentionMixer>(config, std::move(qkv), log_gamma, output, o);
-  }
-  return spec;
+  return BuildFlaDecoder(
+      config.base, params, [&](const std::string& p) -> absl::StatusOr<std::unique_ptr<Mixer>> {
+        LAIR_ASSIGN_OR_RETURN(
+            ProjectionTriple qkv,
+            ProjectionTriple::DeclareQkv(params, p, config, ShortConvConfig{}, false));
+        LAIR_ASSIGN_OR_RETURN(int o,
+                              params.AddMatrix(p + "o_proj.weight", {hidden, config.value_dim}));
+        LAIR_ASSIGN_OR_RETURN(HeadOutputGate output, HeadOutputGate::Declare(params, p, config));
+        return std::make_unique<RetentionMixer>(config, std::move(qkv), log_gamma, output, o);
+      });
 }
 
 }  // namespace lair::models

@@ -217,21 +217,12 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::FromJson(const Json& json,
                                                            const std::string& where) {
   LAIR_ASSIGN_OR_RETURN(std::string type, RequiredString(json, "type", where));
   if (type == "Sequence") {
-    LAIR_ASSIGN_OR_RETURN(const Json* list, RequiredArray(json, "decoders", where));
-    std::vector<std::unique_ptr<Decoder>> steps;
-    for (size_t i = 0; i < list->size(); ++i) {
-      LAIR_ASSIGN_OR_RETURN(auto step,
-                            FromJson((*list)[i], IndexPath(FieldPath(where, "decoders"), i)));
-      steps.push_back(std::move(step));
-    }
+    LAIR_ASSIGN_OR_RETURN(auto steps, SequenceSteps<Decoder>(json, "decoders", where));
     return std::unique_ptr<Decoder>(new SequenceDecoder(std::move(steps)));
   }
   if (type == "ByteLevel") return std::unique_ptr<Decoder>(new ByteLevelDecoder());
   if (type == "Replace") {
-    const Json* pattern_json = FindField(json, "pattern");
-    if (pattern_json == nullptr) return FieldError(where, "pattern", "missing");
-    LAIR_ASSIGN_OR_RETURN(auto pattern,
-                          Pattern::FromJson(*pattern_json, FieldPath(where, "pattern")));
+    LAIR_ASSIGN_OR_RETURN(auto pattern, Pattern::FromPatternField(json, where));
     LAIR_ASSIGN_OR_RETURN(std::string content, RequiredString(json, "content", where));
     return std::unique_ptr<Decoder>(new ReplaceDecoder(std::move(pattern), std::move(content)));
   }

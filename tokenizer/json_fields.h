@@ -7,9 +7,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/status.h"
 #include "nlohmann/json.hpp"
@@ -40,5 +42,21 @@ absl::StatusOr<const Json*> RequiredArray(const Json& obj, std::string_view key,
                                           const std::string& where);
 absl::StatusOr<const Json*> RequiredObject(const Json& obj, std::string_view key,
                                            const std::string& where);
+
+// The steps of a "Sequence" component: Step::FromJson of every element of
+// the required array `key` of `obj`, each error naming the element's path.
+template <typename Step>
+absl::StatusOr<std::vector<std::unique_ptr<Step>>> SequenceSteps(const Json& obj,
+                                                                 std::string_view key,
+                                                                 const std::string& where) {
+  LAIR_ASSIGN_OR_RETURN(const Json* list, RequiredArray(obj, key, where));
+  std::vector<std::unique_ptr<Step>> steps;
+  for (size_t i = 0; i < list->size(); ++i) {
+    LAIR_ASSIGN_OR_RETURN(auto step,
+                          Step::FromJson((*list)[i], IndexPath(FieldPath(where, key), i)));
+    steps.push_back(std::move(step));
+  }
+  return steps;
+}
 
 }  // namespace lair::tok

@@ -164,13 +164,7 @@ absl::StatusOr<std::unique_ptr<Normalizer>> Normalizer::FromJson(const Json& jso
                                                                  const std::string& where) {
   LAIR_ASSIGN_OR_RETURN(std::string type, RequiredString(json, "type", where));
   if (type == "Sequence") {
-    LAIR_ASSIGN_OR_RETURN(const Json* list, RequiredArray(json, "normalizers", where));
-    std::vector<std::unique_ptr<Normalizer>> steps;
-    for (size_t i = 0; i < list->size(); ++i) {
-      LAIR_ASSIGN_OR_RETURN(auto step,
-                            FromJson((*list)[i], IndexPath(FieldPath(where, "normalizers"), i)));
-      steps.push_back(std::move(step));
-    }
+    LAIR_ASSIGN_OR_RETURN(auto steps, SequenceSteps<Normalizer>(json, "normalizers", where));
     return std::unique_ptr<Normalizer>(new SequenceNormalizer(std::move(steps)));
   }
   if (type == "Prepend") {
@@ -178,10 +172,7 @@ absl::StatusOr<std::unique_ptr<Normalizer>> Normalizer::FromJson(const Json& jso
     return std::unique_ptr<Normalizer>(new PrependNormalizer(std::move(prefix)));
   }
   if (type == "Replace") {
-    const Json* pattern_json = FindField(json, "pattern");
-    if (pattern_json == nullptr) return FieldError(where, "pattern", "missing");
-    LAIR_ASSIGN_OR_RETURN(auto pattern,
-                          Pattern::FromJson(*pattern_json, FieldPath(where, "pattern")));
+    LAIR_ASSIGN_OR_RETURN(auto pattern, Pattern::FromPatternField(json, where));
     LAIR_ASSIGN_OR_RETURN(std::string content, RequiredString(json, "content", where));
     return std::unique_ptr<Normalizer>(
         new ReplaceNormalizer(std::move(pattern), std::move(content)));

@@ -218,6 +218,13 @@ absl::StatusOr<std::unique_ptr<Pattern>> Pattern::Regex(std::string_view onig_pa
   return std::unique_ptr<Pattern>(new RegexPattern(code));
 }
 
+absl::StatusOr<std::unique_ptr<Pattern>> Pattern::FromPatternField(const Json& obj,
+                                                                   const std::string& where) {
+  const Json* json = FindField(obj, "pattern");
+  if (json == nullptr) return FieldError(where, "pattern", "missing");
+  return FromJson(*json, FieldPath(where, "pattern"));
+}
+
 absl::StatusOr<std::unique_ptr<Pattern>> Pattern::FromJson(const Json& json,
                                                            const std::string& where) {
   if (!json.is_object()) {

@@ -35,6 +35,9 @@ class Pattern {
   // `json` is `{"String": s}` or `{"Regex": r}`; errors name `where`.
   static absl::StatusOr<std::unique_ptr<Pattern>> FromJson(const Json& json,
                                                            const std::string& where);
+  // FromJson of the required member "pattern" of `obj` (Split, Replace).
+  static absl::StatusOr<std::unique_ptr<Pattern>> FromPatternField(const Json& obj,
+                                                                   const std::string& where);
 
   virtual ~Pattern() = default;
 

@@ -101,13 +101,7 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> PostProcessor::FromJson(const Jso
                                                                        const std::string& where) {
   LAIR_ASSIGN_OR_RETURN(std::string type, RequiredString(json, "type", where));
   if (type == "Sequence") {
-    LAIR_ASSIGN_OR_RETURN(const Json* list, RequiredArray(json, "processors", where));
-    std::vector<std::unique_ptr<PostProcessor>> steps;
-    for (size_t i = 0; i < list->size(); ++i) {
-      LAIR_ASSIGN_OR_RETURN(auto step,
-                            FromJson((*list)[i], IndexPath(FieldPath(where, "processors"), i)));
-      steps.push_back(std::move(step));
-    }
+    LAIR_ASSIGN_OR_RETURN(auto steps, SequenceSteps<PostProcessor>(json, "processors", where));
     return std::unique_ptr<PostProcessor>(new SequenceProcessor(std::move(steps)));
   }
   if (type == "ByteLevel") return std::unique_ptr<PostProcessor>(new ByteLevelProcessor());

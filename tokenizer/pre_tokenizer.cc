@@ -268,20 +268,11 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizer::FromJson(const Json&
                                                                      const std::string& where) {
   LAIR_ASSIGN_OR_RETURN(std::string type, RequiredString(json, "type", where));
   if (type == "Sequence") {
-    LAIR_ASSIGN_OR_RETURN(const Json* list, RequiredArray(json, "pretokenizers", where));
-    std::vector<std::unique_ptr<PreTokenizer>> steps;
-    for (size_t i = 0; i < list->size(); ++i) {
-      LAIR_ASSIGN_OR_RETURN(auto step,
-                            FromJson((*list)[i], IndexPath(FieldPath(where, "pretokenizers"), i)));
-      steps.push_back(std::move(step));
-    }
+    LAIR_ASSIGN_OR_RETURN(auto steps, SequenceSteps<PreTokenizer>(json, "pretokenizers", where));
     return std::unique_ptr<PreTokenizer>(new SequencePreTokenizer(std::move(steps)));
   }
   if (type == "Split") {
-    const Json* pattern_json = FindField(json, "pattern");
-    if (pattern_json == nullptr) return FieldError(where, "pattern", "missing");
-    LAIR_ASSIGN_OR_RETURN(auto pattern,
-                          Pattern::FromJson(*pattern_json, FieldPath(where, "pattern")));
+    LAIR_ASSIGN_OR_RETURN(auto pattern, Pattern::FromPatternField(json, where));
     LAIR_ASSIGN_OR_RETURN(std::string behavior_name, RequiredString(json, "behavior", where));
     LAIR_ASSIGN_OR_RETURN(Behavior behavior, ParseBehavior(behavior_name, where));
     LAIR_ASSIGN_OR_RETURN(bool invert, OptionalBool(json, "invert", where, false));

@@ -10,63 +10,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/dense_checks.h"
 
 namespace lair::kernels::cpu {
 namespace {
 
-absl::Status Invalid(std::string_view op, std::string_view field, std::string_view problem) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(std::string(op), ": ", std::string(field), ": ", std::string(problem)));
-}
-
-// A defined host tensor of `dtype` and, when rank >= 0, that rank.
-absl::Status CheckTensor(std::string_view op, std::string_view field, const Tensor& t,
-                         DType dtype = DType::kF32, int rank = -1) {
-  if (!t.defined()) return Invalid(op, field, "missing tensor");
-  if (t.device() != Device::kCpu) return Invalid(op, field, "not a host tensor");
-  if (t.dtype() != dtype) {
-    return Invalid(op, field,
-                   absl::StrCat("expected ", std::string(DTypeName(dtype)), ", got ", t.DebugString()));
-  }
-  if (rank >= 0 && t.rank() != rank) {
-    return Invalid(op, field, absl::StrCat("expected rank ", rank, ", got ", t.DebugString()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckShape(std::string_view op, std::string_view field, const Tensor& t,
-                        const Shape& shape) {
-  if (t.shape() != shape) {
-    return Invalid(op, field,
-                   absl::StrCat("expected shape ", ShapeString(shape), ", got ", ShapeString(t.shape())));
-  }
-  return absl::OkStatus();
-}
-
-// Rows of a tensor viewed as [rows, last dimension].
-int64_t Rows(const Tensor& t) { return t.rank() == 0 || t.dim(-1) == 0 ? 0 : t.numel() / t.dim(-1); }
-
-// The packed-batch invariants of kernels/mixer.h against `num_tokens` and a
-// pool of `num_slots` (negative: no pool).
-absl::Status CheckBatch(std::string_view op, const SequenceBatch& batch, int64_t num_tokens,
-                        int64_t num_slots) {
-  if (batch.num_seqs < 0 || static_cast<int64_t>(batch.cu_seqlens.size()) != batch.num_seqs + 1) {
-    return Invalid(op, "cu_seqlens", "expected num_seqs + 1 offsets");
-  }
-  if (batch.cu_seqlens[0] != 0 || batch.cu_seqlens[batch.num_seqs] != num_tokens) {
-    return Invalid(op, "cu_seqlens", absl::StrCat("must run from 0 to ", num_tokens));
-  }
-  for (int s = 0; s < batch.num_seqs; ++s) {
-    if (batch.cu_seqlens[s + 1] < batch.cu_seqlens[s]) return Invalid(op, "cu_seqlens", "decreasing");
-  }
-  if (num_slots >= 0) {
-    if (static_cast<int>(batch.state_slot.size()) != batch.num_seqs) {
-      return Invalid(op, "state_slot", "expected one slot per sequence");
-    }
-    for (int32_t slot : batch.state_slot) {
-      if (slot < 0 || slot >= num_slots) {
-        return Invalid(op, "state_slot", absl::StrCat("slot ", slot, " outside [0, ", num_slots, ")"));
-      }
+// Every values[i] in [0, limit): the range check that the CUDA backend makes
+// on the device (kernels/cuda/dense_ops.h), made here before anything is written.
+absl::Status CheckIndices(std::string_view op, std::string_view field, std::string_view what,
+                          const int32_t* values, int64_t n, int64_t limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (values[i] < 0 || values[i] >= limit) {
+      return InvalidDenseArg(
+          op, field,
+          absl::StrCat(std::string(what), " ", values[i], " at ", i, " outside [0, ", limit, ")"));
     }
   }
   return absl::OkStatus();
@@ -81,62 +38,58 @@ float SiluGrad(float x) {
 
 float ApplyUnary(UnaryOp op, float x) {
   switch (op) {
-    case UnaryOp::kAffine: return x;
-    case UnaryOp::kSilu: return Silu(x);
-    case UnaryOp::kSigmoid: return Sigmoid(x);
-    case UnaryOp::kLogSigmoid: return std::min(x, 0.0f) - std::log1p(std::exp(-std::fabs(x)));
-    case UnaryOp::kSoftplus: return x > 20.0f ? x : std::log1p(std::exp(x));
-    case UnaryOp::kExp: return std::exp(x);
-    case UnaryOp::kLog: return std::log(x);
-    case UnaryOp::kTanh: return std::tanh(x);
-    case UnaryOp::kRelu: return x > 0.0f ? x : 0.0f;
-    case UnaryOp::kEluPlusOne: return x > 0.0f ? x + 1.0f : std::exp(x);
+    case UnaryOp::kAffine:
+      return x;
+    case UnaryOp::kSilu:
+      return Silu(x);
+    case UnaryOp::kSigmoid:
+      return Sigmoid(x);
+    case UnaryOp::kLogSigmoid:
+      return std::min(x, 0.0f) - std::log1p(std::exp(-std::fabs(x)));
+    case UnaryOp::kSoftplus:
+      return x > 20.0f ? x : std::log1p(std::exp(x));
+    case UnaryOp::kExp:
+      return std::exp(x);
+    case UnaryOp::kLog:
+      return std::log(x);
+    case UnaryOp::kTanh:
+      return std::tanh(x);
+    case UnaryOp::kRelu:
+      return x > 0.0f ? x : 0.0f;
+    case UnaryOp::kEluPlusOne:
+      return x > 0.0f ? x + 1.0f : std::exp(x);
   }
   return x;
 }
 
 float UnaryDerivative(UnaryOp op, float x) {
   switch (op) {
-    case UnaryOp::kAffine: return 1.0f;
-    case UnaryOp::kSilu: return SiluGrad(x);
+    case UnaryOp::kAffine:
+      return 1.0f;
+    case UnaryOp::kSilu:
+      return SiluGrad(x);
     case UnaryOp::kSigmoid: {
       float s = Sigmoid(x);
       return s * (1.0f - s);
     }
-    case UnaryOp::kLogSigmoid: return Sigmoid(-x);
-    case UnaryOp::kSoftplus: return x > 20.0f ? 1.0f : Sigmoid(x);
-    case UnaryOp::kExp: return std::exp(x);
-    case UnaryOp::kLog: return 1.0f / x;
+    case UnaryOp::kLogSigmoid:
+      return Sigmoid(-x);
+    case UnaryOp::kSoftplus:
+      return x > 20.0f ? 1.0f : Sigmoid(x);
+    case UnaryOp::kExp:
+      return std::exp(x);
+    case UnaryOp::kLog:
+      return 1.0f / x;
     case UnaryOp::kTanh: {
       float t = std::tanh(x);
       return 1.0f - t * t;
     }
-    case UnaryOp::kRelu: return x > 0.0f ? 1.0f : 0.0f;
-    case UnaryOp::kEluPlusOne: return x > 0.0f ? 1.0f : std::exp(x);
+    case UnaryOp::kRelu:
+      return x > 0.0f ? 1.0f : 0.0f;
+    case UnaryOp::kEluPlusOne:
+      return x > 0.0f ? 1.0f : std::exp(x);
   }
   return 1.0f;
-}
-
-// Strides of `x` over the index space of `shape` (0 along broadcast
-// dimensions), or an error when x does not broadcast to shape.
-absl::Status BroadcastStrides(std::string_view op, std::string_view field, const Tensor& x,
-                              const Shape& shape, std::vector<int64_t>* strides) {
-  if (x.rank() != static_cast<int>(shape.size())) {
-    return Invalid(op, field,
-                   absl::StrCat("rank of ", ShapeString(x.shape()), " differs from ", ShapeString(shape)));
-  }
-  strides->assign(shape.size(), 0);
-  int64_t stride = 1;
-  for (int d = x.rank() - 1; d >= 0; --d) {
-    if (x.shape()[d] == shape[d]) {
-      (*strides)[d] = stride;
-    } else if (x.shape()[d] != 1) {
-      return Invalid(op, field,
-                     absl::StrCat(ShapeString(x.shape()), " does not broadcast to ", ShapeString(shape)));
-    }
-    stride *= x.shape()[d];
-  }
-  return absl::OkStatus();
 }
 
 // Calls f(i, offset_a, offset_b) for every row-major index i of `shape`.
@@ -162,28 +115,12 @@ void ForEachBroadcast(const Shape& shape, const std::vector<int64_t>& sa,
   }
 }
 
-bool SameMemory(const Tensor& a, const Tensor& b) { return a.raw() == b.raw(); }
-
 }  // namespace
 
 absl::Status GemmCpu(const GemmArgs& args) {
-  constexpr std::string_view kOp = "Gemm";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "a", args.a, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "b", args.b, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "c", args.c, DType::kF32, 2));
-  int64_t m = args.trans_a ? args.a.dim(1) : args.a.dim(0);
-  int64_t k = args.trans_a ? args.a.dim(0) : args.a.dim(1);
-  int64_t n = args.trans_b ? args.b.dim(0) : args.b.dim(1);
-  int64_t kb = args.trans_b ? args.b.dim(1) : args.b.dim(0);
-  if (kb != k) {
-    return Invalid(kOp, "b", absl::StrCat("inner dimension ", kb, " differs from a's ", k, " (a ",
-                                          args.a.DebugString(), ", b ", args.b.DebugString(), ")"));
-  }
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "c", args.c, {m, n}));
-  if (args.bias.defined()) {
-    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "bias", args.bias, DType::kF32, 1));
-    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "bias", args.bias, {n}));
-  }
+  constexpr DType kWeightDTypes[] = {DType::kF32};
+  LAIR_ASSIGN_OR_RETURN(GemmDims dims, CheckGemmArgs(args, Device::kCpu, kWeightDTypes));
+  const int64_t m = dims.m, n = dims.n, k = dims.k;
   float* c = args.c.f32();
   if (m == 0 || n == 0) return absl::OkStatus();
   if (k == 0) {
@@ -204,18 +141,10 @@ absl::Status GemmCpu(const GemmArgs& args) {
 }
 
 absl::Status EmbeddingCpu(const EmbeddingArgs& args) {
-  constexpr std::string_view kOp = "Embedding";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "table", args.table, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "ids", args.ids, DType::kI32, 1));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "out", args.out, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckEmbeddingArgs(args, Device::kCpu));
   int64_t rows = args.table.dim(0), width = args.table.dim(1), n = args.ids.dim(0);
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "out", args.out, {n, width}));
   const int32_t* ids = args.ids.data<int32_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    if (ids[i] < 0 || ids[i] >= rows) {
-      return Invalid(kOp, "ids", absl::StrCat("id ", ids[i], " at ", i, " outside [0, ", rows, ")"));
-    }
-  }
+  LAIR_RETURN_IF_ERROR(CheckIndices("Embedding", "ids", "id", ids, n, rows));
   for (int64_t i = 0; i < n; ++i) {
     std::memcpy(args.out.f32() + i * width, args.table.f32() + ids[i] * width,
                 static_cast<size_t>(width) * sizeof(float));
@@ -224,18 +153,10 @@ absl::Status EmbeddingCpu(const EmbeddingArgs& args) {
 }
 
 absl::Status EmbeddingBackwardCpu(const EmbeddingBackwardArgs& args) {
-  constexpr std::string_view kOp = "EmbeddingBackward";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "ids", args.ids, DType::kI32, 1));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_out", args.d_out, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_table", args.d_table, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckEmbeddingBackwardArgs(args, Device::kCpu));
   int64_t rows = args.d_table.dim(0), width = args.d_table.dim(1), n = args.ids.dim(0);
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_out", args.d_out, {n, width}));
   const int32_t* ids = args.ids.data<int32_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    if (ids[i] < 0 || ids[i] >= rows) {
-      return Invalid(kOp, "ids", absl::StrCat("id ", ids[i], " at ", i, " outside [0, ", rows, ")"));
-    }
-  }
+  LAIR_RETURN_IF_ERROR(CheckIndices("EmbeddingBackward", "ids", "id", ids, n, rows));
   for (int64_t i = 0; i < n; ++i) {
     float* dst = args.d_table.f32() + ids[i] * width;
     const float* src = args.d_out.f32() + i * width;
@@ -245,24 +166,6 @@ absl::Status EmbeddingBackwardCpu(const EmbeddingBackwardArgs& args) {
 }
 
 namespace {
-
-absl::Status CheckNorm(std::string_view op, const NormArgs& args, int64_t* group) {
-  LAIR_RETURN_IF_ERROR(CheckTensor(op, "x", args.x, DType::kF32, 2));
-  int64_t cols = args.x.dim(1);
-  *group = args.group_size == 0 ? cols : args.group_size;
-  if (*group <= 0 || cols % *group != 0) {
-    return Invalid(op, "group_size", absl::StrCat(args.group_size, " does not divide ", cols));
-  }
-  if (args.weight.defined()) {
-    LAIR_RETURN_IF_ERROR(CheckTensor(op, "weight", args.weight, DType::kF32, 1));
-    LAIR_RETURN_IF_ERROR(CheckShape(op, "weight", args.weight, {cols}));
-  }
-  if (args.gate_mode != NormGate::kNone) {
-    LAIR_RETURN_IF_ERROR(CheckTensor(op, "gate", args.gate, DType::kF32, 2));
-    LAIR_RETURN_IF_ERROR(CheckShape(op, "gate", args.gate, args.x.shape()));
-  }
-  return absl::OkStatus();
-}
 
 // Mean (0 for RMS) and reciprocal standard deviation of u[0..n).
 void NormStats(NormKind kind, const float* u, int64_t n, float eps, double* mean, double* rstd) {
@@ -279,11 +182,7 @@ void NormStats(NormKind kind, const float* u, int64_t n, float eps, double* mean
 }  // namespace
 
 absl::Status NormCpu(const NormArgs& args) {
-  constexpr std::string_view kOp = "Norm";
-  int64_t group;
-  LAIR_RETURN_IF_ERROR(CheckNorm(kOp, args, &group));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "y", args.y, args.x.shape()));
+  LAIR_ASSIGN_OR_RETURN(int64_t group, CheckNormArgs(args, Device::kCpu));
   int64_t rows = args.x.dim(0), cols = args.x.dim(1);
   std::vector<float> u(group);
   for (int64_t r = 0; r < rows; ++r) {
@@ -307,24 +206,8 @@ absl::Status NormCpu(const NormArgs& args) {
 }
 
 absl::Status NormBackwardCpu(const NormBackwardArgs& args) {
-  constexpr std::string_view kOp = "NormBackward";
   const NormArgs& fwd = args.fwd;
-  int64_t group;
-  LAIR_RETURN_IF_ERROR(CheckNorm(kOp, fwd, &group));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_y", args.d_y, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_y", args.d_y, fwd.x.shape()));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dx", args.dx, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dx", args.dx, fwd.x.shape()));
-  if (args.d_weight.defined()) {
-    if (!fwd.weight.defined()) return Invalid(kOp, "d_weight", "the forward has no weight");
-    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_weight", args.d_weight, DType::kF32, 1));
-    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_weight", args.d_weight, fwd.weight.shape()));
-  }
-  if (args.d_gate.defined()) {
-    if (fwd.gate_mode == NormGate::kNone) return Invalid(kOp, "d_gate", "the forward has no gate");
-    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_gate", args.d_gate, DType::kF32, 2));
-    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_gate", args.d_gate, fwd.x.shape()));
-  }
+  LAIR_ASSIGN_OR_RETURN(int64_t group, CheckNormBackwardArgs(args, Device::kCpu));
   int64_t rows = fwd.x.dim(0), cols = fwd.x.dim(1);
   std::vector<float> u(group);
   std::vector<double> dxhat(group), xhat(group), d_weight(cols, 0.0);
@@ -374,33 +257,22 @@ absl::Status NormBackwardCpu(const NormBackwardArgs& args) {
 }
 
 absl::Status UnaryCpu(const UnaryArgs& args) {
-  constexpr std::string_view kOp = "Unary";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", args.x));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y));
-  std::vector<int64_t> sx;
-  LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "x", args.x, args.y.shape(), &sx));
-  if (SameMemory(args.x, args.y) && args.x.shape() != args.y.shape()) {
-    return Invalid(kOp, "y", "may alias x only when the shapes are equal");
-  }
+  LAIR_ASSIGN_OR_RETURN(std::vector<int64_t> sx, CheckUnaryArgs(args, Device::kCpu));
   const float* x = args.x.f32();
   float* y = args.y.f32();
   auto f = [&](float v) { return args.alpha * ApplyUnary(args.op, args.in_scale * v) + args.beta; };
   if (args.x.shape() == args.y.shape()) {
     for (int64_t i = 0; i < args.y.numel(); ++i) y[i] = f(x[i]);
   } else {
-    ForEachBroadcast(args.y.shape(), sx, sx, [&](int64_t i, int64_t ox, int64_t) { y[i] = f(x[ox]); });
+    ForEachBroadcast(args.y.shape(), sx, sx,
+                     [&](int64_t i, int64_t ox, int64_t) { y[i] = f(x[ox]); });
   }
   return absl::OkStatus();
 }
 
 absl::Status UnaryBackwardCpu(const UnaryBackwardArgs& args) {
-  constexpr std::string_view kOp = "UnaryBackward";
+  LAIR_RETURN_IF_ERROR(CheckUnaryBackwardArgs(args, Device::kCpu));
   const UnaryArgs& fwd = args.fwd;
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", fwd.x));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_y", args.d_y));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dx", args.dx));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_y", args.d_y, fwd.x.shape()));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dx", args.dx, fwd.x.shape()));
   const float* x = fwd.x.f32();
   const float* dy = args.d_y.f32();
   float scale = fwd.alpha * fwd.in_scale;
@@ -411,69 +283,45 @@ absl::Status UnaryBackwardCpu(const UnaryBackwardArgs& args) {
 }
 
 absl::Status BinaryCpu(const BinaryArgs& args) {
-  constexpr std::string_view kOp = "Binary";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "a", args.a));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "b", args.b));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y));
-  std::vector<int64_t> sa, sb;
-  LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "a", args.a, args.y.shape(), &sa));
-  LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "b", args.b, args.y.shape(), &sb));
-  if ((SameMemory(args.a, args.y) && args.a.shape() != args.y.shape()) ||
-      (SameMemory(args.b, args.y) && args.b.shape() != args.y.shape())) {
-    return Invalid(kOp, "y", "may alias an input only when the shapes are equal");
-  }
+  LAIR_ASSIGN_OR_RETURN(BinaryStrides strides, CheckBinaryArgs(args, Device::kCpu));
   const float* a = args.a.f32();
   const float* b = args.b.f32();
   float* y = args.y.f32();
   auto apply = [&](float u, float v) {
     switch (args.op) {
-      case BinaryOp::kAdd: return u + v;
-      case BinaryOp::kSub: return u - v;
-      case BinaryOp::kMul: return u * v;
-      case BinaryOp::kDiv: return u / v;
+      case BinaryOp::kAdd:
+        return u + v;
+      case BinaryOp::kSub:
+        return u - v;
+      case BinaryOp::kMul:
+        return u * v;
+      case BinaryOp::kDiv:
+        return u / v;
     }
     return u;
   };
   if (args.a.shape() == args.y.shape() && args.b.shape() == args.y.shape()) {
     for (int64_t i = 0; i < args.y.numel(); ++i) y[i] = apply(a[i], b[i]);
   } else {
-    ForEachBroadcast(args.y.shape(), sa, sb,
+    ForEachBroadcast(args.y.shape(), strides.a, strides.b,
                      [&](int64_t i, int64_t oa, int64_t ob) { y[i] = apply(a[oa], b[ob]); });
   }
   return absl::OkStatus();
 }
 
 absl::Status ReduceSumCpu(const ReduceSumArgs& args) {
-  constexpr std::string_view kOp = "ReduceSum";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", args.x));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y));
-  std::vector<int64_t> sy;
-  LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "y", args.y, args.x.shape(), &sy));
+  LAIR_ASSIGN_OR_RETURN(std::vector<int64_t> sy, CheckReduceSumArgs(args, Device::kCpu));
   std::vector<double> sum(args.y.numel(), 0.0);
   const float* x = args.x.f32();
-  ForEachBroadcast(args.x.shape(), sy, sy, [&](int64_t i, int64_t oy, int64_t) { sum[oy] += x[i]; });
+  ForEachBroadcast(args.x.shape(), sy, sy,
+                   [&](int64_t i, int64_t oy, int64_t) { sum[oy] += x[i]; });
   for (int64_t i = 0; i < args.y.numel(); ++i) args.y.f32()[i] = static_cast<float>(sum[i]);
   return absl::OkStatus();
 }
 
 absl::Status CopyColumnsCpu(const CopyColumnsArgs& args) {
-  constexpr std::string_view kOp = "CopyColumns";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "src", args.src));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dst", args.dst));
-  if (args.src.rank() < 1 || args.dst.rank() < 1) return Invalid(kOp, "src", "rank 0");
-  int64_t rows = Rows(args.src), src_cols = args.src.dim(-1), dst_cols = args.dst.dim(-1);
-  if (Rows(args.dst) != rows) {
-    return Invalid(kOp, "dst", absl::StrCat(args.dst.DebugString(), " has other rows than src ",
-                                            args.src.DebugString()));
-  }
-  if (args.width < 0 || args.src_col < 0 || args.src_col + args.width > src_cols) {
-    return Invalid(kOp, "src_col", absl::StrCat("columns [", args.src_col, ", ", args.src_col + args.width,
-                                                ") outside ", src_cols));
-  }
-  if (args.dst_col < 0 || args.dst_col + args.width > dst_cols) {
-    return Invalid(kOp, "dst_col", absl::StrCat("columns [", args.dst_col, ", ", args.dst_col + args.width,
-                                                ") outside ", dst_cols));
-  }
+  LAIR_RETURN_IF_ERROR(CheckCopyColumnsArgs(args, Device::kCpu));
+  int64_t rows = DenseRows(args.src), src_cols = args.src.dim(-1), dst_cols = args.dst.dim(-1);
   for (int64_t r = 0; r < rows; ++r) {
     const float* src = args.src.f32() + r * src_cols + args.src_col;
     float* dst = args.dst.f32() + r * dst_cols + args.dst_col;
@@ -488,23 +336,6 @@ absl::Status CopyColumnsCpu(const CopyColumnsArgs& args) {
 
 namespace {
 
-absl::Status CheckConv(std::string_view op, const SequenceBatch& batch, const Conv1dArgs& args,
-                       int64_t* channels, int64_t* width) {
-  LAIR_RETURN_IF_ERROR(CheckTensor(op, "x", args.x, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckTensor(op, "weight", args.weight, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckTensor(op, "state", args.state, DType::kF32, 3));
-  *channels = args.x.dim(1);
-  *width = args.weight.dim(1);
-  if (*width < 1) return Invalid(op, "weight", "kernel width must be positive");
-  LAIR_RETURN_IF_ERROR(CheckShape(op, "weight", args.weight, {*channels, *width}));
-  LAIR_RETURN_IF_ERROR(CheckShape(op, "state", args.state, {args.state.dim(0), *channels, *width - 1}));
-  if (args.bias.defined()) {
-    LAIR_RETURN_IF_ERROR(CheckTensor(op, "bias", args.bias, DType::kF32, 1));
-    LAIR_RETURN_IF_ERROR(CheckShape(op, "bias", args.bias, {*channels}));
-  }
-  return CheckBatch(op, batch, args.x.dim(0), args.state.dim(0));
-}
-
 // The convolution input at local time `t` (negative: from the window) of a
 // sequence whose new tokens start at row `begin` of x.
 float ConvInput(const Conv1dArgs& args, bool zero_window, const float* window, int64_t begin,
@@ -517,11 +348,8 @@ float ConvInput(const Conv1dArgs& args, bool zero_window, const float* window, i
 }  // namespace
 
 absl::Status Conv1dCpu(const SequenceBatch& batch, const Conv1dArgs& args) {
-  constexpr std::string_view kOp = "Conv1d";
-  int64_t channels, width;
-  LAIR_RETURN_IF_ERROR(CheckConv(kOp, batch, args, &channels, &width));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "y", args.y, args.x.shape()));
+  LAIR_ASSIGN_OR_RETURN(ConvDims dims, CheckConv1dArgs(batch, args, Device::kCpu));
+  const int64_t channels = dims.channels, width = dims.width;
   int64_t slot_size = channels * (width - 1);
   std::vector<float> next(slot_size);
   for (int s = 0; s < batch.num_seqs; ++s) {
@@ -551,20 +379,9 @@ absl::Status Conv1dCpu(const SequenceBatch& batch, const Conv1dArgs& args) {
 }
 
 absl::Status Conv1dBackwardCpu(const SequenceBatch& batch, const Conv1dBackwardArgs& args) {
-  constexpr std::string_view kOp = "Conv1dBackward";
   const Conv1dArgs& fwd = args.fwd;
-  int64_t channels, width;
-  LAIR_RETURN_IF_ERROR(CheckConv(kOp, batch, fwd, &channels, &width));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_y", args.d_y, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_y", args.d_y, fwd.x.shape()));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dx", args.dx, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dx", args.dx, fwd.x.shape()));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_weight", args.d_weight, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_weight", args.d_weight, fwd.weight.shape()));
-  if (args.d_bias.defined()) {
-    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_bias", args.d_bias, DType::kF32, 1));
-    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_bias", args.d_bias, {channels}));
-  }
+  LAIR_ASSIGN_OR_RETURN(ConvDims dims, CheckConv1dBackwardArgs(batch, args, Device::kCpu));
+  const int64_t channels = dims.channels, width = dims.width;
   int64_t slot_size = channels * (width - 1);
   std::fill(args.dx.f32(), args.dx.f32() + args.dx.numel(), 0.0f);
   std::vector<double> d_weight(channels * width, 0.0), d_bias(channels, 0.0);
@@ -589,12 +406,14 @@ absl::Status Conv1dBackwardCpu(const SequenceBatch& batch, const Conv1dBackwardA
           d_weight[c * width + i] +=
               static_cast<double>(dpre) *
               ConvInput(fwd, batch.zero_initial_state, window, begin, src, c, channels, width);
-          if (src >= 0) args.dx.f32()[(begin + src) * channels + c] += dpre * fwd.weight.f32()[c * width + i];
+          if (src >= 0)
+            args.dx.f32()[(begin + src) * channels + c] += dpre * fwd.weight.f32()[c * width + i];
         }
       }
     }
   }
-  for (int64_t i = 0; i < channels * width; ++i) args.d_weight.f32()[i] += static_cast<float>(d_weight[i]);
+  for (int64_t i = 0; i < channels * width; ++i)
+    args.d_weight.f32()[i] += static_cast<float>(d_weight[i]);
   if (args.d_bias.defined()) {
     for (int64_t c = 0; c < channels; ++c) args.d_bias.f32()[c] += static_cast<float>(d_bias[c]);
   }
@@ -602,20 +421,13 @@ absl::Status Conv1dBackwardCpu(const SequenceBatch& batch, const Conv1dBackwardA
 }
 
 absl::Status RotaryCpu(const RotaryArgs& args) {
-  constexpr std::string_view kOp = "Rotary";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", args.x, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "positions", args.positions, DType::kI32, 1));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "y", args.y, args.x.shape()));
+  LAIR_RETURN_IF_ERROR(CheckRotaryArgs(args, Device::kCpu));
   int64_t n = args.x.dim(0), heads = args.x.dim(1), dim = args.x.dim(2);
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "positions", args.positions, {n}));
-  if (args.rotary_dim <= 0 || args.rotary_dim % 2 != 0 || args.rotary_dim > dim) {
-    return Invalid(kOp, "rotary_dim", absl::StrCat(args.rotary_dim, " must be even and in (0, ", dim, "]"));
-  }
   int64_t half = args.rotary_dim / 2;
   std::vector<float> inv_freq(half);
   for (int64_t i = 0; i < half; ++i) {
-    inv_freq[i] = 1.0f / std::pow(args.theta, static_cast<float>(2 * i) / static_cast<float>(args.rotary_dim));
+    inv_freq[i] = 1.0f / std::pow(args.theta,
+                                  static_cast<float>(2 * i) / static_cast<float>(args.rotary_dim));
   }
   std::vector<float> cos_t(half), sin_t(half), row(dim);
   for (int64_t t = 0; t < n; ++t) {
@@ -644,20 +456,6 @@ absl::Status RotaryCpu(const RotaryArgs& args) {
 
 namespace {
 
-absl::Status CheckAttention(std::string_view op, const AttentionArgs& args, int64_t* n) {
-  LAIR_RETURN_IF_ERROR(CheckTensor(op, "q", args.q, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckTensor(op, "k", args.k, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckTensor(op, "v", args.v, DType::kF32, 3));
-  if (args.heads <= 0 || args.kv_heads <= 0 || args.heads % args.kv_heads != 0) {
-    return Invalid(op, "kv_heads", absl::StrCat(args.kv_heads, " must divide heads ", args.heads));
-  }
-  *n = args.q.dim(0);
-  LAIR_RETURN_IF_ERROR(CheckShape(op, "q", args.q, {*n, args.heads, args.head_dim}));
-  LAIR_RETURN_IF_ERROR(CheckShape(op, "k", args.k, {*n, args.kv_heads, args.head_dim}));
-  LAIR_RETURN_IF_ERROR(CheckShape(op, "v", args.v, {*n, args.kv_heads, args.head_dim}));
-  return absl::OkStatus();
-}
-
 double Dot(const float* a, const float* b, int64_t n) {
   double acc = 0;
   for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(a[i]) * b[i];
@@ -667,29 +465,8 @@ double Dot(const float* a, const float* b, int64_t n) {
 }  // namespace
 
 absl::Status AttentionCpu(const SequenceBatch& batch, const AttentionArgs& args) {
-  constexpr std::string_view kOp = "Attention";
-  int64_t n;
-  LAIR_RETURN_IF_ERROR(CheckAttention(kOp, args, &n));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "o", args.o, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "o", args.o, args.q.shape()));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "k_cache", args.k_cache, DType::kF32, 4));
-  int64_t slots = args.k_cache.dim(0), max_context = args.k_cache.dim(1);
-  LAIR_RETURN_IF_ERROR(
-      CheckShape(kOp, "k_cache", args.k_cache, {slots, max_context, args.kv_heads, args.head_dim}));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "v_cache", args.v_cache, DType::kF32, 4));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "v_cache", args.v_cache, args.k_cache.shape()));
-  LAIR_RETURN_IF_ERROR(CheckBatch(kOp, batch, n, slots));
-  if (static_cast<int>(args.start_positions.size()) != batch.num_seqs) {
-    return Invalid(kOp, "start_positions", "expected one per sequence");
-  }
-  for (int s = 0; s < batch.num_seqs; ++s) {
-    int64_t end = static_cast<int64_t>(args.start_positions[s]) + batch.cu_seqlens[s + 1] - batch.cu_seqlens[s];
-    if (args.start_positions[s] < 0 || end > max_context) {
-      return Invalid(kOp, "start_positions",
-                     absl::StrCat("sequence ", s, " would fill cache rows up to ", end,
-                                  ", past max_context ", max_context));
-    }
-  }
+  LAIR_RETURN_IF_ERROR(CheckAttentionArgs(batch, args, Device::kCpu).status());
+  const int64_t max_context = args.k_cache.dim(1);
   const int64_t d = args.head_dim, group = args.heads / args.kv_heads;
   const int64_t kv_row = args.kv_heads * d;
   std::vector<double> scores;
@@ -733,22 +510,8 @@ absl::Status AttentionCpu(const SequenceBatch& batch, const AttentionArgs& args)
 }
 
 absl::Status AttentionBackwardCpu(const SequenceBatch& batch, const AttentionBackwardArgs& args) {
-  constexpr std::string_view kOp = "AttentionBackward";
   const AttentionArgs& fwd = args.fwd;
-  int64_t n;
-  LAIR_RETURN_IF_ERROR(CheckAttention(kOp, fwd, &n));
-  LAIR_RETURN_IF_ERROR(CheckBatch(kOp, batch, n, -1));
-  for (int32_t start : fwd.start_positions) {
-    if (start != 0) return Invalid(kOp, "start_positions", "the backward needs every start at 0");
-  }
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_o", args.d_o, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_o", args.d_o, fwd.q.shape()));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dq", args.dq, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dq", args.dq, fwd.q.shape()));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dk", args.dk, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dk", args.dk, fwd.k.shape()));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dv", args.dv, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dv", args.dv, fwd.v.shape()));
+  LAIR_ASSIGN_OR_RETURN(int64_t n, CheckAttentionBackwardArgs(batch, args, Device::kCpu));
   const int64_t d = fwd.head_dim, group = fwd.heads / fwd.kv_heads;
   const int64_t q_row = fwd.heads * d, kv_row = fwd.kv_heads * d;
   std::vector<double> dq_acc(d), dk_acc(n * kv_row, 0.0), dv_acc(n * kv_row, 0.0);
@@ -804,23 +567,10 @@ absl::Status AttentionBackwardCpu(const SequenceBatch& batch, const AttentionBac
 }
 
 absl::Status CrossEntropyCpu(const CrossEntropyArgs& args) {
-  constexpr std::string_view kOp = "CrossEntropy";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "logits", args.logits, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "targets", args.targets, DType::kI32, 1));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "losses", args.losses, DType::kF32, 1));
+  LAIR_RETURN_IF_ERROR(CheckCrossEntropyArgs(args, Device::kCpu));
   int64_t n = args.logits.dim(0), vocab = args.logits.dim(1);
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "targets", args.targets, {n}));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "losses", args.losses, {n}));
-  if (args.d_logits.defined()) {
-    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_logits", args.d_logits, DType::kF32, 2));
-    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_logits", args.d_logits, args.logits.shape()));
-  }
   const int32_t* targets = args.targets.data<int32_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    if (targets[i] < 0 || targets[i] >= vocab) {
-      return Invalid(kOp, "targets", absl::StrCat("target ", targets[i], " at ", i, " outside [0, ", vocab, ")"));
-    }
-  }
+  LAIR_RETURN_IF_ERROR(CheckIndices("CrossEntropy", "targets", "target", targets, n, vocab));
   for (int64_t i = 0; i < n; ++i) {
     const float* x = args.logits.f32() + i * vocab;
     double max_logit = *std::max_element(x, x + vocab);

@@ -5,14 +5,17 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <numeric>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/argmax.h"
 #include "kernels/cuda/dense_ops.h"
 #include "kernels/cuda/mixer_backward.h"
 #include "kernels/cuda/scan.h"
@@ -60,6 +63,135 @@ ElemType Elem(DType d) {
 
 Operand Op(const Tensor& t) { return Operand{t.raw(), Elem(t.dtype())}; }
 
+constexpr size_t RoundUp256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// dst = src converted to dst's float dtype, on every core for large tensors
+// (loading a 7B checkpoint converts billions of weights).
+void ConvertOnHost(const float* src, const Tensor& dst) {
+  constexpr int64_t kChunk = int64_t{1} << 22;
+  const int64_t n = dst.numel(), chunks = (n + kChunk - 1) / kChunk;
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    for (int64_t c = next++; c < chunks; c = next++) {
+      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
+        if (dst.dtype() == DType::kF32) {
+          dst.f32()[i] = src[i];
+        } else if (dst.dtype() == DType::kBF16) {
+          dst.data<uint16_t>()[i] = FloatToBF16(src[i]);
+        } else {
+          dst.data<uint16_t>()[i] = FloatToF16(src[i]);
+        }
+      }
+    }
+  };
+  const int64_t threads =
+      std::min<int64_t>(chunks, std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+// A step's temporaries: a bump pointer through one device block, reset by
+// BeginStep. What does not fit comes from cudaMallocAsync and is counted, so
+// that the next BeginStep grows the block to the largest step seen (at most
+// kMaxBytes; a long prefill's activations overflow to the allocator).
+class StepArena {
+ public:
+  static constexpr size_t kMaxBytes = size_t{1} << 30;
+
+  explicit StepArena(cudaStream_t stream) : stream_(stream) {}
+  StepArena(const StepArena&) = delete;
+  StepArena& operator=(const StepArena&) = delete;
+  ~StepArena() {
+    if (base_) cudaFreeAsync(base_, stream_);
+  }
+
+  uint64_t epoch() const { return epoch_; }
+  bool active() const { return active_; }
+
+  // Resets the pointer; grows the block first when the last steps wanted more.
+  absl::Status Begin() {
+    if (wanted_high_ > capacity_ && capacity_ < kMaxBytes) {
+      if (base_) LAIR_RETURN_IF_ERROR(CudaStatus(cudaFreeAsync(base_, stream_), "arena free"));
+      base_ = nullptr;
+      capacity_ = 0;
+      const size_t bytes = std::min(kMaxBytes, RoundUp256(wanted_high_ + wanted_high_ / 4));
+      void* p = nullptr;
+      LAIR_RETURN_IF_ERROR(CudaStatus(cudaMallocAsync(&p, bytes, stream_), "arena"));
+      base_ = static_cast<char*>(p);
+      capacity_ = bytes;
+      ++epoch_;
+    }
+    used_ = 0;
+    wanted_ = 0;
+    active_ = true;
+    return absl::OkStatus();
+  }
+  void End() { active_ = false; }
+
+  // `bytes` from the block, or null when it is full (the caller allocates).
+  void* Take(size_t bytes) {
+    bytes = RoundUp256(std::max<size_t>(bytes, 1));
+    wanted_ += bytes;
+    wanted_high_ = std::max(wanted_high_, wanted_);
+    if (used_ + bytes > capacity_) return nullptr;
+    void* p = base_ + used_;
+    used_ += bytes;
+    return p;
+  }
+
+ private:
+  static absl::Status CudaStatus(cudaError_t err, std::string_view what) {
+    if (err == cudaSuccess) return absl::OkStatus();
+    return absl::InternalError(
+        absl::StrCat("CUDA ", std::string(what), ": ", cudaGetErrorString(err)));
+  }
+
+  cudaStream_t stream_;
+  char* base_ = nullptr;
+  size_t capacity_ = 0, used_ = 0;
+  size_t wanted_ = 0, wanted_high_ = 0;  // bytes asked for this step / in any step
+  uint64_t epoch_ = 0;                   // bumped whenever the block moves
+  bool active_ = false;
+};
+
+// StageInts' buffers: pinned host memory the parts are packed into and the
+// device block they are copied to, both reused by every call (so a step's
+// metadata sits at the same device addresses each time).
+struct StagingBuffers {
+  cudaStream_t stream = nullptr;
+  int32_t* host = nullptr;  // pinned
+  int32_t* dev = nullptr;
+  size_t capacity = 0;           // int32 elements of each
+  cudaEvent_t copied = nullptr;  // the last copy out of `host`
+  uint64_t epoch = 0;            // bumped whenever `dev` moves
+  ~StagingBuffers() {
+    if (copied) {
+      cudaEventSynchronize(copied);
+      cudaEventDestroy(copied);
+    }
+    if (host) cudaFreeHost(host);
+    if (dev) cudaFreeAsync(dev, stream);
+  }
+};
+
+// A captured step and its executable graph.
+class CudaStepGraph : public StepGraph {
+ public:
+  CudaStepGraph(cudaStream_t stream, cudaGraphExec_t exec) : stream_(stream), exec_(exec) {}
+  CudaStepGraph(const CudaStepGraph&) = delete;
+  CudaStepGraph& operator=(const CudaStepGraph&) = delete;
+  ~CudaStepGraph() override { cudaGraphExecDestroy(exec_); }
+  absl::Status Launch() override {
+    return CudaStatus(cudaGraphLaunch(exec_, stream_), "graph launch");
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaGraphExec_t exec_;
+};
+
 // A defined CUDA tensor of exactly `shape`, float dtype (F32 only when f32_only).
 absl::Status CheckTensor(const Tensor& t, const Shape& shape, std::string_view what,
                          bool f32_only) {
@@ -98,8 +230,14 @@ LogGate Shifted(LogGate g) {
 class CudaBackend : public Backend {
  public:
   CudaBackend(std::shared_ptr<StreamHolder> stream, std::string name,
-              std::unique_ptr<cuda::CudaDenseOps> dense)
-      : stream_(std::move(stream)), name_(std::move(name)), dense_(std::move(dense)) {}
+              std::unique_ptr<cuda::CudaDenseOps> dense, GemmMode gemm)
+      : stream_(std::move(stream)),
+        name_(std::move(name)),
+        dense_(std::move(dense)),
+        tensor_core_scans_(gemm == GemmMode::kFast),
+        arena_(stream_->stream) {
+    staging_.stream = stream_->stream;
+  }
 
   Device device() const override { return Device::kCuda; }
   std::string Name() const override { return name_; }
@@ -116,18 +254,9 @@ class CudaBackend : public Backend {
     if (host.dtype() != dtype) {
       if (!IsFloat(host.dtype()) || !IsFloat(dtype))
         return absl::InvalidArgumentError("Upload converts between float dtypes only");
-      const Tensor f = host.ToF32();
+      const Tensor f = host.dtype() == DType::kF32 ? host : host.ToF32();
       src = Tensor::Zeros(dtype, host.shape());
-      const float* in = f.f32();
-      for (int64_t i = 0; i < f.numel(); ++i) {
-        if (dtype == DType::kF32) {
-          src.f32()[i] = in[i];
-        } else if (dtype == DType::kBF16) {
-          src.data<uint16_t>()[i] = FloatToBF16(in[i]);
-        } else {
-          src.data<uint16_t>()[i] = FloatToF16(in[i]);
-        }
-      }
+      ConvertOnHost(f.f32(), src);
     }
     LAIR_ASSIGN_OR_RETURN(Tensor t, Uninitialized(dtype, host.shape()));
     LAIR_RETURN_IF_ERROR(CudaStatus(
@@ -163,6 +292,101 @@ class CudaBackend : public Backend {
     return dense_->TakeIndexFault();
   }
 
+  // --- Steps ----------------------------------------------------------------
+  // An arena that cannot grow leaves the step on the allocator.
+  void BeginStep() override { step_status_ = arena_.Begin(); }
+  void EndStep() override { arena_.End(); }
+
+  absl::StatusOr<Tensor> AllocateScratch(DType dtype, Shape shape) override {
+    return Temporary(dtype, std::move(shape));
+  }
+
+  absl::StatusOr<std::vector<Tensor>> StageInts(
+      std::span<const std::span<const int32_t>> parts) override {
+    // Each part starts on a 256-byte boundary.
+    std::vector<size_t> offsets;
+    size_t total = 0;
+    for (std::span<const int32_t> part : parts) {
+      offsets.push_back(total);
+      total += RoundUp256(std::max<size_t>(part.size_bytes(), 1)) / sizeof(int32_t);
+    }
+    StagingBuffers& b = staging_;
+    if (!b.copied)
+      LAIR_RETURN_IF_ERROR(
+          CudaStatus(cudaEventCreateWithFlags(&b.copied, cudaEventDisableTiming), "event"));
+    // The previous copy must have left the pinned buffer before it is refilled
+    // (it has, in practice: the step that queued it has read its results).
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(b.copied), "staging"));
+    if (total > b.capacity) {
+      if (b.host) LAIR_RETURN_IF_ERROR(CudaStatus(cudaFreeHost(b.host), "staging free"));
+      if (b.dev) LAIR_RETURN_IF_ERROR(CudaStatus(cudaFreeAsync(b.dev, s()), "staging free"));
+      b.host = nullptr;
+      b.dev = nullptr;
+      b.capacity = 0;
+      const size_t grown = std::max<size_t>(total * 2, 4096);
+      void* host = nullptr;
+      void* dev = nullptr;
+      LAIR_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&host, grown * sizeof(int32_t)), "staging"));
+      b.host = static_cast<int32_t*>(host);
+      LAIR_RETURN_IF_ERROR(
+          CudaStatus(cudaMallocAsync(&dev, grown * sizeof(int32_t), s()), "staging"));
+      b.dev = static_cast<int32_t*>(dev);
+      b.capacity = grown;
+      ++b.epoch;
+    }
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      std::copy(parts[i].begin(), parts[i].end(), b.host + offsets[i]);
+      out.push_back(Tensor::Wrap(b.dev + offsets[i], DType::kI32,
+                                 {static_cast<int64_t>(parts[i].size())}, Device::kCuda, nullptr));
+    }
+    LAIR_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(b.dev, b.host, total * sizeof(int32_t), cudaMemcpyHostToDevice, s()),
+        "staging copy"));
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(b.copied, s()), "staging"));
+    return out;
+  }
+
+  absl::Status ArgmaxRows(const Tensor& logits, const Tensor& ids) override {
+    if (logits.rank() != 2)
+      return absl::InvalidArgumentError(
+          absl::StrCat("logits must be [R, V], got ", logits.DebugString()));
+    LAIR_RETURN_IF_ERROR(CheckTensor(logits, logits.shape(), "logits", true));
+    if (!ids.defined() || ids.device() != Device::kCuda || ids.dtype() != DType::kI32)
+      return absl::InvalidArgumentError("ids must be an I32 CUDA tensor");
+    LAIR_RETURN_IF_ERROR(ExpectShape(ids, {logits.dim(0)}, "ids"));
+    return CudaStatus(cuda::LaunchArgmaxRows(logits.f32(), logits.dim(0), logits.dim(1),
+                                             ids.data<int32_t>(), s()),
+                      "argmax");
+  }
+
+  absl::StatusOr<std::unique_ptr<StepGraph>> CaptureStep(
+      const std::function<absl::Status()>& step) override {
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cudaStreamBeginCapture(s(), cudaStreamCaptureModeThreadLocal), "begin capture"));
+    capturing_ = true;
+    const absl::Status stepped = step();
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(s(), &graph);
+    if (!stepped.ok() || ended != cudaSuccess) {
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();  // a broken capture is reported here, not at the next launch
+      LAIR_RETURN_IF_ERROR(stepped);
+      return CudaStatus(ended, "capture");
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    LAIR_RETURN_IF_ERROR(CudaStatus(made, "graph instantiate"));
+    return std::unique_ptr<StepGraph>(new CudaStepGraph(s(), exec));
+  }
+
+  // The arena, the staging block and the dense ops' scratch (process-wide).
+  uint64_t memory_epoch() const override {
+    return arena_.epoch() + staging_.epoch + cuda::CudaDenseOps::ScratchEpoch();
+  }
+
   absl::Status DecayForward(const SequenceBatch& batch, const DecayForwardArgs& a,
                             MixerForm form) override {
     LAIR_ASSIGN_OR_RETURN(DeviceBatch db, CheckDecay(batch, a));
@@ -182,7 +406,8 @@ class CudaBackend : public Backend {
     const int64_t n = db.tokens;
     const int H = a.heads, K = a.key_dim, V = a.value_dim, S = batch.num_seqs;
     // The dq pass scans with value_dim in the key role (the ULA permutation).
-    if (V > 256) return absl::InvalidArgumentError("the CUDA decay backward needs value_dim ≤ 256");
+    if (K > kMaxScanKeyDim || V > kMaxScanKeyDim)
+      return absl::InvalidArgumentError("the CUDA decay backward needs key_dim and value_dim ≤ 256");
     LAIR_RETURN_IF_ERROR(CheckTensor(b.d_o, {n, H, V}, "d_o", false));
     LAIR_RETURN_IF_ERROR(CheckTensor(b.dq, {n, H, K}, "dq", false));
     LAIR_RETURN_IF_ERROR(CheckTensor(b.dk, {n, H, K}, "dk", false));
@@ -339,12 +564,12 @@ class CudaBackend : public Backend {
   }
 
   absl::Status GsaForward(const SequenceBatch& batch, const GsaForwardArgs& a,
-                          MixerForm /*form*/) override {
+                          MixerForm form) override {
     LAIR_ASSIGN_OR_RETURN(DeviceBatch db, CheckGsa(batch, a));
     const int64_t n = db.tokens;
     const int H = a.heads, K = a.key_dim, V = a.value_dim, M = a.num_slots_m;
     LAIR_RETURN_IF_ERROR(CheckTensor(a.o, {n, H, V}, "o", false));
-    LAIR_ASSIGN_OR_RETURN(Tensor z, Uninitialized(DType::kF32, {n, H, M}));
+    LAIR_ASSIGN_OR_RETURN(Tensor z, Temporary(DType::kF32, {n, H, M}));
     // Pass 1: Hk_t = Hk_{t-1} diag(e^{g_t}) + k_t s_tᵀ, z_t = scale·Hk_tᵀq_t.
     {
       ScanParams p = Base(db, batch, H, K, M);
@@ -357,7 +582,7 @@ class CudaBackend : public Backend {
       p.s_init = batch.zero_initial_state ? StateRef{} : pool;
       p.s_final = pool;
       p.o = z.raw();
-      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(p, s()), "gsa pass 1"));
+      LAIR_RETURN_IF_ERROR(Run(p, db, batch, form, "gsa pass 1"));
     }
     LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchSoftmaxRows(z.f32(), n * H, M, s()), "gsa softmax"));
     // Pass 2: Hv_t = diag(e^{g_t}) Hv_{t-1} + s_t v_tᵀ, o_t = Hv_tᵀ p_t.
@@ -372,7 +597,7 @@ class CudaBackend : public Backend {
     p.s_final = pool;
     p.o = a.o.raw();
     p.o_type = Elem(a.o.dtype());
-    return CudaStatus(cuda::LaunchScan(p, s()), "gsa pass 2");
+    return Run(p, db, batch, form, "gsa pass 2");
   }
 
   // Composed as kernels/cpu/gsa.cc: pass 1 again for P, pass 2 backward, the
@@ -382,8 +607,9 @@ class CudaBackend : public Backend {
     LAIR_ASSIGN_OR_RETURN(DeviceBatch db, CheckGsa(batch, a));
     const int64_t n = db.tokens;
     const int H = a.heads, K = a.key_dim, V = a.value_dim, M = a.num_slots_m, S = batch.num_seqs;
-    if (V > 128 || V % 4 != 0)
-      return absl::InvalidArgumentError("GSA backward on CUDA needs value_dim ≤ 128, a multiple of 4");
+    if (V > 128 || V % 4 != 0 || K > 128 || M > 128)
+      return absl::InvalidArgumentError(
+          "GSA backward on CUDA needs key_dim, value_dim and num_slots_m ≤ 128, value_dim a multiple of 4");
     LAIR_RETURN_IF_ERROR(CheckTensor(b.d_o, {n, H, V}, "d_o", false));
     if (b.d_hkt.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_hkt, {S, H, K, M}, "d_hkt", true));
     if (b.d_hvt.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_hvt, {S, H, M, V}, "d_hvt", true));
@@ -465,7 +691,9 @@ class CudaBackend : public Backend {
     const int H = a.heads, K = a.key_dim, V = a.value_dim;
     LAIR_RETURN_IF_ERROR(CheckTensor(a.h, {n, H, V}, "h", false));
     const bool exp_gate = a.kind == MlstmKind::kExp;
-    if (K > 128 || K % 4 != 0) return absl::InvalidArgumentError("mLSTM on CUDA needs key_dim ≤ 128, multiple of 4");
+    // The scans' [key_dim, 64] state tile: xLSTM 7B's heads have key_dim 256.
+    if (K > 256 || K % 4 != 0)
+      return absl::InvalidArgumentError("mLSTM on CUDA needs key_dim ≤ 256, multiple of 4");
 
     ScanParams p = Base(db, batch, H, K, V);
     p.q = Op(a.q);
@@ -487,11 +715,11 @@ class CudaBackend : public Backend {
     // n and m are read by every dv tile and written by tile 0: read copies.
     Tensor n0, m0;
     if (!batch.zero_initial_state) {
-      LAIR_ASSIGN_OR_RETURN(n0, Uninitialized(DType::kF32, a.state_n.shape()));
+      LAIR_ASSIGN_OR_RETURN(n0, Temporary(DType::kF32, a.state_n.shape()));
       LAIR_RETURN_IF_ERROR(Copy(a.state_n, n0));
       p.n_init = n0.f32();
       if (exp_gate) {
-        LAIR_ASSIGN_OR_RETURN(m0, Uninitialized(DType::kF32, a.state_m.shape()));
+        LAIR_ASSIGN_OR_RETURN(m0, Temporary(DType::kF32, a.state_m.shape()));
         LAIR_RETURN_IF_ERROR(Copy(a.state_m, m0));
         p.m_init = m0.f32();
       }
@@ -588,6 +816,19 @@ class CudaBackend : public Backend {
  private:
   cudaStream_t s() const { return stream_->stream; }
 
+  // A step's temporary: from the arena inside a step, else Uninitialized.
+  // While capturing, memory must not grow: a full arena fails the capture.
+  absl::StatusOr<Tensor> Temporary(DType dtype, Shape shape) {
+    if (arena_.active() && step_status_.ok()) {
+      const size_t bytes = static_cast<size_t>(ShapeNumel(shape)) * DTypeSize(dtype);
+      if (void* p = arena_.Take(bytes))
+        return Tensor::Wrap(p, dtype, std::move(shape), Device::kCuda, nullptr);
+      if (capturing_)
+        return absl::ResourceExhaustedError("the step arena is full while recording a step");
+    }
+    return Uninitialized(dtype, std::move(shape));
+  }
+
   // Device memory freed on the stream when the last handle goes.
   absl::StatusOr<Tensor> Uninitialized(DType dtype, Shape shape) {
     const size_t bytes = static_cast<size_t>(ShapeNumel(shape)) * DTypeSize(dtype);
@@ -678,9 +919,9 @@ class CudaBackend : public Backend {
       case DecayKind::kNone:
         break;
     }
-    // The scan keeps a [key_dim, 64] state tile in shared memory; value_dim is tiled.
-    if (K > 256 || K % 4 != 0 || V % 4 != 0)
-      return absl::InvalidArgumentError("the CUDA decay kernels need key_dim ≤ 256 and key_dim, value_dim multiples of 4");
+    // Keys wider than a scan's state tile run in row blocks (RunKeyBlocks).
+    if (K % 4 != 0 || V % 4 != 0)
+      return absl::InvalidArgumentError("the CUDA decay kernels need key_dim and value_dim multiples of 4");
     return db;
   }
 
@@ -696,8 +937,10 @@ class CudaBackend : public Backend {
     LAIR_RETURN_IF_ERROR(CheckTensor(a.g, {n, H, M}, "g", true));
     LAIR_RETURN_IF_ERROR(CheckPool(a.state_k, H, K, M, batch, "state_k"));
     LAIR_RETURN_IF_ERROR(CheckPool(a.state_v, H, M, V, batch, "state_v"));
-    if (K > 128 || M > 128 || K % 4 != 0 || M % 4 != 0)
-      return absl::InvalidArgumentError("GSA on CUDA needs key_dim and num_slots_m ≤ 128, multiples of 4");
+    // Pass 2 scans with the slots as its keys; pass 1's keys may be any width.
+    if (M > kMaxScanKeyDim || K % 4 != 0 || M % 4 != 0)
+      return absl::InvalidArgumentError(
+          "GSA on CUDA needs num_slots_m ≤ 256 and key_dim, num_slots_m multiples of 4");
     return db;
   }
 
@@ -785,21 +1028,122 @@ class CudaBackend : public Backend {
     return r;
   }
 
-  absl::Status Run(const ScanParams& p, const DeviceBatch& db, const SequenceBatch& batch,
+  // The widest key dimension one scan or step launch holds (its state tile).
+  static constexpr int kMaxScanKeyDim = 256;
+
+  // One forward scan: the step kernel for one-token decode, else the chunked
+  // scan (its operands rounded for the tensor cores when the backend is fast),
+  // in key blocks when dk exceeds a launch's tile.
+  //
+  // Temporaries are freed in stream order when their last handle goes, and
+  // the next allocation may reuse them at once: every one lives in `keep`
+  // until the launches that read it are queued.
+  absl::Status Run(ScanParams p, const DeviceBatch& db, const SequenceBatch& batch,
                    MixerForm form, std::string_view what) {
     const bool one_token = db.tokens == batch.num_seqs && db.max_len <= 1;
     const bool step = form != MixerForm::kChunked && one_token && p.dv % 32 == 0;
+    std::vector<Tensor> keep;
+    if (!step && tensor_core_scans_) LAIR_RETURN_IF_ERROR(RoundForTensorCores(p, db.tokens, keep));
+    if (p.dk > kMaxScanKeyDim) return RunKeyBlocks(p, db.tokens, step, what, keep);
     return CudaStatus(step ? cuda::LaunchStep(p, s()) : cuda::LaunchScan(p, s()), what);
+  }
+
+  // fp32 q, k, v become bf16 temporaries, so that a chunked scan takes the
+  // tensor-core path (scan_mma.h: bf16 products, fp32 accumulation and
+  // state) instead of the fp32 one: the model path keeps fp32 activations,
+  // and a prefill would otherwise spend most of its time in fp32 scans.
+  // Scans the tensor-core path does not serve (right decays, dims not
+  // multiples of 16) keep their operands.
+  absl::Status RoundForTensorCores(ScanParams& p, int64_t tokens, std::vector<Tensor>& keep) {
+    const bool all_f32 =
+        p.q.type == ElemType::kF32 && p.k.type == ElemType::kF32 && p.v.type == ElemType::kF32;
+    if (!all_f32 || p.right.ptr || p.dk % 16 != 0 || p.dv % 16 != 0 || tokens == 0) return absl::OkStatus();
+    const int64_t rows = tokens * p.heads;
+    for (auto [operand, width] : {std::pair{&p.q, p.dk}, std::pair{&p.k, p.dk}, std::pair{&p.v, p.dv}}) {
+      LAIR_ASSIGN_OR_RETURN(Tensor half, Temporary(DType::kBF16, {rows, width}));
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchConvert(operand->ptr, ElemType::kF32, half.raw(),
+                                                          ElemType::kBF16, rows * width, s()),
+                                      "round scan operand"));
+      *operand = Operand{half.raw(), ElemType::kBF16};
+      keep.push_back(std::move(half));
+    }
+    return absl::OkStatus();
+  }
+
+  // A decay scan whose keys are wider than one launch's tile. Each row of
+  // the state evolves on its own (left decays act per row, right decays on
+  // every row alike) and o_t = Σ_a q_t[a] S_t[a, :], so the rows split into
+  // blocks scanned one after another, each from its slice of q, k and the
+  // left gate and its row block of the states, and the partial outputs add.
+  // The mLSTM normalizer and stabilizer are not sums over rows: not served.
+  absl::Status RunKeyBlocks(const ScanParams& p, int64_t tokens, bool step, std::string_view what,
+                            std::vector<Tensor>& keep) {
+    if (p.norm != cuda::NormKind::kNone || p.stabilize || p.key_weight.ptr || p.n_final || p.n_init)
+      return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": key_dim ", p.dk,
+                                                     " > ", kMaxScanKeyDim, " with a normalizer"));
+    if (p.q.type != p.k.type)
+      return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": q and k of different types"));
+    const int64_t rows = tokens * p.heads;
+    const DType key_type = p.q.type == ElemType::kF32    ? DType::kF32
+                           : p.q.type == ElemType::kBF16 ? DType::kBF16
+                                                         : DType::kF16;
+    const size_t elem = DTypeSize(key_type);
+    Tensor sum;  // fp32 [rows, dv]: o itself when o is fp32
+    if (p.o_type == ElemType::kF32) {
+      sum = Tensor::Wrap(p.o, DType::kF32, {rows, p.dv}, Device::kCuda, nullptr);
+    } else {
+      LAIR_ASSIGN_OR_RETURN(sum, Temporary(DType::kF32, {rows, p.dv}));
+      keep.push_back(sum);
+    }
+    for (int a0 = 0; a0 < p.dk; a0 += kMaxScanKeyDim) {
+      const int width = std::min(kMaxScanKeyDim, p.dk - a0);
+      ScanParams b = p;
+      b.dk = width;
+      for (Operand* operand : {&b.q, &b.k}) {
+        LAIR_ASSIGN_OR_RETURN(Tensor slice, Temporary(key_type, {rows, width}));
+        LAIR_RETURN_IF_ERROR(CudaStatus(
+            cudaMemcpy2DAsync(slice.raw(), width * elem, static_cast<const char*>(operand->ptr) + a0 * elem,
+                              static_cast<size_t>(p.dk) * elem, width * elem, rows, cudaMemcpyDeviceToDevice, s()),
+            "key block"));
+        operand->ptr = slice.raw();
+        keep.push_back(std::move(slice));
+      }
+      if (p.left_vector && b.left.ptr) b.left.ptr += a0;
+      for (StateRef* state : {&b.s_init, &b.s_final})
+        if (state->ptr) state->ptr += static_cast<int64_t>(a0) * state->stride_a;
+      if (b.state_head_stride == 0) b.state_head_stride = static_cast<int64_t>(p.dk) * p.dv;
+      Tensor part = sum;
+      if (a0 > 0) {
+        LAIR_ASSIGN_OR_RETURN(part, Temporary(DType::kF32, {rows, p.dv}));
+        keep.push_back(part);
+      }
+      b.o = part.raw();
+      b.o_type = ElemType::kF32;
+      LAIR_RETURN_IF_ERROR(CudaStatus(step ? cuda::LaunchStep(b, s()) : cuda::LaunchScan(b, s()), what));
+      if (a0 > 0)
+        LAIR_RETURN_IF_ERROR(CudaStatus(
+            cuda::LaunchAdd(sum.f32(), part.f32(), sum.raw(), ElemType::kF32, rows * p.dv, s()), what));
+    }
+    if (p.o_type == ElemType::kF32) return absl::OkStatus();
+    return CudaStatus(cuda::LaunchConvert(sum.raw(), ElemType::kF32, p.o, p.o_type, rows * p.dv, s()), what);
   }
 
   std::shared_ptr<StreamHolder> stream_;
   std::string name_;
   std::unique_ptr<cuda::CudaDenseOps> dense_;  // destroyed before the stream
+  // GemmMode::kFast: multi-token scans round fp32 q, k, v to bf16 for the
+  // tensor-core path (RoundForTensorCores).
+  bool tensor_core_scans_ = false;
+  StepArena arena_;
+  absl::Status step_status_;  // of the last BeginStep
+  StagingBuffers staging_;
+  bool capturing_ = false;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device_index) {
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device_index,
+                                                         const BackendOptions& options) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
     return absl::UnavailableError("no CUDA device is present");
@@ -812,10 +1156,14 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device_index) {
   holder->device = device_index;
   LAIR_RETURN_IF_ERROR(
       CudaStatus(cudaStreamCreateWithFlags(&holder->stream, cudaStreamNonBlocking), "stream"));
-  LAIR_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaDenseOps> dense,
-                        cuda::CudaDenseOps::Create(holder->stream));
-  return std::unique_ptr<Backend>(new CudaBackend(
-      std::move(holder), absl::StrCat("cuda:", device_index, " (", prop.name, ")"), std::move(dense)));
+  LAIR_ASSIGN_OR_RETURN(
+      std::unique_ptr<cuda::CudaDenseOps> dense,
+      cuda::CudaDenseOps::Create(holder->stream, options.gemm == GemmMode::kFast
+                                                     ? cuda::GemmPrecision::kFast
+                                                     : cuda::GemmPrecision::kExact));
+  return std::unique_ptr<Backend>(new CudaBackend(std::move(holder),
+                                                  absl::StrCat("cuda:", device_index, " (", prop.name, ")"),
+                                                  std::move(dense), options.gemm));
 }
 
 }  // namespace lair::kernels

@@ -3,7 +3,14 @@
 // Device memory comes from cudaMallocAsync on the backend's one stream (the
 // tensors' deleters free it on that stream); every operation is issued on the
 // stream and returns once queued, so errors of a launch show up at the latest
-// in the next Synchronize. Inputs may be F32, BF16 or F16; states and gates
+// in the next Synchronize. Inside a step (Backend::BeginStep) temporaries
+// come from a bump arena (grown, at the next BeginStep, to the largest step
+// seen, at most 1 GiB; the rest overflows to the allocator); StageInts packs
+// a step's int metadata into pinned memory and makes one copy into a
+// persistent device block; CaptureStep records CUDA graphs (thread-local
+// capture mode), and memory_epoch moves when the arena, the staging block or
+// any dense-op scratch is reallocated. BackendOptions::gemm picks the dense
+// ops' GemmPrecision. Inputs may be F32, BF16 or F16; states and gates
 // are F32; arithmetic is fp32 (no TF32), so an F32 run matches the CPU
 // reference to rounding.
 //
@@ -24,6 +31,7 @@
 namespace lair::kernels {
 
 // Unavailable when no CUDA device with that index is present.
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device_index);
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device_index,
+                                                         const BackendOptions& options = {});
 
 }  // namespace lair::kernels

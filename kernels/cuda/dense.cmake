@@ -13,7 +13,7 @@ lair_library(lair_cuda_dense STATIC
   ${CMAKE_CURRENT_LIST_DIR}/dense_loss.cu)
 target_link_libraries(lair_cuda_dense
   PUBLIC lair_core CUDA::cudart
-  PRIVATE CUDA::cublasLt absl::strings)
+  PRIVATE lair_dense_checks CUDA::cublasLt absl::strings)
 target_compile_options(lair_cuda_dense PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:--resource-usage -Xptxas=-warn-spills
     -Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror>)

@@ -15,6 +15,7 @@
 #include <array>
 #include <map>
 #include <string>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/dense_common.cuh"
@@ -59,6 +60,105 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t r = i / n, j = i - r * n;
     float* at = c + r * ldc + j;
     *at = (beta == 0.0f ? 0.0f : beta * *at) + (bias ? bias[j] : 0.0f);
+  }
+}
+
+// Decode-sized products (m ≤ kGemvMaxRows) with 16-bit weights in the
+// nn.Linear layout: c[i, j] = alpha·Σ_k a[i, k]·w[j, k] + beta·c[i, j] + bias[j].
+// Memory-bound on w, so one warp streams one weight row in 16-byte loads
+// (kGemvUnroll in flight per lane) against fp32 activations read through
+// the cache, and keeps one fp32 sum per activation row; no activation
+// rounding and no conversion pass.
+constexpr int kGemvMaxRows = 8;
+constexpr int kGemvWarps = 8;
+constexpr int kGemvUnroll = 4;
+
+__device__ __forceinline__ float2 Pair(const __nv_bfloat162& v) { return __bfloat1622float2(v); }
+__device__ __forceinline__ float2 Pair(const __half2& v) { return __half22float2(v); }
+
+template <typename T, int kRows>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    GemvKernel(const float* __restrict__ a, const T* __restrict__ w, int64_t n, int64_t k,
+               float alpha, float beta, const float* __restrict__ bias, float* c) {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  const int lane = threadIdx.x % 32;
+  const int64_t j = blockIdx.x * static_cast<int64_t>(kGemvWarps) + threadIdx.x / 32;
+  if (j >= n) return;
+  const uint4* row = reinterpret_cast<const uint4*>(w + j * k);  // 8 weights per uint4
+  const int64_t vectors = k / 8;
+  float sum[kRows] = {};
+  for (int64_t base = 0; base < vectors; base += 32 * kGemvUnroll) {
+    uint4 chunk[kGemvUnroll];
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int64_t v = base + u * 32 + lane;
+      chunk[u] = v < vectors ? __ldg(row + v) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int64_t v = base + u * 32 + lane;
+      if (v >= vectors) break;
+      const T2* pairs = reinterpret_cast<const T2*>(&chunk[u]);
+      float2 wf[4];
+#pragma unroll
+      for (int p = 0; p < 4; ++p) wf[p] = Pair(pairs[p]);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float4* x = reinterpret_cast<const float4*>(a + r * k + v * 8);
+        const float4 x0 = __ldg(x), x1 = __ldg(x + 1);
+        sum[r] += x0.x * wf[0].x + x0.y * wf[0].y + x0.z * wf[1].x + x0.w * wf[1].y +
+                  x1.x * wf[2].x + x1.y * wf[2].y + x1.z * wf[3].x + x1.w * wf[3].y;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    for (int offset = 16; offset > 0; offset /= 2)
+      sum[r] += __shfl_down_sync(0xffffffffu, sum[r], offset);
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float* out = c + r * n + j;
+      *out = alpha * sum[r] + (beta == 0.0f ? 0.0f : beta * *out) + (bias ? bias[j] : 0.0f);
+    }
+  }
+}
+
+template <typename T, int kRows>
+cudaError_t LaunchGemvRows(const GemmCall& g, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((g.n + kGemvWarps - 1) / kGemvWarps);
+  GemvKernel<T, kRows><<<blocks, kGemvWarps * 32, 0, stream>>>(g.a, static_cast<const T*>(g.b), g.n,
+                                                               g.k, g.alpha, g.beta, g.bias, g.c);
+  return cudaGetLastError();
+}
+
+// Whether the GEMV kernel takes `g`: few rows, nn.Linear layout, 16-byte
+// aligned rows of weights and activations.
+bool GemvFits(const GemmCall& g) {
+  return g.m <= kGemvMaxRows && !g.trans_a && g.trans_b && g.k % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(g.a) % 16 == 0 && reinterpret_cast<uintptr_t>(g.b) % 16 == 0;
+}
+
+template <typename T>
+cudaError_t LaunchGemv(const GemmCall& g, cudaStream_t stream) {
+  switch (g.m) {
+    case 1:
+      return LaunchGemvRows<T, 1>(g, stream);
+    case 2:
+      return LaunchGemvRows<T, 2>(g, stream);
+    case 3:
+      return LaunchGemvRows<T, 3>(g, stream);
+    case 4:
+      return LaunchGemvRows<T, 4>(g, stream);
+    case 5:
+      return LaunchGemvRows<T, 5>(g, stream);
+    case 6:
+      return LaunchGemvRows<T, 6>(g, stream);
+    case 7:
+      return LaunchGemvRows<T, 7>(g, stream);
+    default:
+      return LaunchGemvRows<T, 8>(g, stream);
   }
 }
 
@@ -335,6 +435,13 @@ absl::Status GemmRunner::Run(const GemmCall& g, GemmPrecision precision) {
     return CudaStatus(cudaGetLastError(), "gemm k = 0");
   }
   const bool fast = precision == GemmPrecision::kFast;
+  // Decode-sized products stream the 16-bit weights once, in fp32 arithmetic
+  // (exact products, so both precisions take them).
+  if ((g.b_type == DType::kBF16 || g.b_type == DType::kF16) && GemvFits(g)) {
+    return CudaStatus(g.b_type == DType::kBF16 ? LaunchGemv<__nv_bfloat16>(g, im.stream)
+                                               : LaunchGemv<__half>(g, im.stream),
+                      "gemv");
+  }
   switch (g.b_type) {
     case DType::kBF16:
       return fast ? im.RunNarrowed<__nv_bfloat16>(g) : im.RunWidened<__nv_bfloat16>(g);

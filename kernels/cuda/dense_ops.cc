@@ -1,9 +1,10 @@
-// CudaDenseOps: argument validation (the checks and messages of
-// kernels/cpu/dense.cc, for CUDA tensors), scratch and batch uploads, and the
+// CudaDenseOps: argument validation (kernels/dense_checks.h, shared with the
+// CPU reference, plus the CUDA limits), scratch and batch uploads, and the
 // mapping of each op onto the launchers of kernels/cuda/dense_launch.h.
 #include "kernels/cuda/dense_ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -11,79 +12,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/dense_launch.h"
+#include "kernels/dense_checks.h"
 
 namespace lair::kernels::cuda {
 namespace {
 
 using dense::ScratchLayout;
 
-absl::Status Invalid(std::string_view op, std::string_view field, std::string_view problem) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(std::string(op), ": ", std::string(field), ": ", std::string(problem)));
-}
-
 absl::Status CudaStatus(cudaError_t err, std::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
   return absl::InternalError(
       absl::StrCat("CUDA ", std::string(what), ": ", cudaGetErrorString(err)));
-}
-
-// A defined CUDA tensor of `dtype` and, when rank >= 0, that rank.
-absl::Status CheckTensor(std::string_view op, std::string_view field, const Tensor& t,
-                         DType dtype = DType::kF32, int rank = -1) {
-  if (!t.defined()) return Invalid(op, field, "missing tensor");
-  if (t.device() != Device::kCuda) return Invalid(op, field, "not a CUDA tensor");
-  if (t.dtype() != dtype) {
-    return Invalid(
-        op, field,
-        absl::StrCat("expected ", std::string(DTypeName(dtype)), ", got ", t.DebugString()));
-  }
-  if (rank >= 0 && t.rank() != rank) {
-    return Invalid(op, field, absl::StrCat("expected rank ", rank, ", got ", t.DebugString()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckShape(std::string_view op, std::string_view field, const Tensor& t,
-                        const Shape& shape) {
-  if (t.shape() != shape) {
-    return Invalid(
-        op, field,
-        absl::StrCat("expected shape ", ShapeString(shape), ", got ", ShapeString(t.shape())));
-  }
-  return absl::OkStatus();
-}
-
-int64_t Rows(const Tensor& t) {
-  return t.rank() == 0 || t.dim(-1) == 0 ? 0 : t.numel() / t.dim(-1);
-}
-
-// The packed-batch invariants of kernels/mixer.h against `num_tokens` and a
-// pool of `num_slots` (negative: no pool).
-absl::Status CheckBatch(std::string_view op, const SequenceBatch& batch, int64_t num_tokens,
-                        int64_t num_slots) {
-  if (batch.num_seqs < 0 || static_cast<int64_t>(batch.cu_seqlens.size()) != batch.num_seqs + 1) {
-    return Invalid(op, "cu_seqlens", "expected num_seqs + 1 offsets");
-  }
-  if (batch.cu_seqlens[0] != 0 || batch.cu_seqlens[batch.num_seqs] != num_tokens) {
-    return Invalid(op, "cu_seqlens", absl::StrCat("must run from 0 to ", num_tokens));
-  }
-  for (int s = 0; s < batch.num_seqs; ++s) {
-    if (batch.cu_seqlens[s + 1] < batch.cu_seqlens[s])
-      return Invalid(op, "cu_seqlens", "decreasing");
-  }
-  if (num_slots >= 0) {
-    if (static_cast<int>(batch.state_slot.size()) != batch.num_seqs) {
-      return Invalid(op, "state_slot", "expected one slot per sequence");
-    }
-    for (int32_t slot : batch.state_slot) {
-      if (slot < 0 || slot >= num_slots) {
-        return Invalid(op, "state_slot",
-                       absl::StrCat("slot ", slot, " outside [0, ", num_slots, ")"));
-      }
-    }
-  }
-  return absl::OkStatus();
 }
 
 // Row-major strides of `shape`.
@@ -94,37 +33,14 @@ std::vector<int64_t> Strides(const Shape& shape) {
   return strides;
 }
 
-// Strides of `x` over the index space of `shape` (0 along broadcast
-// dimensions), or an error when x does not broadcast to shape.
-absl::Status BroadcastStrides(std::string_view op, std::string_view field, const Tensor& x,
-                              const Shape& shape, std::vector<int64_t>* strides) {
-  if (x.rank() != static_cast<int>(shape.size())) {
-    return Invalid(
-        op, field,
-        absl::StrCat("rank of ", ShapeString(x.shape()), " differs from ", ShapeString(shape)));
-  }
-  *strides = Strides(x.shape());
-  for (int d = 0; d < x.rank(); ++d) {
-    if (x.shape()[d] != shape[d]) {
-      if (x.shape()[d] != 1) {
-        return Invalid(
-            op, field,
-            absl::StrCat(ShapeString(x.shape()), " does not broadcast to ", ShapeString(shape)));
-      }
-      (*strides)[d] = 0;
-    }
-  }
-  return absl::OkStatus();
-}
-
 // The broadcast index of y's shape for operands with strides sa and sb.
 absl::StatusOr<dense::BroadcastIndex> MakeIndex(std::string_view op, const Shape& shape,
                                                 const std::vector<int64_t>& sa,
                                                 const std::vector<int64_t>& sb) {
   if (shape.size() > static_cast<size_t>(dense::kMaxRank)) {
-    return Invalid(op, "y",
-                   absl::StrCat("broadcasting supports rank up to ", dense::kMaxRank, ", got ",
-                                ShapeString(shape)));
+    return InvalidDenseArg(op, "y",
+                           absl::StrCat("broadcasting supports rank up to ", dense::kMaxRank,
+                                        ", got ", ShapeString(shape)));
   }
   dense::BroadcastIndex ix;
   ix.rank = static_cast<int>(shape.size());
@@ -134,26 +50,6 @@ absl::StatusOr<dense::BroadcastIndex> MakeIndex(std::string_view op, const Shape
     ix.stride_b[d] = sb[d];
   }
   return ix;
-}
-
-bool SameMemory(const Tensor& a, const Tensor& b) { return a.raw() == b.raw(); }
-
-absl::Status CheckNorm(std::string_view op, const NormArgs& args, int64_t* group) {
-  LAIR_RETURN_IF_ERROR(CheckTensor(op, "x", args.x, DType::kF32, 2));
-  const int64_t cols = args.x.dim(1);
-  *group = args.group_size == 0 ? cols : args.group_size;
-  if (*group <= 0 || cols % *group != 0) {
-    return Invalid(op, "group_size", absl::StrCat(args.group_size, " does not divide ", cols));
-  }
-  if (args.weight.defined()) {
-    LAIR_RETURN_IF_ERROR(CheckTensor(op, "weight", args.weight, DType::kF32, 1));
-    LAIR_RETURN_IF_ERROR(CheckShape(op, "weight", args.weight, {cols}));
-  }
-  if (args.gate_mode != NormGate::kNone) {
-    LAIR_RETURN_IF_ERROR(CheckTensor(op, "gate", args.gate, DType::kF32, 2));
-    LAIR_RETURN_IF_ERROR(CheckShape(op, "gate", args.gate, args.x.shape()));
-  }
-  return absl::OkStatus();
 }
 
 dense::NormParams NormLaunch(const NormArgs& args, int64_t group) {
@@ -168,24 +64,6 @@ dense::NormParams NormLaunch(const NormArgs& args, int64_t group) {
   p.weight = args.weight.defined() ? args.weight.f32() : nullptr;
   p.gate = args.gate_mode != NormGate::kNone ? args.gate.f32() : nullptr;
   return p;
-}
-
-absl::Status CheckConv(std::string_view op, const SequenceBatch& batch, const Conv1dArgs& args,
-                       int64_t* channels, int64_t* width) {
-  LAIR_RETURN_IF_ERROR(CheckTensor(op, "x", args.x, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckTensor(op, "weight", args.weight, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckTensor(op, "state", args.state, DType::kF32, 3));
-  *channels = args.x.dim(1);
-  *width = args.weight.dim(1);
-  if (*width < 1) return Invalid(op, "weight", "kernel width must be positive");
-  LAIR_RETURN_IF_ERROR(CheckShape(op, "weight", args.weight, {*channels, *width}));
-  LAIR_RETURN_IF_ERROR(
-      CheckShape(op, "state", args.state, {args.state.dim(0), *channels, *width - 1}));
-  if (args.bias.defined()) {
-    LAIR_RETURN_IF_ERROR(CheckTensor(op, "bias", args.bias, DType::kF32, 1));
-    LAIR_RETURN_IF_ERROR(CheckShape(op, "bias", args.bias, {*channels}));
-  }
-  return CheckBatch(op, batch, args.x.dim(0), args.state.dim(0));
 }
 
 dense::ConvParams ConvLaunch(const SequenceBatch& batch, const Conv1dArgs& args, int64_t channels,
@@ -204,21 +82,13 @@ dense::ConvParams ConvLaunch(const SequenceBatch& batch, const Conv1dArgs& args,
   return p;
 }
 
-absl::Status CheckAttention(std::string_view op, const AttentionArgs& args, int64_t* n) {
-  LAIR_RETURN_IF_ERROR(CheckTensor(op, "q", args.q, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckTensor(op, "k", args.k, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckTensor(op, "v", args.v, DType::kF32, 3));
-  if (args.heads <= 0 || args.kv_heads <= 0 || args.heads % args.kv_heads != 0) {
-    return Invalid(op, "kv_heads", absl::StrCat(args.kv_heads, " must divide heads ", args.heads));
-  }
+// CUDA's limit on attention's head_dim, on top of the shared checks.
+absl::Status CheckHeadDim(std::string_view op, const AttentionArgs& args) {
   if (args.head_dim <= 0 || args.head_dim > CudaDenseOps::kMaxHeadDim) {
-    return Invalid(op, "head_dim",
-                   absl::StrCat(args.head_dim, " outside [1, ", CudaDenseOps::kMaxHeadDim, "]"));
+    return InvalidDenseArg(
+        op, "head_dim",
+        absl::StrCat(args.head_dim, " outside [1, ", CudaDenseOps::kMaxHeadDim, "]"));
   }
-  *n = args.q.dim(0);
-  LAIR_RETURN_IF_ERROR(CheckShape(op, "q", args.q, {*n, args.heads, args.head_dim}));
-  LAIR_RETURN_IF_ERROR(CheckShape(op, "k", args.k, {*n, args.kv_heads, args.head_dim}));
-  LAIR_RETURN_IF_ERROR(CheckShape(op, "v", args.v, {*n, args.kv_heads, args.head_dim}));
   return absl::OkStatus();
 }
 
@@ -242,6 +112,12 @@ void AddBatchInts(ScratchLayout* layout, const SequenceBatch& batch) {
 }  // namespace
 
 namespace dense {
+namespace {
+
+// Bumped whenever any DeviceScratch moves (CudaDenseOps::ScratchEpoch).
+std::atomic<uint64_t> scratch_epoch{0};
+
+}  // namespace
 
 DeviceScratch::~DeviceScratch() {
   if (ptr_) cudaFreeAsync(ptr_, stream_);
@@ -249,6 +125,7 @@ DeviceScratch::~DeviceScratch() {
 
 absl::StatusOr<char*> DeviceScratch::Get(size_t bytes) {
   if (bytes <= size_ && ptr_) return ptr_;
+  scratch_epoch.fetch_add(1, std::memory_order_relaxed);
   if (ptr_) LAIR_RETURN_IF_ERROR(CudaStatus(cudaFreeAsync(ptr_, stream_), "scratch free"));
   ptr_ = nullptr;
   size_ = 0;
@@ -288,6 +165,10 @@ absl::StatusOr<std::unique_ptr<CudaDenseOps>> CudaDenseOps::Create(cudaStream_t 
 }
 
 absl::StatusOr<char*> CudaDenseOps::Scratch(size_t bytes) { return scratch_->Get(bytes); }
+
+uint64_t CudaDenseOps::ScratchEpoch() {
+  return dense::scratch_epoch.load(std::memory_order_relaxed);
+}
 
 absl::StatusOr<CudaDenseOps::DeviceInts> CudaDenseOps::UploadBatch(const SequenceBatch& batch,
                                                                    bool with_slots,
@@ -338,28 +219,9 @@ absl::Status CudaDenseOps::TakeIndexFault() {
 }
 
 absl::Status CudaDenseOps::Gemm(const GemmArgs& args) {
-  constexpr std::string_view kOp = "Gemm";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "a", args.a, DType::kF32, 2));
-  const DType b_type = args.b.defined() ? args.b.dtype() : DType::kF32;
-  if (b_type != DType::kF32 && b_type != DType::kBF16 && b_type != DType::kF16) {
-    return Invalid(kOp, "b", absl::StrCat("expected F32, BF16 or F16, got ", args.b.DebugString()));
-  }
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "b", args.b, b_type, 2));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "c", args.c, DType::kF32, 2));
-  const int64_t m = args.trans_a ? args.a.dim(1) : args.a.dim(0);
-  const int64_t k = args.trans_a ? args.a.dim(0) : args.a.dim(1);
-  const int64_t n = args.trans_b ? args.b.dim(0) : args.b.dim(1);
-  const int64_t kb = args.trans_b ? args.b.dim(1) : args.b.dim(0);
-  if (kb != k) {
-    return Invalid(kOp, "b",
-                   absl::StrCat("inner dimension ", kb, " differs from a's ", k, " (a ",
-                                args.a.DebugString(), ", b ", args.b.DebugString(), ")"));
-  }
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "c", args.c, {m, n}));
-  if (args.bias.defined()) {
-    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "bias", args.bias, DType::kF32, 1));
-    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "bias", args.bias, {n}));
-  }
+  constexpr DType kWeightDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+  LAIR_ASSIGN_OR_RETURN(GemmDims dims, CheckGemmArgs(args, Device::kCuda, kWeightDTypes));
+  const int64_t m = dims.m, n = dims.n, k = dims.k;
   dense::GemmCall call;
   call.m = m;
   call.n = n;
@@ -378,14 +240,11 @@ absl::Status CudaDenseOps::Gemm(const GemmArgs& args) {
 
 absl::Status CudaDenseOps::Embedding(const EmbeddingArgs& args) {
   constexpr std::string_view kOp = "Embedding";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "table", args.table, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "ids", args.ids, DType::kI32, 1));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "out", args.out, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckEmbeddingArgs(args, Device::kCuda));
   dense::EmbeddingParams p;
   p.rows = args.table.dim(0);
   p.width = args.table.dim(1);
   p.count = args.ids.dim(0);
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "out", args.out, {p.count, p.width}));
   p.table = args.table.f32();
   p.ids = args.ids.data<int32_t>();
   p.out = args.out.f32();
@@ -395,14 +254,11 @@ absl::Status CudaDenseOps::Embedding(const EmbeddingArgs& args) {
 
 absl::Status CudaDenseOps::EmbeddingBackward(const EmbeddingBackwardArgs& args) {
   constexpr std::string_view kOp = "EmbeddingBackward";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "ids", args.ids, DType::kI32, 1));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_out", args.d_out, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_table", args.d_table, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckEmbeddingBackwardArgs(args, Device::kCuda));
   dense::EmbeddingBackwardParams p;
   p.rows = args.d_table.dim(0);
   p.width = args.d_table.dim(1);
   p.count = args.ids.dim(0);
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_out", args.d_out, {p.count, p.width}));
   p.ids = args.ids.data<int32_t>();
   p.d_out = args.d_out.f32();
   p.d_table = args.d_table.f32();
@@ -412,10 +268,7 @@ absl::Status CudaDenseOps::EmbeddingBackward(const EmbeddingBackwardArgs& args) 
 
 absl::Status CudaDenseOps::Norm(const NormArgs& args) {
   constexpr std::string_view kOp = "Norm";
-  int64_t group;
-  LAIR_RETURN_IF_ERROR(CheckNorm(kOp, args, &group));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "y", args.y, args.x.shape()));
+  LAIR_ASSIGN_OR_RETURN(int64_t group, CheckNormArgs(args, Device::kCuda));
   dense::NormParams p = NormLaunch(args, group);
   p.y = args.y.f32();
   return CudaStatus(dense::LaunchNorm(p, stream_), kOp);
@@ -424,22 +277,7 @@ absl::Status CudaDenseOps::Norm(const NormArgs& args) {
 absl::Status CudaDenseOps::NormBackward(const NormBackwardArgs& args) {
   constexpr std::string_view kOp = "NormBackward";
   const NormArgs& fwd = args.fwd;
-  int64_t group;
-  LAIR_RETURN_IF_ERROR(CheckNorm(kOp, fwd, &group));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_y", args.d_y, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_y", args.d_y, fwd.x.shape()));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dx", args.dx, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dx", args.dx, fwd.x.shape()));
-  if (args.d_weight.defined()) {
-    if (!fwd.weight.defined()) return Invalid(kOp, "d_weight", "the forward has no weight");
-    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_weight", args.d_weight, DType::kF32, 1));
-    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_weight", args.d_weight, fwd.weight.shape()));
-  }
-  if (args.d_gate.defined()) {
-    if (fwd.gate_mode == NormGate::kNone) return Invalid(kOp, "d_gate", "the forward has no gate");
-    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_gate", args.d_gate, DType::kF32, 2));
-    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_gate", args.d_gate, fwd.x.shape()));
-  }
+  LAIR_ASSIGN_OR_RETURN(int64_t group, CheckNormBackwardArgs(args, Device::kCuda));
   dense::NormBackwardParams p;
   p.fwd = NormLaunch(fwd, group);
   p.d_y = args.d_y.f32();
@@ -460,13 +298,7 @@ absl::Status CudaDenseOps::NormBackward(const NormBackwardArgs& args) {
 
 absl::Status CudaDenseOps::Unary(const UnaryArgs& args) {
   constexpr std::string_view kOp = "Unary";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", args.x));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y));
-  std::vector<int64_t> sx;
-  LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "x", args.x, args.y.shape(), &sx));
-  if (SameMemory(args.x, args.y) && args.x.shape() != args.y.shape()) {
-    return Invalid(kOp, "y", "may alias x only when the shapes are equal");
-  }
+  LAIR_ASSIGN_OR_RETURN(std::vector<int64_t> sx, CheckUnaryArgs(args, Device::kCuda));
   dense::UnaryParams p;
   p.op = args.op;
   p.alpha = args.alpha;
@@ -485,11 +317,7 @@ absl::Status CudaDenseOps::Unary(const UnaryArgs& args) {
 absl::Status CudaDenseOps::UnaryBackward(const UnaryBackwardArgs& args) {
   constexpr std::string_view kOp = "UnaryBackward";
   const UnaryArgs& fwd = args.fwd;
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", fwd.x));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_y", args.d_y));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dx", args.dx));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_y", args.d_y, fwd.x.shape()));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dx", args.dx, fwd.x.shape()));
+  LAIR_RETURN_IF_ERROR(CheckUnaryBackwardArgs(args, Device::kCuda));
   dense::UnaryBackwardParams p;
   p.op = fwd.op;
   p.alpha = fwd.alpha;
@@ -503,16 +331,7 @@ absl::Status CudaDenseOps::UnaryBackward(const UnaryBackwardArgs& args) {
 
 absl::Status CudaDenseOps::Binary(const BinaryArgs& args) {
   constexpr std::string_view kOp = "Binary";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "a", args.a));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "b", args.b));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y));
-  std::vector<int64_t> sa, sb;
-  LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "a", args.a, args.y.shape(), &sa));
-  LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "b", args.b, args.y.shape(), &sb));
-  if ((SameMemory(args.a, args.y) && args.a.shape() != args.y.shape()) ||
-      (SameMemory(args.b, args.y) && args.b.shape() != args.y.shape())) {
-    return Invalid(kOp, "y", "may alias an input only when the shapes are equal");
-  }
+  LAIR_ASSIGN_OR_RETURN(BinaryStrides strides, CheckBinaryArgs(args, Device::kCuda));
   dense::BinaryParams p;
   p.op = args.op;
   p.a = args.a.f32();
@@ -521,20 +340,17 @@ absl::Status CudaDenseOps::Binary(const BinaryArgs& args) {
   p.count = args.y.numel();
   p.broadcast = args.a.shape() != args.y.shape() || args.b.shape() != args.y.shape();
   if (p.broadcast) {
-    LAIR_ASSIGN_OR_RETURN(p.index, MakeIndex(kOp, args.y.shape(), sa, sb));
+    LAIR_ASSIGN_OR_RETURN(p.index, MakeIndex(kOp, args.y.shape(), strides.a, strides.b));
   }
   return CudaStatus(dense::LaunchBinary(p, stream_), kOp);
 }
 
 absl::Status CudaDenseOps::ReduceSum(const ReduceSumArgs& args) {
   constexpr std::string_view kOp = "ReduceSum";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", args.x));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y));
-  std::vector<int64_t> unused;
-  LAIR_RETURN_IF_ERROR(BroadcastStrides(kOp, "y", args.y, args.x.shape(), &unused));
+  LAIR_RETURN_IF_ERROR(CheckReduceSumArgs(args, Device::kCuda).status());
   if (args.x.rank() > dense::kMaxRank) {
-    return Invalid(kOp, "x",
-                   absl::StrCat("rank up to ", dense::kMaxRank, ", got ", args.x.DebugString()));
+    return InvalidDenseArg(
+        kOp, "x", absl::StrCat("rank up to ", dense::kMaxRank, ", got ", args.x.DebugString()));
   }
   // Kept dims index y (extent-1 dims dropped); reduced dims are those where
   // y is 1 and x is not, the innermost held apart.
@@ -575,28 +391,11 @@ absl::Status CudaDenseOps::ReduceSum(const ReduceSumArgs& args) {
 
 absl::Status CudaDenseOps::CopyColumns(const CopyColumnsArgs& args) {
   constexpr std::string_view kOp = "CopyColumns";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "src", args.src));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dst", args.dst));
-  if (args.src.rank() < 1 || args.dst.rank() < 1) return Invalid(kOp, "src", "rank 0");
+  LAIR_RETURN_IF_ERROR(CheckCopyColumnsArgs(args, Device::kCuda));
   dense::CopyColumnsParams p;
-  p.rows = Rows(args.src);
+  p.rows = DenseRows(args.src);
   p.src_cols = args.src.dim(-1);
   p.dst_cols = args.dst.dim(-1);
-  if (Rows(args.dst) != p.rows) {
-    return Invalid(
-        kOp, "dst",
-        absl::StrCat(args.dst.DebugString(), " has other rows than src ", args.src.DebugString()));
-  }
-  if (args.width < 0 || args.src_col < 0 || args.src_col + args.width > p.src_cols) {
-    return Invalid(kOp, "src_col",
-                   absl::StrCat("columns [", args.src_col, ", ", args.src_col + args.width,
-                                ") outside ", p.src_cols));
-  }
-  if (args.dst_col < 0 || args.dst_col + args.width > p.dst_cols) {
-    return Invalid(kOp, "dst_col",
-                   absl::StrCat("columns [", args.dst_col, ", ", args.dst_col + args.width,
-                                ") outside ", p.dst_cols));
-  }
   p.src = args.src.f32();
   p.dst = args.dst.f32();
   p.src_col = args.src_col;
@@ -608,10 +407,8 @@ absl::Status CudaDenseOps::CopyColumns(const CopyColumnsArgs& args) {
 
 absl::Status CudaDenseOps::Conv1d(const SequenceBatch& batch, const Conv1dArgs& args) {
   constexpr std::string_view kOp = "Conv1d";
-  int64_t channels, width;
-  LAIR_RETURN_IF_ERROR(CheckConv(kOp, batch, args, &channels, &width));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "y", args.y, args.x.shape()));
+  LAIR_ASSIGN_OR_RETURN(ConvDims dims, CheckConv1dArgs(batch, args, Device::kCuda));
+  const int64_t channels = dims.channels, width = dims.width;
   ScratchLayout layout;
   AddBatchInts(&layout, batch);
   LAIR_ASSIGN_OR_RETURN(char* cursor, Scratch(layout.bytes()));
@@ -627,18 +424,8 @@ absl::Status CudaDenseOps::Conv1dBackward(const SequenceBatch& batch,
                                           const Conv1dBackwardArgs& args) {
   constexpr std::string_view kOp = "Conv1dBackward";
   const Conv1dArgs& fwd = args.fwd;
-  int64_t channels, width;
-  LAIR_RETURN_IF_ERROR(CheckConv(kOp, batch, fwd, &channels, &width));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_y", args.d_y, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_y", args.d_y, fwd.x.shape()));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dx", args.dx, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dx", args.dx, fwd.x.shape()));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_weight", args.d_weight, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_weight", args.d_weight, fwd.weight.shape()));
-  if (args.d_bias.defined()) {
-    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_bias", args.d_bias, DType::kF32, 1));
-    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_bias", args.d_bias, {channels}));
-  }
+  LAIR_ASSIGN_OR_RETURN(ConvDims dims, CheckConv1dBackwardArgs(batch, args, Device::kCuda));
+  const int64_t channels = dims.channels, width = dims.width;
   dense::ConvBackwardParams p;
   p.fwd = ConvLaunch(batch, fwd, channels, width);
   const int64_t outputs = channels * width + (args.d_bias.defined() ? channels : 0);
@@ -662,18 +449,10 @@ absl::Status CudaDenseOps::Conv1dBackward(const SequenceBatch& batch,
 
 absl::Status CudaDenseOps::Rotary(const RotaryArgs& args) {
   constexpr std::string_view kOp = "Rotary";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", args.x, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "positions", args.positions, DType::kI32, 1));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "y", args.y, args.x.shape()));
+  LAIR_RETURN_IF_ERROR(CheckRotaryArgs(args, Device::kCuda));
   const int64_t n = args.x.dim(0), heads = args.x.dim(1), dim = args.x.dim(2);
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "positions", args.positions, {n}));
-  if (args.rotary_dim <= 0 || args.rotary_dim % 2 != 0 || args.rotary_dim > dim) {
-    return Invalid(kOp, "rotary_dim",
-                   absl::StrCat(args.rotary_dim, " must be even and in (0, ", dim, "]"));
-  }
   if (args.rotary_dim > CudaDenseOps::kMaxRotaryDim) {
-    return Invalid(
+    return InvalidDenseArg(
         kOp, "rotary_dim",
         absl::StrCat(args.rotary_dim, " above the CUDA limit ", CudaDenseOps::kMaxRotaryDim));
   }
@@ -697,29 +476,9 @@ absl::Status CudaDenseOps::Rotary(const RotaryArgs& args) {
 
 absl::Status CudaDenseOps::Attention(const SequenceBatch& batch, const AttentionArgs& args) {
   constexpr std::string_view kOp = "Attention";
-  int64_t n;
-  LAIR_RETURN_IF_ERROR(CheckAttention(kOp, args, &n));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "o", args.o, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "o", args.o, args.q.shape()));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "k_cache", args.k_cache, DType::kF32, 4));
-  const int64_t slots = args.k_cache.dim(0), max_context = args.k_cache.dim(1);
-  LAIR_RETURN_IF_ERROR(
-      CheckShape(kOp, "k_cache", args.k_cache, {slots, max_context, args.kv_heads, args.head_dim}));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "v_cache", args.v_cache, DType::kF32, 4));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "v_cache", args.v_cache, args.k_cache.shape()));
-  LAIR_RETURN_IF_ERROR(CheckBatch(kOp, batch, n, slots));
-  if (static_cast<int>(args.start_positions.size()) != batch.num_seqs) {
-    return Invalid(kOp, "start_positions", "expected one per sequence");
-  }
-  for (int s = 0; s < batch.num_seqs; ++s) {
-    const int64_t end = static_cast<int64_t>(args.start_positions[s]) + batch.cu_seqlens[s + 1] -
-                        batch.cu_seqlens[s];
-    if (args.start_positions[s] < 0 || end > max_context) {
-      return Invalid(kOp, "start_positions",
-                     absl::StrCat("sequence ", s, " would fill cache rows up to ", end,
-                                  ", past max_context ", max_context));
-    }
-  }
+  LAIR_ASSIGN_OR_RETURN(const int64_t n, CheckAttentionArgs(batch, args, Device::kCuda));
+  LAIR_RETURN_IF_ERROR(CheckHeadDim(kOp, args));
+  const int64_t max_context = args.k_cache.dim(1);
   ScratchLayout layout;
   AddBatchInts(&layout, batch);
   LAIR_ASSIGN_OR_RETURN(char* cursor, Scratch(layout.bytes()));
@@ -749,20 +508,8 @@ absl::Status CudaDenseOps::AttentionBackward(const SequenceBatch& batch,
                                              const AttentionBackwardArgs& args) {
   constexpr std::string_view kOp = "AttentionBackward";
   const AttentionArgs& fwd = args.fwd;
-  int64_t n;
-  LAIR_RETURN_IF_ERROR(CheckAttention(kOp, fwd, &n));
-  LAIR_RETURN_IF_ERROR(CheckBatch(kOp, batch, n, -1));
-  for (int32_t start : fwd.start_positions) {
-    if (start != 0) return Invalid(kOp, "start_positions", "the backward needs every start at 0");
-  }
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_o", args.d_o, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_o", args.d_o, fwd.q.shape()));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dq", args.dq, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dq", args.dq, fwd.q.shape()));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dk", args.dk, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dk", args.dk, fwd.k.shape()));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dv", args.dv, DType::kF32, 3));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "dv", args.dv, fwd.v.shape()));
+  LAIR_ASSIGN_OR_RETURN(const int64_t n, CheckAttentionBackwardArgs(batch, args, Device::kCuda));
+  LAIR_RETURN_IF_ERROR(CheckHeadDim(kOp, fwd));
   ScratchLayout layout;
   AddBatchInts(&layout, batch);
   layout.Add<float>(n * fwd.heads);
@@ -791,18 +538,10 @@ absl::Status CudaDenseOps::AttentionBackward(const SequenceBatch& batch,
 
 absl::Status CudaDenseOps::CrossEntropy(const CrossEntropyArgs& args) {
   constexpr std::string_view kOp = "CrossEntropy";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "logits", args.logits, DType::kF32, 2));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "targets", args.targets, DType::kI32, 1));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "losses", args.losses, DType::kF32, 1));
+  LAIR_RETURN_IF_ERROR(CheckCrossEntropyArgs(args, Device::kCuda));
   dense::CrossEntropyParams p;
   p.rows = args.logits.dim(0);
   p.vocab = args.logits.dim(1);
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "targets", args.targets, {p.rows}));
-  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "losses", args.losses, {p.rows}));
-  if (args.d_logits.defined()) {
-    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_logits", args.d_logits, DType::kF32, 2));
-    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_logits", args.d_logits, args.logits.shape()));
-  }
   p.logits = args.logits.f32();
   p.targets = args.targets.data<int32_t>();
   p.losses = args.losses.f32();

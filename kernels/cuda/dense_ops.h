@@ -56,6 +56,10 @@ enum class GemmPrecision {
   // layer output ~3e-3 for BF16. The serving path.
   kFast,
 };
+// Either way, products of at most 8 rows (decode steps) with BF16/F16
+// weights in the nn.Linear layout run a GEMV kernel that streams the weights
+// once in fp32 arithmetic: exact products, fp32 sums, no rounding of the
+// activations.
 
 class CudaDenseOps {
  public:
@@ -104,6 +108,11 @@ class CudaDenseOps {
   // device-side ids or targets were out of range since the last call (and
   // clears the record), or OK.
   absl::Status TakeIndexFault();
+
+  // Changes whenever scratch memory of any CudaDenseOps (its own or its
+  // GEMM's) moves; a CUDA graph that captured dense ops is stale after that.
+  // Scratch only grows, so after one run of a step shape it stays put.
+  static uint64_t ScratchEpoch();
 
  private:
   CudaDenseOps(cudaStream_t stream, GemmPrecision precision);

@@ -1,5 +1,6 @@
 // Small kernels around the scans (scan.h): dtype conversion, the GSA softmax,
-// the reverse-cumsum decay gradients and dh0 = diag(λ_1) G_1 diag(γ_1).
+// per-head token sums and dh0 = diag(λ_1) G_1 diag(γ_1). The decay gradient
+// lives in decay_grad.cu.
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/scan.h"
 
@@ -29,63 +30,6 @@ __global__ void SoftmaxKernel(float* x, int64_t rows, int width) {
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   const float inv = 1.0f / sum;
   for (int i = lane; i < width; i += 32) row[i] = expf(row[i] - mx) * inv;
-}
-
-// term[t,h,a] = x·dx − y·dy, or Σ_a of it (one warp per token-head) when reducing.
-__global__ void DecayTermKernel(const DecayGradParams p, int64_t tokens) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (r >= tokens * p.heads) return;
-  float part = 0.0f;
-  for (int a = lane; a < p.dim; a += 32) {
-    const int64_t i = r * p.dim + a;
-    const float t = LoadElem(p.x.ptr, p.x.type, i) * LoadElem(p.dx.ptr, p.dx.type, i) -
-                    LoadElem(p.y.ptr, p.y.type, i) * LoadElem(p.dy.ptr, p.dy.type, i);
-    if (p.reduce_features) {
-      part += t;
-    } else {
-      p.out[i] = t;
-    }
-  }
-  if (p.reduce_features) {
-    for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-    if (lane == 0) p.out[r] = part;
-  }
-}
-
-// Reverse cumsum along each sequence, seeded with the final-state term
-// rowsum(dS ⊙ S) (colsum when transposed; the full sum when reducing).
-// One thread per (sequence, head, feature column); loads run kAhead deep.
-__global__ void ReverseCumsumKernel(const DecayGradParams p) {
-  constexpr int kAhead = 8;
-  const int cols = p.reduce_features ? 1 : p.dim;
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  const int h = blockIdx.y, seq = blockIdx.z;
-  if (c >= cols) return;
-  float run = 0.0f;
-  if (p.d_state) {
-    const int64_t base = (static_cast<int64_t>(seq) * p.heads + h) * p.dim * p.other;
-    const int a_begin = p.reduce_features ? 0 : c, a_end = p.reduce_features ? p.dim : c + 1;
-    for (int a = a_begin; a < a_end; ++a)
-      for (int b = 0; b < p.other; ++b) {
-        const int64_t i = base + (p.transposed ? static_cast<int64_t>(b) * p.dim + a
-                                               : static_cast<int64_t>(a) * p.other + b);
-        run += p.d_state[i] * p.state[i];
-      }
-  }
-  const int64_t bos = p.cu_seqlens[seq], eos = p.cu_seqlens[seq + 1];
-  for (int64_t t = eos - 1; t >= bos; t -= kAhead) {
-    float vals[kAhead];
-#pragma unroll
-    for (int u = 0; u < kAhead; ++u)
-      vals[u] = t - u >= bos ? p.out[((t - u) * p.heads + h) * cols + c] : 0.0f;
-#pragma unroll
-    for (int u = 0; u < kAhead; ++u) {
-      if (t - u < bos) break;
-      run += vals[u];
-      p.out[((t - u) * p.heads + h) * cols + c] = run;
-    }
-  }
 }
 
 __global__ void SumTokensKernel(const float* x, int64_t tokens, int heads, float* out) {
@@ -131,28 +75,13 @@ cudaError_t LaunchConvert(const void* src, ElemType src_type, void* dst, ElemTyp
                           int64_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   ConvertKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(src, src_type, dst, dst_type,
-                                                                 count);
+                                                                  count);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchSoftmaxRows(float* x, int64_t rows, int width, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   SoftmaxKernel<<<Blocks(rows, kThreads / 32), kThreads, 0, stream>>>(x, rows, width);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchDecayGrad(const DecayGradParams& p, cudaStream_t stream) {
-  if (p.num_seqs == 0) return cudaSuccess;
-  cudaError_t err = cudaSuccess;
-  const int64_t tokens = p.tokens;
-  if (tokens > 0) {
-    DecayTermKernel<<<Blocks(tokens * p.heads, kThreads / 32), kThreads, 0, stream>>>(p, tokens);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  }
-  const int cols = p.reduce_features ? 1 : p.dim;
-  const int threads = cols >= 128 ? 128 : 32 * ((cols + 31) / 32);
-  ReverseCumsumKernel<<<dim3((cols + threads - 1) / threads, p.heads, p.num_seqs), threads, 0,
-                        stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -1,22 +1,21 @@
 // The kernels of mixer_backward.h: the GSA softmax Jacobian, an fp32 add, and
 // the mLSTM backward.
 //
-// mLSTM backward, per (sequence, head), kMlstmBackwardMaxDim threads; thread
-// `tid` is value column tid in the column phases and key row tid in the row
-// phases. Notation of kernels/cpu/mlstm.cc: q' = q/√K, C_t = fa C_{t-1} + ia k vᵀ,
-// n_t = fa n_{t-1} + ia k, h_t = C_tᵀq' / den_t.
-//   sweep: the state (C, n, m) entering every block of B tokens → scratch;
-//   per block, last first: the gates (fa, ia, m and which branch of the max
-//   won) into shared memory, C_t and n_t of every step into scratch; then per
-//   step, last first, with dC in shared memory (padded rows), dn in the row
-//   threads' registers and dm as an identical copy in every thread:
-//     num = C_tᵀq', qn = q'·n_t, dnum = dh/den, and dqn or dm from the max of den;
-//     X = dC + q' dnumᵀ,  dv = ia Xᵀk,  u = X v,  dn' = dn + dqn q';
-//     dq = (C_t dnum + dqn n_t)/√K,  dk = ia (u + dn');
-//     dfa = <X, C_{t-1}> + <dn', n_{t-1}>,  dia = k·(u + dn');
-//     dC ← fa X,  dn ← fa dn', and the gate chain of ReverseStep in mlstm.cc.
-// Every thread computes the same scalars from the same block sums, so the
-// scalar chain (m, dm) needs no broadcast.
+// mLSTM backward, chunkwise (chunks of 64 tokens), exact in the math of
+// kernels/cpu/mlstm.cc but reorganised. With q' = q/√K, F_t = Σ_{j≤t} log σ(f_j),
+// li the log input weight (i, or log σ(i)) and the unstabilized state
+// C̃_t = Σ_{τ≤t} e^{F_t − F_τ + li_τ} k_τ v_τᵀ (+ e^{F_t + m_0} C_0), the output is
+//   h_t = C̃_tᵀq' / (max(|q'·ñ_t|, 1) + eps·e^{m_t})  (sig: h = C̃ᵀq'; sig-norm: eps alone),
+// so the stabilizer m enters only through eps·e^{m} and the stored final
+// states C_T = e^{−m_T} C̃_T: its cotangent is explicit (no difference of the
+// large terms that the step-by-step chain rule cancels). Every exponential
+// below is taken relative to m, so no exponent is positive. Kernels, in order:
+//   gates        b_t (log-forget sum within the chunk), m_t, m entering chunks;
+//   state scan   C̃ entering every chunk (one CTA per 32 state columns);
+//   scalars      den_t, dqn_t, explicit dm_t (one CTA per chunk);
+//   state scan   G at every chunk end: the reverse state of q' dnumᵀ (reversed);
+//   chunk grads  dq, dk, dv and q'·dq', k·dk (one CTA per chunk);
+//   gate grads   df, di: reversed cumsum of q'·dq' − k·dk plus the m chain.
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/mixer_backward.h"
 
@@ -24,8 +23,6 @@ namespace lair::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMlstmThreads = kMlstmBackwardMaxDim;
-constexpr int kWarps = kMlstmThreads / 32;
 
 int Blocks(int64_t n, int per_block) {
   const int64_t b = (n + per_block - 1) / per_block;
@@ -52,278 +49,729 @@ __global__ void AddKernel(const float* a, const float* b, void* out, ElemType ty
   }
 }
 
-struct StepGates {
-  float fa, ia;
-  float m;           // m_t (0 for the sigmoid kinds)
-  bool forget_wins;  // m_t came from lf + m_{t-1} rather than the input gate
+// --- mLSTM backward ------------------------------------------------------------
+
+constexpr int kChunk = 64;                 // tokens per chunk
+constexpr int kCols = 32;                  // state columns per CTA of the state scans
+constexpr int kRowGroups = kThreads / 32;  // 8 warps
+constexpr int kRowsPerThread = kMlstmBackwardMaxDim / kRowGroups;
+constexpr int kColsPerThread = kMlstmBackwardMaxDim / 32;
+constexpr int kTileRows = kChunk / kRowGroups;  // rows of a [kChunk, dim] tile per thread
+
+__host__ __device__ inline int MaxChunks(const MlstmBackwardParams& p) {
+  return (p.max_len + kChunk - 1) / kChunk;
+}
+
+// Scratch, carved from p.scratch. Token arrays use the padded index
+// (seq·max_len + t)·H + h, chunk arrays (seq·max_chunks + c)·H + h; states are
+// [K][V+1] with the normalizer (n, or its cotangent) as column V.
+struct Scratch {
+  float *b, *m, *den, *dqn, *dm, *qdq, *kdk;  // per token
+  float* m_in;                                // per chunk: m entering it
+  float *fwd, *rev;                           // per chunk: C̃ entering it, G at its end
+  float* dt;                                  // per (seq, head, column tile): <dC_T, C_T> parts
+  int64_t width;                              // K·(V+1)
+  int tiles;                                  // column tiles of the state scans
 };
 
-__device__ __forceinline__ StepGates GatesOf(MlstmGate kind, float i, float f, float m_prev) {
-  const float lf = LogSigmoid(f);
-  if (kind == MlstmGate::kExp) {
-    const float forget = lf + m_prev;
-    const float m = fmaxf(forget, i);
-    return {expf(forget - m), expf(i - m), m, forget >= i};
-  }
-  return {expf(lf), expf(LogSigmoid(i)), 0.0f, true};
+__host__ __device__ inline Scratch ScratchOf(const MlstmBackwardParams& p) {
+  Scratch s;
+  const int64_t tok = static_cast<int64_t>(p.num_seqs) * p.max_len * p.heads;
+  const int64_t chunks = static_cast<int64_t>(p.num_seqs) * MaxChunks(p) * p.heads;
+  s.width = static_cast<int64_t>(p.dk) * (p.dv + 1);
+  s.tiles = (p.dv + 1 + kCols - 1) / kCols;
+  s.b = p.scratch;
+  s.m = s.b + tok;
+  s.den = s.m + tok;
+  s.dqn = s.den + tok;
+  s.dm = s.dqn + tok;
+  s.qdq = s.dm + tok;
+  s.kdk = s.qdq + tok;
+  s.m_in = s.kdk + tok;
+  s.fwd = s.m_in + chunks;
+  s.rev = s.fwd + chunks * s.width;
+  s.dt = s.rev + chunks * s.width;
+  return s;
+}
+
+int64_t ScratchFloatsOf(const MlstmBackwardParams& p) {
+  const int64_t tok = static_cast<int64_t>(p.num_seqs) * p.max_len * p.heads;
+  const int64_t chunks = static_cast<int64_t>(p.num_seqs) * MaxChunks(p) * p.heads;
+  const int64_t width = static_cast<int64_t>(p.dk) * (p.dv + 1);
+  const int tiles = (p.dv + 1 + kCols - 1) / kCols;
+  return 7 * tok + chunks * (1 + 2 * width) + static_cast<int64_t>(p.num_seqs) * p.heads * tiles;
+}
+
+__device__ __forceinline__ int64_t TokenAt(const MlstmBackwardParams& p, int seq, int t, int h) {
+  return (static_cast<int64_t>(seq) * p.max_len + t) * p.heads + h;
+}
+
+__device__ __forceinline__ int64_t ChunkAt(const MlstmBackwardParams& p, int seq, int c, int h) {
+  return (static_cast<int64_t>(seq) * MaxChunks(p) + c) * p.heads + h;
 }
 
 __device__ __forceinline__ float Sigmoid(float x) { return expf(LogSigmoid(x)); }
 
-__device__ __forceinline__ float Denominator(MlstmGate kind, float qn, float m, float eps) {
-  switch (kind) {
-    case MlstmGate::kExp:
-      return fmaxf(fabsf(qn), expf(-m)) + eps;
-    case MlstmGate::kSigNorm:
-      return fmaxf(fabsf(qn), 1.0f) + eps;
-    case MlstmGate::kSig:
-      break;
-  }
-  return 1.0f;
+// log of the input gate's key weight: i (exp gate) or log σ(i).
+__device__ __forceinline__ float LogInput(MlstmGate kind, float i) {
+  return kind == MlstmGate::kExp ? i : LogSigmoid(i);
 }
 
-// Sum over the CTA, returned to every thread in the same order; red holds kWarps floats.
-__device__ __forceinline__ float BlockSum(float x, float* red) {
+__device__ __forceinline__ int64_t SlotHead(const MlstmBackwardParams& p, int seq, int h) {
+  return (p.slot ? static_cast<int64_t>(p.slot[seq]) : seq) * p.heads + h;
+}
+
+// One warp per (sequence, head), 32 tokens per step (a chunk is two steps):
+// b_t = Σ log σ(f) from the chunk start through t, the stabilizer m_t (0 for
+// the sigmoid kinds) and m entering every chunk. The recurrence
+// m_t = max(lf_t + m_{t−1}, i_t) unrolls over a step that starts from m to
+//   m_t = β_t + max(m, max_{τ≤t} (i_τ − β_τ)),  β = Σ lf from the step start,
+// a prefix sum and a prefix max across the warp.
+__global__ void MlstmGatesKernel(const MlstmBackwardParams p) {
+  const int task = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (task >= p.num_seqs * p.heads) return;  // the whole warp
+  const int seq = task / p.heads, h = task % p.heads;
+  const Scratch s = ScratchOf(p);
+  const int64_t bos = p.cu_seqlens[seq];
+  const int len = p.cu_seqlens[seq + 1] - static_cast<int>(bos);
+  const bool exp_gate = p.gate == MlstmGate::kExp;
+  float m = exp_gate && p.m_init ? p.m_init[SlotHead(p, seq, h)] : 0.0f;
+  float chunk_b = 0.0f;  // b at the end of the previous step of this chunk
+  for (int t0 = 0; t0 < len; t0 += 32) {
+    if (t0 % kChunk == 0) {
+      if (lane == 0) s.m_in[ChunkAt(p, seq, t0 / kChunk, h)] = m;
+      chunk_b = 0.0f;
+    }
+    const int t = t0 + lane;
+    const bool live = t < len;
+    const int64_t tok = (bos + t) * p.heads + h;
+    float beta = live ? LogSigmoid(p.f[tok]) : 0.0f;
+    float u = live && exp_gate ? p.i[tok] : -INFINITY;
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, beta, o);
+      if (lane >= o) beta += y;
+    }
+    u -= beta;
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, u, o);
+      if (lane >= o) u = fmaxf(u, y);
+    }
+    const float mt = exp_gate ? beta + fmaxf(m, u) : 0.0f;
+    if (live) {
+      s.b[TokenAt(p, seq, t, h)] = chunk_b + beta;
+      s.m[TokenAt(p, seq, t, h)] = mt;
+    }
+    chunk_b += __shfl_sync(0xffffffffu, beta, 31);
+    m = __shfl_sync(0xffffffffu, mt, 31);  // lanes past the end repeat the last live value
+  }
+}
+
+// Sum over the CTA of kThreads; every thread gets it. red holds kRowGroups floats.
+__device__ __forceinline__ float CtaSum(float x, float* red) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  __syncthreads();
   if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = x;
   __syncthreads();
   float total = 0.0f;
-  for (int w = 0; w < kWarps; ++w) total += red[w];
-  __syncthreads();
+  for (int w = 0; w < kRowGroups; ++w) total += red[w];
   return total;
 }
 
-// Floats of scratch per (sequence, head) and of dynamic shared memory.
-__host__ __device__ int64_t TaskScratchFloats(int dk, int dv, int max_len, int block) {
-  const int64_t kv = static_cast<int64_t>(dk) * dv;
-  const int64_t checkpoints = (max_len + block - 1) / block;
-  return checkpoints * (kv + dk + 1) + static_cast<int64_t>(block) * (kv + dk);
-}
-
-int64_t SharedFloats(const MlstmBackwardParams& p) {
-  return static_cast<int64_t>(p.dk) * (p.dv + 1) + 4 * kMlstmBackwardMaxDim + kWarps + 4 * p.block;
-}
-
-__global__ void __launch_bounds__(kMlstmThreads, 1) MlstmBackwardKernel(const MlstmBackwardParams p) {
+// The chunk-boundary states, one CTA per (sequence, head, tile of 32 state
+// columns), sequential over chunks; thread (row group ty, column tx) keeps
+// rows 16ty … 16ty + 15 of its column in registers. With e = the chunk's last token:
+//   forward:  C̃_{c+1} = e^{b_e + m_c − m_e} C̃_c + Σ_τ e^{b_e − b_τ + li_τ − m_e} k_τ [v_τ; 1]ᵀ,
+//             stored as the state entering each chunk; at the end the tile's
+//             part of D_T = <dC_T, C_T> + <dn_T, n_T>;
+//   reverse:  G_c = e^{b_e + m_c − m_e} G_{c+1} + Σ_s e^{b_s + m_c − m_s} q'_s [dnum_s; dqn_s]ᵀ
+//             from G = [dC_T; dn_T], stored as the state at each chunk's end;
+//             what is left at the start is (dC_0, dn_0).
+// Every exponent is ≤ 0: m is the running max of exactly these log weights.
+template <bool kReverse>
+__global__ void __launch_bounds__(kThreads, 1) MlstmStateScanKernel(const MlstmBackwardParams p) {
   extern __shared__ float smem[];
-  const int K = p.dk, V = p.dv, B = p.block, H = p.heads, VP = V + 1;
-  float* dC = smem;                          // [K][VP]
-  float* qs = dC + K * VP;                   // q' of the step [K]
-  float* ks = qs + kMlstmBackwardMaxDim;     // k [K]
-  float* vs = ks + kMlstmBackwardMaxDim;     // v [V]
-  float* dnum_s = vs + kMlstmBackwardMaxDim; // dnum [V]
-  float* red = dnum_s + kMlstmBackwardMaxDim;
-  float* g_fa = red + kWarps;                // gates of the block's steps [B] each
-  float* g_ia = g_fa + B;
-  float* g_m = g_ia + B;
-  float* g_win = g_m + B;
-
-  const int tid = threadIdx.x;
-  const int64_t task = blockIdx.x;
-  const int seq = static_cast<int>(task / H), h = static_cast<int>(task % H);
+  const int K = p.dk, V = p.dv, H = p.heads;
+  // [kChunk][lda]: k (forward) or q' (reverse), rows padded to float4s and
+  // sized for the widest K so that a thread's 16 rows are in bounds.
+  float* a_s = smem;
+  float* b_s = a_s + kChunk * kMlstmBackwardMaxDim;  // [kChunk][kCols]: [v; 1] or [dnum; dqn]
+  float* w_s = b_s + kChunk * kCols;                 // [kChunk] token weights
+  float* red = w_s + kChunk;
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const int tile = blockIdx.x, h = blockIdx.y, seq = blockIdx.z;
+  const int col = tile * kCols + tx;
+  const Scratch sc = ScratchOf(p);
   const int64_t bos = p.cu_seqlens[seq];
   const int len = p.cu_seqlens[seq + 1] - static_cast<int>(bos);
-  const int64_t kv = static_cast<int64_t>(K) * V;
-  const int64_t ldk = static_cast<int64_t>(H) * K, ldv = static_cast<int64_t>(H) * V;
-  const int max_blocks = (p.max_len + B - 1) / B;
-  float* ckpt_c = p.scratch + task * TaskScratchFloats(K, V, p.max_len, B);
-  float* ckpt_n = ckpt_c + max_blocks * kv;
-  float* ckpt_m = ckpt_n + static_cast<int64_t>(max_blocks) * K;
-  float* step_c = ckpt_m + max_blocks;  // [B][K][V] states of the block being walked
-  float* step_n = step_c + B * kv;
-  const int blocks = (len + B - 1) / B;
-  const bool col = tid < V, row = tid < K;
+  const int chunks = (len + kChunk - 1) / kChunk;
+  const int64_t kv = static_cast<int64_t>(K) * V, dense = static_cast<int64_t>(seq) * H + h;
   const float scale = 1.0f / sqrtf(static_cast<float>(K));
+  const int lda = (K + 3) / 4 * 4, row0 = ty * kRowsPerThread;
+  for (int i = threadIdx.x; i < kChunk * kMlstmBackwardMaxDim; i += kThreads) a_s[i] = 0.0f;
 
-  // Forward sweep: checkpoint b is the state entering block b.
-  float m = 0.0f;
-  if (blocks > 0) {
-    const int64_t slot_head = p.c_init ? static_cast<int64_t>(p.slot[seq]) * H + h : 0;
-    if (p.m_init) m = p.m_init[slot_head];
-    if (col)
-      for (int r = 0; r < K; ++r) ckpt_c[r * V + tid] = p.c_init ? p.c_init[slot_head * kv + r * V + tid] : 0.0f;
-    if (row) ckpt_n[tid] = p.c_init ? p.n_init[slot_head * K + tid] : 0.0f;
-  }
-  for (int b = 0; b < blocks; ++b) {
-    if (tid == 0) ckpt_m[b] = m;
-    if (b + 1 == blocks) break;  // the state leaving the last block is not needed
-    const float* c_cur = ckpt_c + b * kv;
-    float* c_next = ckpt_c + (b + 1) * kv;
-    if (col)
-      for (int r = 0; r < K; ++r) c_next[r * V + tid] = c_cur[r * V + tid];
-    if (row) ckpt_n[(b + 1) * K + tid] = ckpt_n[b * K + tid];
-    for (int t = b * B; t < (b + 1) * B; ++t) {
-      const int64_t tok = bos + t;
-      const StepGates gates = GatesOf(p.gate, p.i[tok * H + h], p.f[tok * H + h], m);
-      const int64_t qk = tok * ldk + static_cast<int64_t>(h) * K;
-      if (col) {
-        const float vv = LoadElem(p.v.ptr, p.v.type, tok * ldv + static_cast<int64_t>(h) * V + tid);
-        for (int r = 0; r < K; ++r) {
-          const float w = gates.ia * LoadElem(p.k.ptr, p.k.type, qk + r);
-          c_next[r * V + tid] = gates.fa * c_next[r * V + tid] + w * vv;
-        }
-      }
-      if (row) {
-        float* n_next = ckpt_n + (b + 1) * K + tid;
-        *n_next = gates.fa * *n_next + gates.ia * LoadElem(p.k.ptr, p.k.type, qk + tid);
-      }
-      m = gates.m;
-    }
+  // The boundary state: initial state (forward) or final cotangent (reverse).
+  const float* mat = kReverse ? p.d_ct : p.c_init;
+  const float* vec = kReverse ? p.d_nt : p.n_init;
+  const int64_t base = kReverse ? dense : (p.c_init ? SlotHead(p, seq, h) : 0);
+  float st[kRowsPerThread];
+#pragma unroll
+  for (int j = 0; j < kRowsPerThread; ++j) {
+    const int r = row0 + j;
+    float x = 0.0f;
+    if (r < K && col < V && mat) x = mat[base * kv + static_cast<int64_t>(r) * V + col];
+    if (r < K && col == V && vec) x = vec[base * K + r];
+    st[j] = x;
   }
 
-  // Cotangents of the final state.
-  if (col)
-    for (int r = 0; r < K; ++r) dC[r * VP + tid] = p.d_ct ? p.d_ct[task * kv + r * V + tid] : 0.0f;
-  float dn = row && p.d_nt ? p.d_nt[task * K + tid] : 0.0f;
-  float dm = 0.0f;
-
-  for (int b = blocks - 1; b >= 0; --b) {
-    const int t0 = b * B, steps = min(B, len - t0);
-    if (tid == 0) {
-      float mm = ckpt_m[b];
-      for (int j = 0; j < steps; ++j) {
-        const int64_t tok = bos + t0 + j;
-        const StepGates gates = GatesOf(p.gate, p.i[tok * H + h], p.f[tok * H + h], mm);
-        g_fa[j] = gates.fa;
-        g_ia[j] = gates.ia;
-        g_m[j] = gates.m;
-        g_win[j] = gates.forget_wins ? 1.0f : 0.0f;
-        mm = gates.m;
-      }
+  for (int step = 0; step < chunks; ++step) {
+    const int c = kReverse ? chunks - 1 - step : step;
+    const int t0 = c * kChunk, n = min(kChunk, len - t0);
+    const int64_t ci = ChunkAt(p, seq, c, h);
+    const int64_t e = TokenAt(p, seq, t0 + n - 1, h);
+    const float mc = sc.m_in[ci], me = sc.m[e], be = sc.b[e];
+    float* out = (kReverse ? sc.rev : sc.fwd) + ci * sc.width;
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int r = row0 + j;
+      if (r < K && col <= V) out[static_cast<int64_t>(r) * (V + 1) + col] = st[j];
     }
-    __syncthreads();
-    // The state after step j of the block is at step_c + j·kv; the one
-    // entering it is checkpoint b.
-    const float* c_in = ckpt_c + b * kv;
-    const float* n_in = ckpt_n + static_cast<int64_t>(b) * K;
-    for (int j = 0; j < steps; ++j) {
-      const int64_t tok = bos + t0 + j;
-      const int64_t qk = tok * ldk + static_cast<int64_t>(h) * K;
-      if (col) {
-        const float vv = LoadElem(p.v.ptr, p.v.type, tok * ldv + static_cast<int64_t>(h) * V + tid);
-        const float* prev = j == 0 ? c_in : step_c + (j - 1) * kv;
-        float* cur = step_c + j * kv;
-        for (int r = 0; r < K; ++r) {
-          const float w = g_ia[j] * LoadElem(p.k.ptr, p.k.type, qk + r);
-          cur[r * V + tid] = g_fa[j] * prev[r * V + tid] + w * vv;
-        }
-      }
-      if (row) {
-        const float prev = j == 0 ? n_in[tid] : step_n[static_cast<int64_t>(j - 1) * K + tid];
-        step_n[static_cast<int64_t>(j) * K + tid] =
-            g_fa[j] * prev + g_ia[j] * LoadElem(p.k.ptr, p.k.type, qk + tid);
-      }
+    __syncthreads();  // the previous chunk's tiles are consumed
+    for (int i = threadIdx.x; i < n * K; i += kThreads) {
+      const int j = i / K, r = i % K;
+      const int64_t at = ((bos + t0 + j) * H + h) * K + r;
+      a_s[j * lda + r] =
+          kReverse ? scale * LoadElem(p.q.ptr, p.q.type, at) : LoadElem(p.k.ptr, p.k.type, at);
     }
-    __syncthreads();
-
-    for (int j = steps - 1; j >= 0; --j) {
-      const int64_t tok = bos + t0 + j;
-      const int64_t qk = tok * ldk + static_cast<int64_t>(h) * K;
-      const int64_t vo = tok * ldv + static_cast<int64_t>(h) * V;
-      const float fa = g_fa[j], ia = g_ia[j], mt = g_m[j];
-      const bool forget_wins = g_win[j] != 0.0f;
-      const float* c_t = step_c + j * kv;
-      const float* c_prev = j == 0 ? c_in : step_c + (j - 1) * kv;
-      const float* n_t = step_n + static_cast<int64_t>(j) * K;
-      const float* n_prev = j == 0 ? n_in : step_n + static_cast<int64_t>(j - 1) * K;
-      if (row) {
-        qs[tid] = scale * LoadElem(p.q.ptr, p.q.type, qk + tid);
-        ks[tid] = LoadElem(p.k.ptr, p.k.type, qk + tid);
-      }
-      float dh = 0.0f;
-      if (col) {
-        vs[tid] = LoadElem(p.v.ptr, p.v.type, vo + tid);
-        dh = LoadElem(p.dh.ptr, p.dh.type, vo + tid);
-      }
-      __syncthreads();
-
-      // h = num / den.
-      float num = 0.0f;
-      if (col)
-        for (int r = 0; r < K; ++r) num += qs[r] * c_t[r * V + tid];
-      const float qn = BlockSum(row ? qs[tid] * n_t[tid] : 0.0f, red);
-      const float den = Denominator(p.gate, qn, mt, p.eps);
-      const float dnum = dh / den;
-      if (col) dnum_s[tid] = dnum;
-      const float dh_dot_h = BlockSum(col ? dnum * num : 0.0f, red);
-      float dqn = 0.0f;
-      if (p.gate != MlstmGate::kSig) {
-        const float lower_bound = p.gate == MlstmGate::kExp ? expf(-mt) : 1.0f;
-        if (fabsf(qn) >= lower_bound) {
-          dqn = -dh_dot_h / den * (qn >= 0.0f ? 1.0f : -1.0f);
-        } else if (p.gate == MlstmGate::kExp) {
-          // ∂den/∂m = −e^{−m}; e^{−m}/den = 1/(1 + eps·e^{m}) stays finite.
-          dm += dh_dot_h / (1.0f + p.eps * expf(mt));
-        }
-      }
-
-      // Column phase: X = dC + q' dnumᵀ, dv, <X, C_{t-1}>.
-      float dfa_part = 0.0f;
-      if (col) {
-        float dv_acc = 0.0f;
-        for (int r = 0; r < K; ++r) {
-          const float x = dC[r * VP + tid] + qs[r] * dnum;
-          dfa_part += x * c_prev[r * V + tid];
-          dv_acc += ks[r] * x;
-          dC[r * VP + tid] = x;
-        }
-        StoreElem(p.dv_out, p.dv_type, vo + tid, ia * dv_acc);
-      }
-      __syncthreads();
-
-      // Row phase: u = X v, dq, dk, dn, and dC ← fa X.
-      float dia_part = 0.0f;
-      if (row) {
-        const float* c_row = c_t + static_cast<int64_t>(tid) * V;
-        float* dc_row = dC + tid * VP;
-        float u = 0.0f, dq_acc = dqn * n_t[tid];
-        for (int c = 0; c < V; ++c) {
-          u += dc_row[c] * vs[c];
-          dq_acc += c_row[c] * dnum_s[c];
-          dc_row[c] *= fa;
-        }
-        StoreElem(p.dq, p.dq_type, qk + tid, scale * dq_acc);
-        const float dn_t = dn + dqn * qs[tid];
-        dfa_part += dn_t * n_prev[tid];
-        dia_part = ks[tid] * (u + dn_t);
-        StoreElem(p.dk_out, p.dk_type, qk + tid, ia * (u + dn_t));
-        dn = fa * dn_t;
-      }
-      const float dfa = BlockSum(dfa_part, red);
-      const float dia = BlockSum(dia_part, red);
-
-      // Gates.
-      const float ig = p.i[tok * H + h], fg = p.f[tok * H + h];
-      float dlf = 0.0f, di = 0.0f;
-      if (p.gate == MlstmGate::kExp) {
-        const float dx = dfa * fa;  // fa = e^{lf + m_{t-1} − m_t}
-        const float dy = dia * ia;  // ia = e^{i − m_t}
-        const float dm_t = dm - dx - dy;
-        float dm_prev = dx;
-        dlf = dx;
-        di = dy;
-        if (forget_wins) {
-          dlf += dm_t;
-          dm_prev += dm_t;
-        } else {
-          di += dm_t;
-        }
-        dm = dm_prev;
+    for (int i = threadIdx.x; i < n * kCols; i += kThreads) {
+      const int j = i / kCols, cc = tile * kCols + i % kCols;
+      const int64_t tok = (bos + t0 + j) * H + h;
+      float x = 0.0f;
+      if (kReverse) {
+        const int64_t pt = TokenAt(p, seq, t0 + j, h);
+        if (cc < V) x = LoadElem(p.dh.ptr, p.dh.type, tok * V + cc) / sc.den[pt];
+        if (cc == V) x = sc.dqn[pt];
       } else {
-        dlf = dfa * fa;
-        di = dia * ia * Sigmoid(-ig);
+        if (cc < V) x = LoadElem(p.v.ptr, p.v.type, tok * V + cc);
+        if (cc == V) x = 1.0f;
       }
-      if (tid == 0) {
-        p.df[tok * H + h] = dlf * Sigmoid(-fg);
-        p.di[tok * H + h] = di;
+      b_s[i] = x;
+    }
+    for (int j = threadIdx.x; j < n; j += kThreads) {
+      const int64_t pt = TokenAt(p, seq, t0 + j, h);
+      w_s[j] = kReverse ? expf(sc.b[pt] + mc - sc.m[pt])
+                        : expf(be - sc.b[pt] + LogInput(p.gate, p.i[(bos + t0 + j) * H + h]) - me);
+    }
+    __syncthreads();
+    const float carry = expf(be + mc - me);
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) st[j] *= carry;
+    for (int j = 0; j < n; ++j) {
+      const float bw = b_s[j * kCols + tx] * w_s[j];
+      const float4* a = reinterpret_cast<const float4*>(a_s + j * lda + row0);
+#pragma unroll
+      for (int q = 0; q < kRowsPerThread / 4; ++q) {
+        const float4 x = a[q];
+        st[4 * q] += x.x * bw;
+        st[4 * q + 1] += x.y * bw;
+        st[4 * q + 2] += x.z * bw;
+        st[4 * q + 3] += x.w * bw;
       }
     }
   }
 
-  // dC and dn now belong to the initial state.
-  if (p.d_c0 && col)
-    for (int r = 0; r < K; ++r) p.d_c0[task * kv + r * V + tid] = dC[r * VP + tid];
-  if (p.d_n0 && row) p.d_n0[task * K + tid] = dn;
+  if (kReverse) {
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int r = row0 + j;
+      if (r >= K) continue;
+      if (col < V && p.d_c0) p.d_c0[dense * kv + static_cast<int64_t>(r) * V + col] = st[j];
+      if (col == V && p.d_n0) p.d_n0[dense * K + r] = st[j];
+    }
+  } else {
+    float part = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int r = row0 + j;
+      if (r >= K) continue;
+      if (col < V && p.d_ct) part += st[j] * p.d_ct[dense * kv + static_cast<int64_t>(r) * V + col];
+      if (col == V && p.d_nt) part += st[j] * p.d_nt[dense * K + r];
+    }
+    const float total = CtaSum(part, red);
+    if (threadIdx.x == 0) sc.dt[dense * sc.tiles + tile] = total;
+  }
+}
+
+// Loads a chunk's rows of an [N,H,dim] operand into a [kChunk][ld] tile
+// (times `mul`), zero past the sequence end.
+__device__ __forceinline__ void LoadTile(float* dst, int ld, Operand src, int dim, int64_t tok0,
+                                         int heads, int h, int n, float mul) {
+  for (int i = threadIdx.x; i < kChunk * dim; i += kThreads) {
+    const int j = i / dim, x = i % dim;
+    dst[j * ld + x] =
+        j < n ? mul * LoadElem(src.ptr, src.type, ((tok0 + j) * heads + h) * dim + x) : 0.0f;
+  }
+}
+
+// The gates of a chunk's tokens into shared memory: b, m, li; zero past the end.
+__device__ __forceinline__ void LoadChunkGates(const MlstmBackwardParams& p, const Scratch& sc,
+                                               int seq, int h, int64_t bos, int t0, int n,
+                                               float* gb, float* gm, float* gli) {
+  for (int j = threadIdx.x; j < kChunk; j += kThreads) {
+    const int64_t pt = TokenAt(p, seq, t0 + min(j, n - 1), h);
+    gb[j] = sc.b[pt];
+    gm[j] = sc.m[pt];
+    gli[j] = j < n ? LogInput(p.gate, p.i[(bos + t0 + j) * p.heads + h]) : 0.0f;
+  }
+}
+
+// D[s][τ] = e^{b_s − b_τ + li_τ − m_s}·(x_s·y_τ + add_s) for τ ≤ s < n, else 0.
+// Thread (ty, tx) computes rows ty + 8a and columns tx + 32b.
+__device__ __forceinline__ void DecayedScores(float* out, const float* x, const float* y, int ld,
+                                              int dim, const float* add, int n, const float* gb,
+                                              const float* gm, const float* gli) {
+  constexpr int kScoreCols = kChunk / 32;
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  float acc[kTileRows][kScoreCols] = {};
+  for (int l = 0; l < dim; ++l) {
+    float yv[kScoreCols];
+#pragma unroll
+    for (int b = 0; b < kScoreCols; ++b) yv[b] = y[(tx + 32 * b) * ld + l];
+#pragma unroll
+    for (int a = 0; a < kTileRows; ++a) {
+      const float xv = x[(ty + kRowGroups * a) * ld + l];
+#pragma unroll
+      for (int b = 0; b < kScoreCols; ++b) acc[a][b] += xv * yv[b];
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < kTileRows; ++a) {
+    const int s = ty + kRowGroups * a;
+#pragma unroll
+    for (int b = 0; b < kScoreCols; ++b) {
+      const int tau = tx + 32 * b;
+      float d = 0.0f;
+      if (tau <= s && s < n)
+        d = (acc[a][b] + (add ? add[s] : 0.0f)) * expf(gb[s] - gb[tau] + gli[tau] - gm[s]);
+      out[s * (kChunk + 1) + tau] = d;
+    }
+  }
+}
+
+__device__ __forceinline__ float RowSum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// Per chunk: the per-token scalars of the normalized output,
+//   qn_s = q'_s·n_s,  den_s,  dnum_s = dh_s/den_s,  dqn_s = −(dh_s·h_s)/den_s·sgn(qn_s)
+// where the max of den takes qn, and the explicit stabilizer cotangent
+// dm_s = −(dh_s·h_s)·eps/den_s of the exp gate (h = C̃ᵀq'/(max(|q'ñ|,1) + eps·e^m)).
+// num_s = e^{b_s + m_c − m_s} C̃_cᵀq'_s + Σ_τ D[s][τ] v_τ with D of q'·k.
+__global__ void __launch_bounds__(kThreads, 1)
+    MlstmTokenScalarsKernel(const MlstmBackwardParams p) {
+  extern __shared__ float smem[];
+  const int K = p.dk, V = p.dv, H = p.heads, c = blockIdx.x, h = blockIdx.y, seq = blockIdx.z;
+  const int64_t bos = p.cu_seqlens[seq];
+  const int len = p.cu_seqlens[seq + 1] - static_cast<int>(bos), t0 = c * kChunk;
+  if (t0 >= len) return;
+  const int n = min(kChunk, len - t0);
+  const Scratch sc = ScratchOf(p);
+  if (p.gate == MlstmGate::kSig) {  // unnormalized: den = 1, no dqn or dm
+    for (int j = threadIdx.x; j < n; j += kThreads) {
+      const int64_t pt = TokenAt(p, seq, t0 + j, h);
+      sc.den[pt] = 1.0f;
+      sc.dqn[pt] = 0.0f;
+      sc.dm[pt] = 0.0f;
+    }
+    return;
+  }
+  float* qs = smem;                   // [kChunk][K+1] q'
+  float* ks = qs + kChunk * (K + 1);  // [kChunk][K+1]
+  float* vs = ks + kChunk * (K + 1);  // [kChunk][V]
+  float* sc_p = vs + kChunk * V;      // [kChunk][kChunk+1] D of q'·k
+  float* gb = sc_p + kChunk * (kChunk + 1);
+  float* gm = gb + kChunk;
+  float* gli = gm + kChunk;
+  float* den_s = gli + kChunk;
+  float* ein = den_s + kChunk;
+  float* sgn = ein + kChunk;
+  const float scale = 1.0f / sqrtf(static_cast<float>(K));
+  const int64_t ci = ChunkAt(p, seq, c, h);
+  const float mc = sc.m_in[ci];
+  const float* state = sc.fwd + ci * sc.width;  // C̃_c | n_c, [K][V+1]
+  LoadTile(qs, K + 1, p.q, K, bos + t0, H, h, n, scale);
+  LoadTile(ks, K + 1, p.k, K, bos + t0, H, h, n, 1.0f);
+  LoadTile(vs, V, p.v, V, bos + t0, H, h, n, 1.0f);
+  LoadChunkGates(p, sc, seq, h, bos, t0, n, gb, gm, gli);
+  __syncthreads();
+  DecayedScores(sc_p, qs, ks, K + 1, K, nullptr, n, gb, gm, gli);
+  for (int s = threadIdx.x; s < kChunk; s += kThreads) ein[s] = expf(gb[s] + mc - gm[s]);
+  __syncthreads();
+  for (int s = threadIdx.x; s < n; s += kThreads) {
+    float inter = 0.0f, intra = 0.0f;
+    for (int l = 0; l < K; ++l) inter += qs[s * (K + 1) + l] * state[l * (V + 1) + V];
+    for (int tau = 0; tau <= s; ++tau) intra += sc_p[s * (kChunk + 1) + tau];
+    const float qn = ein[s] * inter + intra;
+    const float lower = p.gate == MlstmGate::kExp ? expf(-gm[s]) : 1.0f;
+    const float den = fmaxf(fabsf(qn), lower) + p.eps;
+    den_s[s] = den;
+    // dqn's sign where the max took |qn|, 0 where it took the lower bound.
+    sgn[s] = fabsf(qn) >= lower ? (qn >= 0.0f ? 1.0f : -1.0f) : 0.0f;
+  }
+  __syncthreads();
+
+  // num for rows ty + 8a and columns tx + 32b, then dh·num per row.
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  float acc[kTileRows][kColsPerThread] = {};
+  for (int l = 0; l < K; ++l) {
+    float cv[kColsPerThread];
+#pragma unroll
+    for (int b = 0; b < kColsPerThread; ++b) {
+      const int v = tx + 32 * b;
+      cv[b] = v < V ? state[l * (V + 1) + v] : 0.0f;
+    }
+#pragma unroll
+    for (int a = 0; a < kTileRows; ++a) {
+      const float qv = qs[(ty + kRowGroups * a) * (K + 1) + l];
+#pragma unroll
+      for (int b = 0; b < kColsPerThread; ++b) acc[a][b] += qv * cv[b];
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < kTileRows; ++a)
+#pragma unroll
+    for (int b = 0; b < kColsPerThread; ++b) acc[a][b] *= ein[ty + kRowGroups * a];
+  for (int tau = 0; tau < kChunk; ++tau) {
+    float vv[kColsPerThread];
+#pragma unroll
+    for (int b = 0; b < kColsPerThread; ++b) {
+      const int v = tx + 32 * b;
+      vv[b] = v < V ? vs[tau * V + v] : 0.0f;
+    }
+#pragma unroll
+    for (int a = 0; a < kTileRows; ++a) {
+      const float pv = sc_p[(ty + kRowGroups * a) * (kChunk + 1) + tau];
+#pragma unroll
+      for (int b = 0; b < kColsPerThread; ++b) acc[a][b] += pv * vv[b];
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < kTileRows; ++a) {
+    const int s = ty + kRowGroups * a;
+    float part = 0.0f;
+#pragma unroll
+    for (int b = 0; b < kColsPerThread; ++b) {
+      const int v = tx + 32 * b;
+      if (s < n && v < V)
+        part += acc[a][b] * LoadElem(p.dh.ptr, p.dh.type, ((bos + t0 + s) * H + h) * V + v);
+    }
+    const float dh_num = RowSum(part);
+    if (tx == 0 && s < n) {
+      const float den = den_s[s], dh_h = dh_num / den;
+      const int64_t pt = TokenAt(p, seq, t0 + s, h);
+      sc.den[pt] = den;
+      sc.dqn[pt] = -dh_h / den * sgn[s];
+      sc.dm[pt] = p.gate == MlstmGate::kExp ? -dh_h * p.eps / den : 0.0f;
+    }
+  }
+}
+
+// acc[a][b] (row ty + 8a, column tx + 32b of a [kChunk, K] result) +=
+// Σ_v x[row][v]·M[col][v] + add[row]·M[col][V] (add null: 1), M a [K][V+1]
+// state in global memory staged 32 of its columns at a time ([K][33]).
+__device__ __forceinline__ void TimesStateRows(float (&acc)[kTileRows][kColsPerThread],
+                                               const float* x, int ldx, const float* add,
+                                               const float* state, int K, int V, float* stage) {
+  constexpr int kLd = 33;
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  for (int v0 = 0; v0 <= V; v0 += 32) {
+    const int width = min(32, V + 1 - v0);
+    __syncthreads();
+    for (int i = threadIdx.x; i < K * 32; i += kThreads) {
+      const int r = i / 32, c = i % 32;
+      stage[r * kLd + c] = c < width ? state[static_cast<int64_t>(r) * (V + 1) + v0 + c] : 0.0f;
+    }
+    __syncthreads();
+    for (int c = 0; c < width; ++c) {
+      const int v = v0 + c;
+      float mv[kColsPerThread];
+#pragma unroll
+      for (int b = 0; b < kColsPerThread; ++b) {
+        const int col = tx + 32 * b;
+        mv[b] = col < K ? stage[col * kLd + c] : 0.0f;
+      }
+#pragma unroll
+      for (int a = 0; a < kTileRows; ++a) {
+        const int s = ty + kRowGroups * a;
+        const float xv = v < V ? x[s * ldx + v] : (add ? add[s] : 1.0f);
+#pragma unroll
+        for (int b = 0; b < kColsPerThread; ++b) acc[a][b] += xv * mv[b];
+      }
+    }
+  }
+}
+
+// Per chunk, with D[s][τ] = e^{b_s − b_τ + li_τ − m_s} (τ ≤ s), e = the last token:
+//   S1 = D ⊙ (dnum Vᵀ + dqn 1ᵀ),  S2 = D ⊙ (Q'Kᵀ),
+//   ein_s = e^{b_s + m_c − m_s},  eout_τ = e^{li_τ + b_e − b_τ − m_e},
+//   dq'_s = ein_s (C̃_c dnum_s + dqn_s ñ_c) + Σ_τ S1[s][τ] k_τ,
+//   dk_τ  = eout_τ (G_e v_τ + g_e) + Σ_s S1[s][τ] q'_s,
+//   dv_τ  = eout_τ G_eᵀ k_τ + Σ_s S2[s][τ] dnum_s,
+// and the gate-gradient terms q'·dq' and k·dk per token.
+__global__ void __launch_bounds__(kThreads, 1) MlstmChunkGradKernel(const MlstmBackwardParams p) {
+  extern __shared__ float smem[];
+  const int K = p.dk, V = p.dv, H = p.heads, c = blockIdx.x, h = blockIdx.y, seq = blockIdx.z;
+  const int64_t bos = p.cu_seqlens[seq];
+  const int len = p.cu_seqlens[seq + 1] - static_cast<int>(bos), t0 = c * kChunk;
+  if (t0 >= len) return;
+  const int n = min(kChunk, len - t0);
+  const Scratch sc = ScratchOf(p);
+  const int KP = K + 1, VP = V + 1, SP = kChunk + 1;
+  float* qs = smem;              // [kChunk][K+1] q'
+  float* ks = qs + kChunk * KP;  // [kChunk][K+1]
+  float* vs = ks + kChunk * KP;  // [kChunk][V+1]
+  float* dn = vs + kChunk * VP;  // [kChunk][V+1] dnum
+  float* s1 = dn + kChunk * VP;  // [kChunk][kChunk+1]
+  float* s2 = s1 + kChunk * SP;
+  float* stage = s2 + kChunk * SP;  // [K][33]
+  float* gb = stage + 33 * K;
+  float* gm = gb + kChunk;
+  float* gli = gm + kChunk;
+  float* dqn = gli + kChunk;
+  float* ein = dqn + kChunk;
+  float* eout = ein + kChunk;
+  const float scale = 1.0f / sqrtf(static_cast<float>(K));
+  const int64_t ci = ChunkAt(p, seq, c, h);
+  const float mc = sc.m_in[ci];
+  const int64_t e = TokenAt(p, seq, t0 + n - 1, h);
+  const float me = sc.m[e], be = sc.b[e];
+  LoadTile(qs, KP, p.q, K, bos + t0, H, h, n, scale);
+  LoadTile(ks, KP, p.k, K, bos + t0, H, h, n, 1.0f);
+  LoadTile(vs, VP, p.v, V, bos + t0, H, h, n, 1.0f);
+  LoadTile(dn, VP, p.dh, V, bos + t0, H, h, n, 1.0f);
+  LoadChunkGates(p, sc, seq, h, bos, t0, n, gb, gm, gli);
+  __syncthreads();
+  for (int i = threadIdx.x; i < n * V; i += kThreads) {
+    const int j = i / V;
+    dn[j * VP + i % V] /= sc.den[TokenAt(p, seq, t0 + j, h)];
+  }
+  for (int j = threadIdx.x; j < kChunk; j += kThreads) {
+    dqn[j] = j < n ? sc.dqn[TokenAt(p, seq, t0 + j, h)] : 0.0f;
+    ein[j] = expf(gb[j] + mc - gm[j]);
+    eout[j] = j < n ? expf(gli[j] + be - gb[j] - me) : 0.0f;
+  }
+  __syncthreads();
+  DecayedScores(s1, dn, vs, VP, V, dqn, n, gb, gm, gli);
+  DecayedScores(s2, qs, ks, KP, K, nullptr, n, gb, gm, gli);
+  __syncthreads();
+
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const float* c_in = sc.fwd + ci * sc.width;
+  const float* g_end = sc.rev + ci * sc.width;
+  // Stores mul·acc as rows of an [N,H,dim] output; with dot_with, also the
+  // per-token dot of acc with that shared tile into dot_out.
+  auto store = [&](float(&acc)[kTileRows][kColsPerThread], void* dst, ElemType type, int dim,
+                   float mul, const float* dot_with, int ld_dot, float* dot_out) {
+#pragma unroll
+    for (int a = 0; a < kTileRows; ++a) {
+      const int s = ty + kRowGroups * a;
+      float part = 0.0f;
+#pragma unroll
+      for (int b = 0; b < kColsPerThread; ++b) {
+        const int x = tx + 32 * b;
+        if (x >= dim || s >= n) continue;
+        if (dot_with) part += dot_with[s * ld_dot + x] * acc[a][b];
+        StoreElem(dst, type, ((bos + t0 + s) * H + h) * dim + x, mul * acc[a][b]);
+      }
+      if (dot_out) {
+        part = RowSum(part);
+        if (tx == 0 && s < n) dot_out[TokenAt(p, seq, t0 + s, h)] = part;
+      }
+    }
+  };
+
+  {  // dq'
+    float acc[kTileRows][kColsPerThread] = {};
+    TimesStateRows(acc, dn, VP, dqn, c_in, K, V, stage);
+#pragma unroll
+    for (int a = 0; a < kTileRows; ++a)
+#pragma unroll
+      for (int b = 0; b < kColsPerThread; ++b) acc[a][b] *= ein[ty + kRowGroups * a];
+    for (int tau = 0; tau < kChunk; ++tau) {  // S1 is 0 above the diagonal
+      float kv[kColsPerThread];
+#pragma unroll
+      for (int b = 0; b < kColsPerThread; ++b) {
+        const int kk = tx + 32 * b;
+        kv[b] = kk < K ? ks[tau * KP + kk] : 0.0f;
+      }
+#pragma unroll
+      for (int a = 0; a < kTileRows; ++a) {
+        const float w = s1[(ty + kRowGroups * a) * SP + tau];
+#pragma unroll
+        for (int b = 0; b < kColsPerThread; ++b) acc[a][b] += w * kv[b];
+      }
+    }
+    store(acc, p.dq, p.dq_type, K, scale, qs, KP, sc.qdq);
+  }
+  {  // dk
+    float acc[kTileRows][kColsPerThread] = {};
+    TimesStateRows(acc, vs, VP, nullptr, g_end, K, V, stage);
+#pragma unroll
+    for (int a = 0; a < kTileRows; ++a)
+#pragma unroll
+      for (int b = 0; b < kColsPerThread; ++b) acc[a][b] *= eout[ty + kRowGroups * a];
+    for (int s = 0; s < kChunk; ++s) {  // S1 is 0 above the diagonal
+      float qv[kColsPerThread];
+#pragma unroll
+      for (int b = 0; b < kColsPerThread; ++b) {
+        const int kk = tx + 32 * b;
+        qv[b] = kk < K ? qs[s * KP + kk] : 0.0f;
+      }
+#pragma unroll
+      for (int a = 0; a < kTileRows; ++a) {
+        const float w = s1[s * SP + ty + kRowGroups * a];
+#pragma unroll
+        for (int b = 0; b < kColsPerThread; ++b) acc[a][b] += w * qv[b];
+      }
+    }
+    store(acc, p.dk_out, p.dk_type, K, 1.0f, ks, KP, sc.kdk);
+  }
+  {  // dv
+    float acc[kTileRows][kColsPerThread] = {};
+    for (int l = 0; l < K; ++l) {
+      float gv[kColsPerThread];
+#pragma unroll
+      for (int b = 0; b < kColsPerThread; ++b) {
+        const int v = tx + 32 * b;
+        gv[b] = v < V ? g_end[l * VP + v] : 0.0f;
+      }
+#pragma unroll
+      for (int a = 0; a < kTileRows; ++a) {
+        const float kv = ks[(ty + kRowGroups * a) * KP + l];
+#pragma unroll
+        for (int b = 0; b < kColsPerThread; ++b) acc[a][b] += kv * gv[b];
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < kTileRows; ++a)
+#pragma unroll
+      for (int b = 0; b < kColsPerThread; ++b) acc[a][b] *= eout[ty + kRowGroups * a];
+    for (int s = 0; s < kChunk; ++s) {  // S2 is 0 above the diagonal
+      float dv[kColsPerThread];
+#pragma unroll
+      for (int b = 0; b < kColsPerThread; ++b) {
+        const int v = tx + 32 * b;
+        dv[b] = v < V ? dn[s * VP + v] : 0.0f;
+      }
+#pragma unroll
+      for (int a = 0; a < kTileRows; ++a) {
+        const float w = s2[s * SP + ty + kRowGroups * a];
+#pragma unroll
+        for (int b = 0; b < kColsPerThread; ++b) acc[a][b] += w * dv[b];
+      }
+    }
+    store(acc, p.dv_out, p.dv_type, V, 1.0f, nullptr, 0, nullptr);
+  }
+}
+
+// One warp per (sequence, head), 32 tokens per step, last step first:
+//   dlf_t = D_T + Σ_{s≥t} (q'_s·dq'_s − k_s·dk_s)  (+ the stabilizer chain),
+//   di_t  = k_t·dk_t (exp gate; × σ(−i_t) for the sigmoid gate),
+// and for the exp gate the cotangent of m_t = max(lf_t + m_{t−1}, i_t):
+//   dm_t = dm_t(explicit) + [forget won at t+1]·dm_{t+1}, dm_T(explicit) −= D_T
+// (the stored final states are C̃_T e^{−m_T}), added to lf_t where the forget
+// branch won and to i_t where the input branch did. df = dlf·σ(−f). The sum is
+// a suffix scan across the warp and the dm chain an affine one,
+// dm_t = E_t + A_t·dm_{t+1}, composed as (A, E)·(A', E') = (A A', E + A E').
+__global__ void MlstmGateGradKernel(const MlstmBackwardParams p) {
+  const int task = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (task >= p.num_seqs * p.heads) return;  // the whole warp
+  const int seq = task / p.heads, h = task % p.heads;
+  const Scratch sc = ScratchOf(p);
+  const int64_t bos = p.cu_seqlens[seq];
+  const int len = p.cu_seqlens[seq + 1] - static_cast<int>(bos);
+  if (len == 0) return;
+  const bool exp_gate = p.gate == MlstmGate::kExp;
+  float d_final = 0.0f;
+  for (int tile = 0; tile < sc.tiles; ++tile)
+    d_final += sc.dt[static_cast<int64_t>(task) * sc.tiles + tile];
+  // Carries from the later step: the running sum, dm and "forget won" of its first token.
+  float run = d_final, dm_next = -d_final, wins_next = 1.0f;
+  const float m0 = sc.m_in[ChunkAt(p, seq, 0, h)];
+  for (int t0 = (len - 1) / 32 * 32; t0 >= 0; t0 -= 32) {
+    const int t = t0 + lane;
+    const bool live = t < len;
+    const int64_t pt = TokenAt(p, seq, live ? t : 0, h), tok = (bos + t) * p.heads + h;
+    const float kdk = live ? sc.kdk[pt] : 0.0f;
+    float sum = live ? sc.qdq[pt] - kdk : 0.0f;
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_down_sync(0xffffffffu, sum, o);
+      if (lane + o < 32) sum += y;
+    }
+    const float dlf_sum = run + sum;
+    run = __shfl_sync(0xffffffffu, dlf_sum, 0);
+    float dlf = dlf_sum, di = kdk;
+    if (exp_gate) {
+      // Past the end: no explicit term, and the chain passes through (A = 1).
+      float wins = 1.0f, e = 0.0f;
+      if (live) {
+        const float m_prev = t > 0 ? sc.m[pt - p.heads] : m0;
+        wins = LogSigmoid(p.f[tok]) + m_prev >= p.i[tok] ? 1.0f : 0.0f;
+        e = sc.dm[pt];
+      }
+      float a = __shfl_down_sync(0xffffffffu, wins, 1);
+      if (lane == 31) a = wins_next;
+      for (int o = 1; o < 32; o <<= 1) {
+        const float a2 = __shfl_down_sync(0xffffffffu, a, o);
+        const float e2 = __shfl_down_sync(0xffffffffu, e, o);
+        if (lane + o < 32) {
+          e += a * e2;
+          a *= a2;
+        }
+      }
+      const float dm = e + a * dm_next;
+      dlf += wins * dm;
+      di += (1.0f - wins) * dm;
+      dm_next = __shfl_sync(0xffffffffu, dm, 0);
+      wins_next = __shfl_sync(0xffffffffu, wins, 0);
+    } else if (live) {
+      di *= Sigmoid(-p.i[tok]);
+    }
+    if (live) {
+      p.df[tok] = dlf * Sigmoid(-p.f[tok]);
+      p.di[tok] = di;
+    }
+  }
+}
+
+size_t StateScanSmem(const MlstmBackwardParams& p) {
+  return sizeof(float) * (static_cast<size_t>(kChunk) * kMlstmBackwardMaxDim + kChunk * kCols +
+                          kChunk + kRowGroups);
+}
+
+size_t TokenScalarsSmem(const MlstmBackwardParams& p) {
+  // q', k, v; the decayed scores; six per-token arrays.
+  return sizeof(float) * (static_cast<size_t>(kChunk) * (2 * (p.dk + 1) + p.dv) +
+                          kChunk * (kChunk + 1) + 6 * kChunk);
+}
+
+size_t ChunkGradSmem(const MlstmBackwardParams& p) {
+  // q', k; v, dnum; the [K][33] stage; S1, S2; six per-token arrays.
+  return sizeof(float) * (static_cast<size_t>(kChunk) * 2 * (p.dk + 1) +
+                          static_cast<size_t>(2 * kChunk) * (p.dv + 1) + 33 * p.dk +
+                          2 * kChunk * (kChunk + 1) + 6 * kChunk);
+}
+
+template <typename Kernel>
+cudaError_t Launch(Kernel kernel, dim3 grid, int threads, size_t smem, cudaStream_t stream,
+                   const MlstmBackwardParams& p) {
+  if (smem > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<grid, threads, smem, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -342,22 +790,34 @@ cudaError_t LaunchAdd(const float* a, const float* b, void* out, ElemType out_ty
   return cudaGetLastError();
 }
 
-int64_t MlstmBackwardScratchFloats(const MlstmBackwardParams& p) {
-  return static_cast<int64_t>(p.num_seqs) * p.heads * TaskScratchFloats(p.dk, p.dv, p.max_len, p.block);
-}
+int64_t MlstmBackwardScratchFloats(const MlstmBackwardParams& p) { return ScratchFloatsOf(p); }
 
 cudaError_t LaunchMlstmBackward(const MlstmBackwardParams& p, cudaStream_t stream) {
-  const int64_t tasks = static_cast<int64_t>(p.num_seqs) * p.heads;
+  const int tasks = p.num_seqs * p.heads;
   if (tasks == 0) return cudaSuccess;
-  if (p.dk < 1 || p.dv < 1 || p.dk > kMlstmBackwardMaxDim || p.dv > kMlstmBackwardMaxDim || p.block < 1)
+  if (p.dk < 1 || p.dv < 1 || p.dk > kMlstmBackwardMaxDim || p.dv > kMlstmBackwardMaxDim ||
+      p.max_len < 0)
     return cudaErrorInvalidValue;
-  const size_t smem = static_cast<size_t>(SharedFloats(p)) * sizeof(float);
-  const cudaError_t err = cudaFuncSetAttribute(MlstmBackwardKernel,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem));
-  if (err != cudaSuccess) return err;
-  MlstmBackwardKernel<<<static_cast<unsigned>(tasks), kMlstmThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  const int warps_per_cta = 4;  // the gate kernels: one warp per (sequence, head)
+  const dim3 tasks_grid((tasks + warps_per_cta - 1) / warps_per_cta);
+  const dim3 chunk_grid(MaxChunks(p) > 0 ? MaxChunks(p) : 1, p.heads, p.num_seqs);
+  const dim3 tile_grid(ScratchOf(p).tiles, p.heads, p.num_seqs);
+  cudaError_t err;
+  if ((err = Launch(MlstmGatesKernel, tasks_grid, 32 * warps_per_cta, 0, stream, p)) != cudaSuccess)
+    return err;
+  if ((err = Launch(MlstmStateScanKernel<false>, tile_grid, kThreads, StateScanSmem(p), stream,
+                    p)) != cudaSuccess)
+    return err;
+  if ((err = Launch(MlstmTokenScalarsKernel, chunk_grid, kThreads, TokenScalarsSmem(p), stream,
+                    p)) != cudaSuccess)
+    return err;
+  if ((err = Launch(MlstmStateScanKernel<true>, tile_grid, kThreads, StateScanSmem(p), stream,
+                    p)) != cudaSuccess)
+    return err;
+  if ((err = Launch(MlstmChunkGradKernel, chunk_grid, kThreads, ChunkGradSmem(p), stream, p)) !=
+      cudaSuccess)
+    return err;
+  return Launch(MlstmGateGradKernel, tasks_grid, 32 * warps_per_cta, 0, stream, p);
 }
 
 }  // namespace lair::kernels::cuda

@@ -4,9 +4,9 @@
 // the recurrent step (kernels/cpu/mlstm.cc's semantics).
 #pragma once
 
-#include <cstdint>
-
 #include <cuda_runtime_api.h>
+
+#include <cstdint>
 
 #include "kernels/cuda/scan.h"
 
@@ -26,22 +26,22 @@ enum class MlstmGate : int {
   kSigNorm = 2,  // sigmoid gates, output / (max(|q'ᵀn|, 1) + eps)
 };
 
-// mLSTM backward, one CTA per (sequence, head): a forward sweep keeps the state
-// (C, n, m) entering every checkpoint block of `block` tokens in `scratch`;
-// each block is then recomputed step by step (into scratch as well) and walked
-// backwards. dk, dv ≤ kMlstmBackwardMaxDim. m0 is a constant (no gradient).
+// mLSTM backward, chunkwise and parallel over (sequence, head, chunk): the
+// chunk-boundary states forward and reversed go to `scratch`, then every
+// chunk's gradients are computed independently (kernels/cuda/mixer_backward.cu).
+// dk, dv ≤ kMlstmBackwardMaxDim. m0 is a constant (no gradient).
 inline constexpr int kMlstmBackwardMaxDim = 128;
 
 struct MlstmBackwardParams {
   int num_seqs = 0, heads = 0;
   int dk = 0, dv = 0;
   int max_len = 0;                      // longest sequence
-  int block = 0;                        // tokens between checkpoints
+  int block = 0;                        // unused: left for the callers that still set it
   const int32_t* cu_seqlens = nullptr;  // device [num_seqs + 1]
   MlstmGate gate = MlstmGate::kExp;
   float eps = 0.0f;
-  Operand q, k, v, dh;                  // [N,H,dk], [N,H,dk], [N,H,dv], [N,H,dv]
-  const float* i = nullptr;             // [N,H] pre-activations
+  Operand q, k, v, dh;       // [N,H,dk], [N,H,dk], [N,H,dv], [N,H,dv]
+  const float* i = nullptr;  // [N,H] pre-activations
   const float* f = nullptr;
   // Initial states: pools [slots,H,dk,dv], [slots,H,dk], [slots,H] read through
   // `slot`; c_init null means zero states (m_init null: m0 = 0).
@@ -55,14 +55,14 @@ struct MlstmBackwardParams {
   void* dk_out = nullptr;       // [N,H,dk] of dk_type
   void* dv_out = nullptr;       // [N,H,dv] of dv_type
   ElemType dq_type = ElemType::kF32, dk_type = ElemType::kF32, dv_type = ElemType::kF32;
-  float* di = nullptr;          // [N,H]
-  float* df = nullptr;          // [N,H]
-  float* d_c0 = nullptr;        // [num_seqs,H,dk,dv] or null (not wanted)
-  float* d_n0 = nullptr;        // [num_seqs,H,dk] or null
-  float* scratch = nullptr;     // MlstmBackwardScratchFloats(*this) floats
+  float* di = nullptr;       // [N,H]
+  float* df = nullptr;       // [N,H]
+  float* d_c0 = nullptr;     // [num_seqs,H,dk,dv] or null (not wanted)
+  float* d_n0 = nullptr;     // [num_seqs,H,dk] or null
+  float* scratch = nullptr;  // MlstmBackwardScratchFloats(*this) floats
 };
 
-// fp32 elements of scratch the launch needs (block and max_len set).
+// fp32 elements of scratch the launch needs (dims, num_seqs and max_len set).
 int64_t MlstmBackwardScratchFloats(const MlstmBackwardParams& p);
 
 cudaError_t LaunchMlstmBackward(const MlstmBackwardParams& p, cudaStream_t stream);

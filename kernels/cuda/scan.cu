@@ -15,6 +15,7 @@
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/scan.h"
+#include "kernels/cuda/scan_mma.h"
 
 namespace lair::kernels::cuda {
 namespace {
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(ScanTraits::kThreads) ScanKernel(const ScanPar
   float* bsc = den + C;                                    // [C] scalar cumsum b
 
   // Initial state tile (zero when absent).
-  const int64_t head_off = static_cast<int64_t>(h) * dk * p.dv;
+  const int64_t head_off = StateHeadOffset(p, h);
   {
     const int slot = p.s_init.slot ? p.s_init.slot[seq] : seq;
     const float* base = p.s_init.ptr ? p.s_init.ptr + slot * p.s_init.slot_stride + head_off
@@ -363,6 +364,7 @@ cudaError_t LaunchScan(const ScanParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (p.num_seqs == 0) return cudaSuccess;
+  if (ScanMmaSupports(p)) return LaunchScanMma(p, stream);
   return p.left_vector ? LaunchScanInstance<true>(p, stream) : LaunchScanInstance<false>(p, stream);
 }
 

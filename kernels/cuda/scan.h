@@ -73,6 +73,9 @@ struct ScanParams {
   NormKind norm = NormKind::kNone;
   float eps = 0.0f;
   StateRef s_init, s_final;           // s_init.ptr null → zero state
+  // Floats between the heads of s_init and s_final; 0: one dk·dv tile. A
+  // scan over a row block of wider tiles (key blocks) sets it.
+  int64_t state_head_stride = 0;
   // mLSTM normalizer n [., H, dk] and stabilizer m [., H]: same slot mapping
   // as s_init/s_final. n_init/m_init must not alias n_final/m_final.
   const float* n_init = nullptr;
@@ -84,7 +87,9 @@ struct ScanParams {
 };
 
 // Chunked scan, one CTA per (sequence, head, 64-wide dv tile), sequential over
-// chunks of 32 tokens, fp32 arithmetic throughout.
+// chunks. bf16/f16 operands without a right decay take the tensor-core path
+// (scan_mma.h: chunks of 64, bf16 mma, fp32 accumulation and state); the rest
+// runs chunks of 32 tokens in fp32 arithmetic throughout.
 cudaError_t LaunchScan(const ScanParams& p, cudaStream_t stream);
 
 // One-token decode step for every sequence (N == num_seqs), states in place in

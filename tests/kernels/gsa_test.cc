@@ -12,10 +12,24 @@
 
 #include "checkpoint/safetensors.h"
 #include "gtest/gtest.h"
+#include "tests/kernels/mixer_test_support.h"
 #include "tests/support/fixtures.h"
 
 namespace lair::kernels::cpu {
 namespace {
+
+using mixer_test::Dot;
+using mixer_test::FiniteDifference;
+using mixer_test::GatherRows;
+using mixer_test::MakePiece;
+using mixer_test::Normal;
+using mixer_test::Offsets;
+using mixer_test::PackSequences;
+using mixer_test::Piece;
+using mixer_test::RelativeErrorTo;
+using mixer_test::ScatterRows;
+using mixer_test::StepCuts;
+using mixer_test::ToDouble;
 
 struct GsaInputs {
   int heads = 0, key_dim = 0, value_dim = 0, slots_m = 0;
@@ -40,23 +54,11 @@ struct GsaGrads {
   Tensor dq, dk, dv, ds, dg, dhk0, dhv0;
 };
 
-std::vector<int32_t> Offsets(const std::vector<int>& lens) {
-  std::vector<int32_t> cu = {0};
-  for (int len : lens) cu.push_back(cu.back() + len);
-  return cu;
-}
-
-Tensor Normal(const Shape& shape, std::mt19937& rng, float stddev) {
-  Tensor t = Tensor::Zeros(DType::kF32, shape);
-  std::normal_distribution<float> dist(0.0f, stddev);
-  for (int64_t e = 0; e < t.numel(); ++e) t.f32()[e] = dist(rng);
-  return t;
-}
-
 // g = logσ(gate_scale·x)/tau as in a GSA layer; s = 1 − e^{g}, or an
 // independent uniform input when `independent_s`.
-GsaInputs MakeInputs(int heads, int key_dim, int value_dim, int slots_m, std::vector<int> lens, uint32_t seed,
-                     float gate_scale = 1.0f, float tau = 8.0f, bool independent_s = false) {
+GsaInputs MakeInputs(int heads, int key_dim, int value_dim, int slots_m, std::vector<int> lens,
+                     uint32_t seed, float gate_scale = 1.0f, float tau = 8.0f,
+                     bool independent_s = false) {
   std::mt19937 rng(seed);
   GsaInputs in;
   in.heads = heads;
@@ -81,20 +83,6 @@ GsaInputs MakeInputs(int heads, int key_dim, int value_dim, int slots_m, std::ve
   in.hk0 = Normal({seqs, heads, key_dim, slots_m}, rng, 0.5f);
   in.hv0 = Normal({seqs, heads, slots_m, value_dim}, rng, 0.5f);
   return in;
-}
-
-Tensor GatherRows(const Tensor& t, const std::vector<int64_t>& rows) {
-  Shape shape = t.shape();
-  shape[0] = static_cast<int64_t>(rows.size());
-  Tensor out = Tensor::Zeros(DType::kF32, shape);
-  const int64_t width = t.numel() / t.dim(0);
-  for (size_t r = 0; r < rows.size(); ++r) std::copy_n(t.f32() + rows[r] * width, width, out.f32() + r * width);
-  return out;
-}
-
-void ScatterRows(const Tensor& src, const std::vector<int64_t>& rows, const Tensor& dst) {
-  const int64_t width = dst.numel() / dst.dim(0);
-  for (size_t r = 0; r < rows.size(); ++r) std::copy_n(src.f32() + r * width, width, dst.f32() + rows[r] * width);
 }
 
 // Pools holding sequence s in slot S − s, with one spare slot (slot 0).
@@ -129,40 +117,42 @@ GsaForwardArgs ArgsFor(const GsaInputs& in, int chunk) {
   return args;
 }
 
+// The forward over all of `in` at once, states in `pools`.
+GsaForwardArgs WholeArgs(const GsaInputs& in, const Pools& pools, int chunk) {
+  GsaForwardArgs args = ArgsFor(in, chunk);
+  args.q = in.q;
+  args.k = in.k;
+  args.v = in.v;
+  args.s = in.s;
+  args.g = in.g;
+  args.o = Tensor::Zeros(DType::kF32, in.v.shape());
+  args.state_k = pools.hk;
+  args.state_v = pools.hv;
+  return args;
+}
+
 // Piece p runs tokens [cuts[p], cuts[p+1]) of every sequence, states carried
 // in the pools.
 GsaOutputs RunPieces(const GsaInputs& in, MixerForm form, int chunk, const std::vector<int>& cuts) {
   Pools pools = MakePools(in);
-  const std::vector<int32_t> cu = Offsets(in.lens);
   GsaOutputs out;
   out.o = Tensor::Zeros(DType::kF32, {in.tokens(), in.heads, in.value_dim});
   for (size_t p = 0; p + 1 < cuts.size(); ++p) {
-    std::vector<int64_t> rows;
-    std::vector<int32_t> piece_cu = {0}, piece_slots;
-    for (int s = 0; s < in.seqs(); ++s) {
-      const int begin = std::min(cuts[p], in.lens[s]), end = std::min(cuts[p + 1], in.lens[s]);
-      if (begin == end) continue;
-      for (int t = begin; t < end; ++t) rows.push_back(cu[s] + t);
-      piece_cu.push_back(static_cast<int32_t>(rows.size()));
-      piece_slots.push_back(pools.slot[s]);
-    }
-    if (piece_slots.empty()) continue;
+    const Piece piece = MakePiece(in.lens, pools.slot, cuts[p], cuts[p + 1]);
+    if (piece.empty()) continue;
     GsaForwardArgs args = ArgsFor(in, chunk);
-    args.q = GatherRows(in.q, rows);
-    args.k = GatherRows(in.k, rows);
-    args.v = GatherRows(in.v, rows);
-    args.s = GatherRows(in.s, rows);
-    args.g = GatherRows(in.g, rows);
-    args.o = Tensor::Zeros(DType::kF32, {static_cast<int64_t>(rows.size()), in.heads, in.value_dim});
+    args.q = GatherRows(in.q, piece.rows);
+    args.k = GatherRows(in.k, piece.rows);
+    args.v = GatherRows(in.v, piece.rows);
+    args.s = GatherRows(in.s, piece.rows);
+    args.g = GatherRows(in.g, piece.rows);
+    args.o = Tensor::Zeros(DType::kF32,
+                           {static_cast<int64_t>(piece.rows.size()), in.heads, in.value_dim});
     args.state_k = pools.hk;
     args.state_v = pools.hv;
-    SequenceBatch batch;
-    batch.num_seqs = static_cast<int>(piece_slots.size());
-    batch.cu_seqlens = piece_cu;
-    batch.state_slot = piece_slots;
-    const absl::Status status = GsaForwardCpu(batch, args, form);
+    const absl::Status status = GsaForwardCpu(piece.Batch(), args, form);
     EXPECT_TRUE(status.ok()) << status;
-    ScatterRows(args.o, rows, out.o);
+    ScatterRows(args.o, piece.rows, out.o);
   }
   std::vector<int64_t> slots(pools.slot.begin(), pools.slot.end());
   out.hk = GatherRows(pools.hk, slots);
@@ -175,28 +165,20 @@ GsaOutputs RunOnce(const GsaInputs& in, MixerForm form, int chunk) {
 }
 
 GsaOutputs RunStepwise(const GsaInputs& in) {
-  std::vector<int> cuts;
-  for (int t = 0; t <= *std::max_element(in.lens.begin(), in.lens.end()); ++t) cuts.push_back(t);
-  return RunPieces(in, MixerForm::kAuto, 64, cuts);
+  return RunPieces(in, MixerForm::kAuto, 64, StepCuts(in.lens));
 }
 
 GsaCotangents MakeCotangents(const GsaInputs& in, uint32_t seed) {
   std::mt19937 rng(seed);
-  return {Normal(in.v.shape(), rng, 1), Normal(in.hk0.shape(), rng, 1), Normal(in.hv0.shape(), rng, 1)};
+  return {Normal(in.v.shape(), rng, 1), Normal(in.hk0.shape(), rng, 1),
+          Normal(in.hv0.shape(), rng, 1)};
 }
 
 GsaGrads RunBackward(const GsaInputs& in, const GsaCotangents& d, int chunk) {
   Pools pools = MakePools(in);
   const std::vector<int32_t> cu = Offsets(in.lens);
   GsaBackwardArgs args;
-  args.fwd = ArgsFor(in, chunk);
-  args.fwd.q = in.q;
-  args.fwd.k = in.k;
-  args.fwd.v = in.v;
-  args.fwd.s = in.s;
-  args.fwd.g = in.g;
-  args.fwd.state_k = pools.hk;
-  args.fwd.state_v = pools.hv;
+  args.fwd = WholeArgs(in, pools, chunk);
   args.d_o = d.d_o;
   args.d_hkt = d.d_hkt;
   args.d_hvt = d.d_hvt;
@@ -223,13 +205,16 @@ GsaGrads RunBackward(const GsaInputs& in, const GsaCotangents& d, int chunk) {
 // ---------------------------------------------------------------------------
 // Float64 oracle: the recurrence of specs/gsa.md §1.4 / Appendix A.
 
-std::vector<double> ToDouble(const Tensor& t) { return std::vector<double>(t.f32(), t.f32() + t.numel()); }
-
 struct DoubleInputs {
   std::vector<double> q, k, v, s, g, hk0, hv0;
   explicit DoubleInputs(const GsaInputs& in)
-      : q(ToDouble(in.q)), k(ToDouble(in.k)), v(ToDouble(in.v)), s(ToDouble(in.s)), g(ToDouble(in.g)),
-        hk0(ToDouble(in.hk0)), hv0(ToDouble(in.hv0)) {}
+      : q(ToDouble(in.q)),
+        k(ToDouble(in.k)),
+        v(ToDouble(in.v)),
+        s(ToDouble(in.s)),
+        g(ToDouble(in.g)),
+        hk0(ToDouble(in.hk0)),
+        hv0(ToDouble(in.hv0)) {}
 };
 
 struct Oracle {
@@ -278,27 +263,13 @@ Oracle RunOracle(const GsaInputs& in, const DoubleInputs& x) {
   return r;
 }
 
-double Dot(const std::vector<double>& a, const Tensor& b) {
-  double sum = 0;
-  for (size_t e = 0; e < a.size(); ++e) sum += a[e] * b.f32()[e];
-  return sum;
-}
-
 double Loss(const GsaInputs& in, const DoubleInputs& x, const GsaCotangents& d) {
   const Oracle r = RunOracle(in, x);
   return Dot(r.o, d.d_o) + Dot(r.hk, d.d_hkt) + Dot(r.hv, d.d_hvt);
 }
 
-double RelativeErrorTo(const Tensor& ours, const std::vector<double>& ref) {
-  double diff = 0, norm = 0;
-  for (size_t e = 0; e < ref.size(); ++e) {
-    diff += (ours.f32()[e] - ref[e]) * (ours.f32()[e] - ref[e]);
-    norm += ref[e] * ref[e];
-  }
-  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
-}
-
-void ExpectOutputsNear(const GsaOutputs& a, const GsaOutputs& b, double tol, const std::string& what) {
+void ExpectOutputsNear(const GsaOutputs& a, const GsaOutputs& b, double tol,
+                       const std::string& what) {
   EXPECT_LE(RelativeError(a.o, b.o), tol) << what << ": o";
   EXPECT_LE(RelativeError(a.hk, b.hk), tol) << what << ": Hk";
   EXPECT_LE(RelativeError(a.hv, b.hv), tol) << what << ": Hv";
@@ -359,7 +330,8 @@ TEST(GsaCpuTest, PackedMatchesSeparate) {
     part.o = GatherRows(packed.o, rows);
     part.hk = GatherRows(packed.hk, {s});
     part.hv = GatherRows(packed.hv, {s});
-    ExpectOutputsNear(part, RunOnce(one, MixerForm::kChunked, 16), 1e-6, "sequence " + std::to_string(s));
+    ExpectOutputsNear(part, RunOnce(one, MixerForm::kChunked, 16), 1e-6,
+                      "sequence " + std::to_string(s));
   }
 }
 
@@ -368,18 +340,8 @@ TEST(GsaCpuTest, GradientsMatchFiniteDifferences) {
   const GsaCotangents d = MakeCotangents(in, 25);
   const DoubleInputs x(in);
   auto finite_difference = [&](std::vector<double> DoubleInputs::*field) {
-    DoubleInputs probe = x;
-    std::vector<double> grad((x.*field).size());
-    const double step = 1e-5;
-    for (size_t e = 0; e < grad.size(); ++e) {
-      (probe.*field)[e] = (x.*field)[e] + step;
-      const double plus = Loss(in, probe, d);
-      (probe.*field)[e] = (x.*field)[e] - step;
-      const double minus = Loss(in, probe, d);
-      (probe.*field)[e] = (x.*field)[e];
-      grad[e] = (plus - minus) / (2 * step);
-    }
-    return grad;
+    return FiniteDifference(x, field,
+                            [&](const DoubleInputs& probe) { return Loss(in, probe, d); });
   };
   for (int chunk : {2, 64}) {
     const GsaGrads g = RunBackward(in, d, chunk);
@@ -389,8 +351,10 @@ TEST(GsaCpuTest, GradientsMatchFiniteDifferences) {
     EXPECT_LE(RelativeErrorTo(g.dv, finite_difference(&DoubleInputs::v)), 1e-4) << what << ": dv";
     EXPECT_LE(RelativeErrorTo(g.ds, finite_difference(&DoubleInputs::s)), 1e-4) << what << ": ds";
     EXPECT_LE(RelativeErrorTo(g.dg, finite_difference(&DoubleInputs::g)), 1e-4) << what << ": dg";
-    EXPECT_LE(RelativeErrorTo(g.dhk0, finite_difference(&DoubleInputs::hk0)), 1e-4) << what << ": dhk0";
-    EXPECT_LE(RelativeErrorTo(g.dhv0, finite_difference(&DoubleInputs::hv0)), 1e-4) << what << ": dhv0";
+    EXPECT_LE(RelativeErrorTo(g.dhk0, finite_difference(&DoubleInputs::hk0)), 1e-4)
+        << what << ": dhk0";
+    EXPECT_LE(RelativeErrorTo(g.dhv0, finite_difference(&DoubleInputs::hv0)), 1e-4)
+        << what << ": dhv0";
   }
 }
 
@@ -410,7 +374,8 @@ TEST(GsaCpuTest, HugeSlotLogitsStayFinite) {
   const Oracle ref = RunOracle(in, DoubleInputs(in));
   for (MixerForm form : {MixerForm::kRecurrent, MixerForm::kChunked}) {
     const GsaOutputs out = RunOnce(in, form, 16);
-    EXPECT_TRUE(std::all_of(out.o.f32(), out.o.f32() + out.o.numel(), [](float x) { return std::isfinite(x); }));
+    EXPECT_TRUE(std::all_of(out.o.f32(), out.o.f32() + out.o.numel(),
+                            [](float x) { return std::isfinite(x); }));
     // The softmax is nearly one-hot; a logit gap within rounding may flip it,
     // so compare loosely.
     EXPECT_LE(RelativeErrorTo(out.o, ref.o), 1e-3);
@@ -421,15 +386,7 @@ TEST(GsaCpuTest, RejectsBadArguments) {
   GsaInputs in = MakeInputs(2, 4, 4, 3, {3, 2}, 28);
   Pools pools = MakePools(in);
   const std::vector<int32_t> cu = Offsets(in.lens);
-  GsaForwardArgs args = ArgsFor(in, 4);
-  args.q = in.q;
-  args.k = in.k;
-  args.v = in.v;
-  args.s = in.s;
-  args.g = in.g;
-  args.o = Tensor::Zeros(DType::kF32, in.v.shape());
-  args.state_k = pools.hk;
-  args.state_v = pools.hv;
+  GsaForwardArgs args = WholeArgs(in, pools, 4);
   SequenceBatch batch;
   batch.num_seqs = in.seqs();
   batch.cu_seqlens = cu;
@@ -470,13 +427,7 @@ TEST(GsaFixtureTest, MatchesGolden) {
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? t->ToF32() : Tensor();
   };
-  auto packed = [&](const std::string& name) {
-    Tensor x = get(name);
-    Shape shape = x.shape();
-    shape.erase(shape.begin());
-    shape[0] *= x.dim(0);
-    return x.Reshape(shape);
-  };
+  auto packed = [&](const std::string& name) { return PackSequences(get(name)); };
   GsaInputs in;
   in.q = packed("q");
   in.k = packed("k");

@@ -12,10 +12,24 @@
 
 #include "checkpoint/safetensors.h"
 #include "gtest/gtest.h"
+#include "tests/kernels/mixer_test_support.h"
 #include "tests/support/fixtures.h"
 
 namespace lair::kernels::cpu {
 namespace {
+
+using mixer_test::Dot;
+using mixer_test::FillNormal;
+using mixer_test::FiniteDifference;
+using mixer_test::GatherRows;
+using mixer_test::MakePiece;
+using mixer_test::Offsets;
+using mixer_test::PackSequences;
+using mixer_test::Piece;
+using mixer_test::RelativeErrorTo;
+using mixer_test::ScatterRows;
+using mixer_test::StepCuts;
+using mixer_test::ToDouble;
 
 // Everything one mLSTM launch reads, with one initial state per sequence.
 struct Inputs {
@@ -39,19 +53,8 @@ struct Grads {
   Tensor dq, dk, dv, di, df, dc0, dn0;
 };
 
-std::vector<int32_t> Offsets(const std::vector<int>& lens) {
-  std::vector<int32_t> cu = {0};
-  for (int len : lens) cu.push_back(cu.back() + len);
-  return cu;
-}
-
-void FillNormal(const Tensor& t, std::mt19937& rng, float mean, float stddev) {
-  std::normal_distribution<float> dist(mean, stddev);
-  for (int64_t e = 0; e < t.numel(); ++e) t.f32()[e] = dist(rng);
-}
-
-Inputs MakeInputs(MlstmKind kind, int heads, int key_dim, int value_dim, std::vector<int> lens, uint32_t seed,
-                  float i_mean = 0.0f, float f_mean = 2.0f) {
+Inputs MakeInputs(MlstmKind kind, int heads, int key_dim, int value_dim, std::vector<int> lens,
+                  uint32_t seed, float i_mean = 0.0f, float f_mean = 2.0f) {
   std::mt19937 rng(seed);
   Inputs in;
   in.kind = kind;
@@ -95,28 +98,14 @@ Pools MakePools(const Inputs& in) {
   for (int64_t seq = 0; seq < s; ++seq) {
     const int32_t slot = static_cast<int32_t>(s - seq);
     p.slot.push_back(slot);
-    std::copy_n(in.c0.f32() + seq * in.heads * in.key_dim * in.value_dim, in.heads * in.key_dim * in.value_dim,
+    std::copy_n(in.c0.f32() + seq * in.heads * in.key_dim * in.value_dim,
+                in.heads * in.key_dim * in.value_dim,
                 p.c.f32() + slot * in.heads * in.key_dim * in.value_dim);
     std::copy_n(in.n0.f32() + seq * in.heads * in.key_dim, in.heads * in.key_dim,
                 p.n.f32() + slot * in.heads * in.key_dim);
     std::copy_n(in.m0.f32() + seq * in.heads, in.heads, p.m.f32() + slot * in.heads);
   }
   return p;
-}
-
-// Rows `rows` of a packed tensor, as a new tensor.
-Tensor GatherRows(const Tensor& t, const std::vector<int64_t>& rows) {
-  Shape shape = t.shape();
-  shape[0] = static_cast<int64_t>(rows.size());
-  Tensor out = Tensor::Zeros(DType::kF32, shape);
-  const int64_t width = t.numel() / t.dim(0);
-  for (size_t r = 0; r < rows.size(); ++r) std::copy_n(t.f32() + rows[r] * width, width, out.f32() + r * width);
-  return out;
-}
-
-void ScatterRows(const Tensor& src, const std::vector<int64_t>& rows, const Tensor& dst) {
-  const int64_t width = dst.numel() / dst.dim(0);
-  for (size_t r = 0; r < rows.size(); ++r) std::copy_n(src.f32() + r * width, width, dst.f32() + rows[r] * width);
 }
 
 MlstmForwardArgs ArgsFor(const Inputs& in, int chunk) {
@@ -130,40 +119,43 @@ MlstmForwardArgs ArgsFor(const Inputs& in, int chunk) {
   return args;
 }
 
+// The forward over all of `in` at once, states in `pools`.
+MlstmForwardArgs WholeArgs(const Inputs& in, const Pools& pools, int chunk) {
+  MlstmForwardArgs args = ArgsFor(in, chunk);
+  args.q = in.q;
+  args.k = in.k;
+  args.v = in.v;
+  args.i = in.i;
+  args.f = in.f;
+  args.h = Tensor::Zeros(DType::kF32, in.v.shape());
+  args.state_c = pools.c;
+  args.state_n = pools.n;
+  args.state_m = pools.m;
+  return args;
+}
+
 // Runs the forward in pieces: piece p covers tokens [cuts[p], cuts[p+1]) of
 // every sequence (clamped to its length), the state carried in the pools.
 Outputs RunPieces(const Inputs& in, MixerForm form, int chunk, const std::vector<int>& cuts) {
   Pools pools = MakePools(in);
-  const std::vector<int32_t> cu = Offsets(in.lens);
   Outputs out;
   out.h = Tensor::Zeros(DType::kF32, {in.tokens(), in.heads, in.value_dim});
   for (size_t p = 0; p + 1 < cuts.size(); ++p) {
-    std::vector<int64_t> rows;
-    std::vector<int32_t> piece_cu = {0}, piece_slots;
-    for (int s = 0; s < in.seqs(); ++s) {
-      const int begin = std::min(cuts[p], in.lens[s]), end = std::min(cuts[p + 1], in.lens[s]);
-      if (begin == end) continue;
-      for (int t = begin; t < end; ++t) rows.push_back(cu[s] + t);
-      piece_cu.push_back(static_cast<int32_t>(rows.size()));
-      piece_slots.push_back(pools.slot[s]);
-    }
-    if (piece_slots.empty()) continue;
+    const Piece piece = MakePiece(in.lens, pools.slot, cuts[p], cuts[p + 1]);
+    if (piece.empty()) continue;
     MlstmForwardArgs args = ArgsFor(in, chunk);
-    args.q = GatherRows(in.q, rows);
-    args.k = GatherRows(in.k, rows);
-    args.v = GatherRows(in.v, rows);
-    args.i = GatherRows(in.i, rows);
-    args.f = GatherRows(in.f, rows);
-    args.h = Tensor::Zeros(DType::kF32, {static_cast<int64_t>(rows.size()), in.heads, in.value_dim});
+    args.q = GatherRows(in.q, piece.rows);
+    args.k = GatherRows(in.k, piece.rows);
+    args.v = GatherRows(in.v, piece.rows);
+    args.i = GatherRows(in.i, piece.rows);
+    args.f = GatherRows(in.f, piece.rows);
+    args.h = Tensor::Zeros(DType::kF32,
+                           {static_cast<int64_t>(piece.rows.size()), in.heads, in.value_dim});
     args.state_c = pools.c;
     args.state_n = pools.n;
     args.state_m = pools.m;
-    SequenceBatch batch;
-    batch.num_seqs = static_cast<int>(piece_slots.size());
-    batch.cu_seqlens = piece_cu;
-    batch.state_slot = piece_slots;
-    EXPECT_TRUE(MlstmForwardCpu(batch, args, form).ok());
-    ScatterRows(args.h, rows, out.h);
+    EXPECT_TRUE(MlstmForwardCpu(piece.Batch(), args, form).ok());
+    ScatterRows(args.h, piece.rows, out.h);
   }
   std::vector<int64_t> slots(pools.slot.begin(), pools.slot.end());
   out.c = GatherRows(pools.c, slots);
@@ -178,9 +170,7 @@ Outputs RunOnce(const Inputs& in, MixerForm form, int chunk) {
 
 // One token of every sequence per call: the decode step.
 Outputs RunStepwise(const Inputs& in) {
-  std::vector<int> cuts;
-  for (int t = 0; t <= *std::max_element(in.lens.begin(), in.lens.end()); ++t) cuts.push_back(t);
-  return RunPieces(in, MixerForm::kAuto, 64, cuts);
+  return RunPieces(in, MixerForm::kAuto, 64, StepCuts(in.lens));
 }
 
 struct Cotangents {
@@ -203,15 +193,7 @@ Grads RunBackward(const Inputs& in, const Cotangents& d, int chunk) {
   Pools pools = MakePools(in);
   const std::vector<int32_t> cu = Offsets(in.lens);
   MlstmBackwardArgs args;
-  args.fwd = ArgsFor(in, chunk);
-  args.fwd.q = in.q;
-  args.fwd.k = in.k;
-  args.fwd.v = in.v;
-  args.fwd.i = in.i;
-  args.fwd.f = in.f;
-  args.fwd.state_c = pools.c;
-  args.fwd.state_n = pools.n;
-  args.fwd.state_m = pools.m;
+  args.fwd = WholeArgs(in, pools, chunk);
   args.d_h = d.dh;
   args.d_ct = d.dct;
   args.d_nt = d.dnt;
@@ -241,13 +223,17 @@ struct Oracle {
   std::vector<double> h, c, n, m;  // packed outputs and final states, layouts as the tensors
 };
 
-std::vector<double> ToDouble(const Tensor& t) { return std::vector<double>(t.f32(), t.f32() + t.numel()); }
-
 struct DoubleInputs {
   std::vector<double> q, k, v, i, f, c0, n0, m0;
   explicit DoubleInputs(const Inputs& in)
-      : q(ToDouble(in.q)), k(ToDouble(in.k)), v(ToDouble(in.v)), i(ToDouble(in.i)), f(ToDouble(in.f)),
-        c0(ToDouble(in.c0)), n0(ToDouble(in.n0)), m0(ToDouble(in.m0)) {}
+      : q(ToDouble(in.q)),
+        k(ToDouble(in.k)),
+        v(ToDouble(in.v)),
+        i(ToDouble(in.i)),
+        f(ToDouble(in.f)),
+        c0(ToDouble(in.c0)),
+        n0(ToDouble(in.n0)),
+        m0(ToDouble(in.m0)) {}
 };
 
 double LogSigmoid64(double x) { return std::min(x, 0.0) - std::log1p(std::exp(-std::fabs(x))); }
@@ -301,25 +287,9 @@ Oracle RunOracle(const Inputs& in, const DoubleInputs& x) {
   return o;
 }
 
-double Dot(const std::vector<double>& a, const Tensor& b) {
-  double sum = 0;
-  for (size_t e = 0; e < a.size(); ++e) sum += a[e] * b.f32()[e];
-  return sum;
-}
-
 double Loss(const Inputs& in, const DoubleInputs& x, const Cotangents& d) {
   const Oracle o = RunOracle(in, x);
   return Dot(o.h, d.dh) + Dot(o.c, d.dct) + Dot(o.n, d.dnt);
-}
-
-// ‖ours − ref‖ / sqrt(‖ref‖² + floor²): a floor keeps all-but-zero references meaningful.
-double RelativeErrorTo(const Tensor& ours, const std::vector<double>& ref, double floor = 0) {
-  double diff = 0, norm = floor * floor;
-  for (size_t e = 0; e < ref.size(); ++e) {
-    diff += (ours.f32()[e] - ref[e]) * (ours.f32()[e] - ref[e]);
-    norm += ref[e] * ref[e];
-  }
-  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
 }
 
 bool AllFinite(const Tensor& t) {
@@ -377,7 +347,8 @@ TEST(MlstmCpuTest, SplitPrefillMatchesOnePass) {
     // Chunked prefill of 40 tokens, then one token per call.
     std::vector<int> cuts = {0};
     for (int t = 40; t <= 100; ++t) cuts.push_back(t);
-    ExpectOutputsNear(RunPieces(in, MixerForm::kAuto, 16, cuts), whole, 1e-5, KindName(kind) + " prefill+decode");
+    ExpectOutputsNear(RunPieces(in, MixerForm::kAuto, 16, cuts), whole, 1e-5,
+                      KindName(kind) + " prefill+decode");
   }
 }
 
@@ -415,16 +386,7 @@ TEST(MlstmCpuTest, ZeroInitialStateIgnoresThePool) {
     Inputs in = MakeInputs(kind, 2, 8, 8, {9, 20}, 14);
     Pools pools = MakePools(in);  // non-zero states that must be ignored
     const std::vector<int32_t> cu = Offsets(in.lens);
-    MlstmForwardArgs args = ArgsFor(in, 8);
-    args.q = in.q;
-    args.k = in.k;
-    args.v = in.v;
-    args.i = in.i;
-    args.f = in.f;
-    args.h = Tensor::Zeros(DType::kF32, in.v.shape());
-    args.state_c = pools.c;
-    args.state_n = pools.n;
-    args.state_m = pools.m;
+    MlstmForwardArgs args = WholeArgs(in, pools, 8);
     SequenceBatch batch;
     batch.num_seqs = in.seqs();
     batch.cu_seqlens = cu;
@@ -434,7 +396,8 @@ TEST(MlstmCpuTest, ZeroInitialStateIgnoresThePool) {
     in.c0 = Tensor::Zeros(DType::kF32, in.c0.shape());
     in.n0 = Tensor::Zeros(DType::kF32, in.n0.shape());
     in.m0 = Tensor::Zeros(DType::kF32, in.m0.shape());
-    EXPECT_LE(RelativeError(args.h, RunOnce(in, MixerForm::kRecurrent, 8).h), 1e-5) << KindName(kind);
+    EXPECT_LE(RelativeError(args.h, RunOnce(in, MixerForm::kRecurrent, 8).h), 1e-5)
+        << KindName(kind);
   }
 }
 
@@ -447,18 +410,8 @@ TEST(MlstmCpuTest, GradientsMatchFiniteDifferences) {
     const Cotangents d = MakeCotangents(in, 16);
     const DoubleInputs x(in);
     auto finite_difference = [&](std::vector<double> DoubleInputs::*field) {
-      DoubleInputs probe = x;
-      std::vector<double> grad((x.*field).size());
-      const double step = 1e-5;
-      for (size_t e = 0; e < grad.size(); ++e) {
-        (probe.*field)[e] = (x.*field)[e] + step;
-        const double plus = Loss(in, probe, d);
-        (probe.*field)[e] = (x.*field)[e] - step;
-        const double minus = Loss(in, probe, d);
-        (probe.*field)[e] = (x.*field)[e];
-        grad[e] = (plus - minus) / (2 * step);
-      }
-      return grad;
+      return FiniteDifference(x, field,
+                              [&](const DoubleInputs& probe) { return Loss(in, probe, d); });
     };
     for (int chunk : {1, 4, 64}) {
       const Grads g = RunBackward(in, d, chunk);
@@ -468,8 +421,10 @@ TEST(MlstmCpuTest, GradientsMatchFiniteDifferences) {
       EXPECT_LE(RelativeErrorTo(g.dv, finite_difference(&DoubleInputs::v)), 1e-4) << what << ": dv";
       EXPECT_LE(RelativeErrorTo(g.di, finite_difference(&DoubleInputs::i)), 1e-4) << what << ": di";
       EXPECT_LE(RelativeErrorTo(g.df, finite_difference(&DoubleInputs::f)), 1e-4) << what << ": df";
-      EXPECT_LE(RelativeErrorTo(g.dc0, finite_difference(&DoubleInputs::c0)), 1e-4) << what << ": dc0";
-      EXPECT_LE(RelativeErrorTo(g.dn0, finite_difference(&DoubleInputs::n0)), 1e-4) << what << ": dn0";
+      EXPECT_LE(RelativeErrorTo(g.dc0, finite_difference(&DoubleInputs::c0)), 1e-4)
+          << what << ": dc0";
+      EXPECT_LE(RelativeErrorTo(g.dn0, finite_difference(&DoubleInputs::n0)), 1e-4)
+          << what << ": dn0";
     }
   }
 }
@@ -479,13 +434,16 @@ TEST(MlstmCpuTest, ExtremeGatesStayFiniteAndExact) {
     float i_mean, f_mean;
   };
   for (MlstmKind kind : kKinds) {
-    for (Regime r : {Regime{50, 50}, Regime{50, -50}, Regime{-100, 50}, Regime{-100, -50}, Regime{100, 0}}) {
+    for (Regime r :
+         {Regime{50, 50}, Regime{50, -50}, Regime{-100, 50}, Regime{-100, -50}, Regime{100, 0}}) {
       const Inputs in = MakeInputs(kind, 2, 8, 8, {70, 3}, 17, r.i_mean, r.f_mean);
-      const std::string what = KindName(kind) + " i~" + std::to_string(r.i_mean) + " f~" + std::to_string(r.f_mean);
+      const std::string what =
+          KindName(kind) + " i~" + std::to_string(r.i_mean) + " f~" + std::to_string(r.f_mean);
       const Oracle ref = RunOracle(in, DoubleInputs(in));
       for (MixerForm form : {MixerForm::kRecurrent, MixerForm::kChunked}) {
         const Outputs out = RunOnce(in, form, 16);
-        EXPECT_TRUE(AllFinite(out.h) && AllFinite(out.c) && AllFinite(out.n) && AllFinite(out.m)) << what;
+        EXPECT_TRUE(AllFinite(out.h) && AllFinite(out.c) && AllFinite(out.n) && AllFinite(out.m))
+            << what;
         // With m ≫ 0 the lower bound e^{-m} of the denominator vanishes and
         // h = C_tᵀq' / |q'ᵀn_t| inherits the cancellation of the dot product;
         // the states stay as exact as elsewhere.
@@ -505,23 +463,15 @@ TEST(MlstmCpuTest, RejectsBadArguments) {
   const Inputs in = MakeInputs(MlstmKind::kExp, 2, 4, 4, {3, 2}, 19);
   Pools pools = MakePools(in);
   const std::vector<int32_t> cu = Offsets(in.lens);
-  MlstmForwardArgs args = ArgsFor(in, 4);
-  args.q = in.q;
-  args.k = in.k;
-  args.v = in.v;
-  args.i = in.i;
-  args.f = in.f;
-  args.h = Tensor::Zeros(DType::kF32, in.v.shape());
-  args.state_c = pools.c;
-  args.state_n = pools.n;
-  args.state_m = pools.m;
+  MlstmForwardArgs args = WholeArgs(in, pools, 4);
   SequenceBatch batch;
   batch.num_seqs = in.seqs();
   batch.cu_seqlens = cu;
   batch.state_slot = pools.slot;
   ASSERT_TRUE(MlstmForwardCpu(batch, args, MixerForm::kChunked).ok());
 
-  auto expect_error = [&](const MlstmForwardArgs& bad, const SequenceBatch& bad_batch, const std::string& field) {
+  auto expect_error = [&](const MlstmForwardArgs& bad, const SequenceBatch& bad_batch,
+                          const std::string& field) {
     const absl::Status status = MlstmForwardCpu(bad_batch, bad, MixerForm::kChunked);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << field;
     EXPECT_NE(std::string(status.message()).find(field), std::string::npos) << status;
@@ -564,13 +514,7 @@ TEST_P(MlstmFixtureTest, MatchesGolden) {
   const Tensor q = get("q");
   const int64_t b = q.dim(0), t = q.dim(1), h = q.dim(2), kd = q.dim(3);
   const int64_t vd = get("v").dim(3);
-  auto packed = [&](const std::string& name) {
-    Tensor x = get(name);
-    Shape shape = x.shape();
-    shape.erase(shape.begin());
-    shape[0] = b * t;
-    return x.Reshape(shape);
-  };
+  auto packed = [&](const std::string& name) { return PackSequences(get(name)); };
   Inputs in;
   in.kind = kind;
   in.heads = static_cast<int>(h);
@@ -612,7 +556,9 @@ TEST_P(MlstmFixtureTest, MatchesGolden) {
 
 INSTANTIATE_TEST_SUITE_P(AllKinds, MlstmFixtureTest,
                          ::testing::Values(MlstmKind::kExp, MlstmKind::kSig, MlstmKind::kSigNorm),
-                         [](const ::testing::TestParamInfo<MlstmKind>& info) { return KindName(info.param); });
+                         [](const ::testing::TestParamInfo<MlstmKind>& info) {
+                           return KindName(info.param);
+                         });
 
 }  // namespace
 }  // namespace lair::kernels::cpu

@@ -2,7 +2,8 @@
 // shuffled slots, nonzero initial states): every decay kind forward (chunked
 // and the one-token step) and backward, GSA forward and backward, every mLSTM
 // kind forward (chunked and step) and backward, in f32 (rounding-level
-// agreement) and bf16 (inputs rounded, fp32 accumulation); and the golden ops
+// agreement) and bf16 (inputs rounded, fp32 accumulation); keys wider than a
+// scan tile; the fast mode's bf16 rounding of scan operands; and the golden ops
 // fixtures through
 // VerifyOp, as `lair verify ops --device cuda` runs them. Skips when no GPU is
 // present (and the fixture test when the fixtures are absent).
@@ -337,6 +338,59 @@ TEST_F(CudaVsCpu, MlstmBackward) {
   }
 }
 
+// Long packed sequences (several chunks of 64 and thousands of tokens, ragged
+// ends), every kind, from pooled initial states.
+TEST_F(CudaVsCpu, MlstmBackwardLongPacked) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (MlstmKind kind : {MlstmKind::kExp, MlstmKind::kSig, MlstmKind::kSigNorm}) {
+      MakeBatch({3000, 65, 1, 0, 517});
+      const int64_t n = offsets_.back();
+      const int H = 2, K = 64, V = 64, S = batch_.num_seqs;
+      const std::string what = "long mlstm backward kind " + std::to_string(static_cast<int>(kind)) + " " +
+                               std::string(DTypeName(dt));
+      const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
+      const Tensor ig = Rand({n, H}, -3, 3), fg = Rand({n, H}, 0, 6);
+      const Tensor c0 = Rand({S + 1, H, K, V}, -1, 1), n0 = Rand({S + 1, H, K}, -1, 1);
+      const Tensor m0 = Rand({S + 1, H}, -1, 1), d_h = Rand({n, H, V}, -1, 1);
+      const Tensor d_ct = Rand({S, H, K, V}, -1, 1), d_nt = Rand({S, H, K}, -1, 1);
+      MlstmBackwardArgs c, d;
+      for (MlstmBackwardArgs* b : {&c, &d}) {
+        b->fwd.kind = kind, b->fwd.heads = H, b->fwd.key_dim = K, b->fwd.value_dim = V;
+      }
+      c.fwd.q = Cpu(q, dt), c.fwd.k = Cpu(k, dt), c.fwd.v = Cpu(v, dt);
+      c.fwd.i = ig.Clone(), c.fwd.f = fg.Clone();
+      d.fwd.q = Gpu(q, dt), d.fwd.k = Gpu(k, dt), d.fwd.v = Gpu(v, dt);
+      d.fwd.i = Gpu(ig, DType::kF32), d.fwd.f = Gpu(fg, DType::kF32);
+      c.fwd.state_c = c0.Clone(), c.fwd.state_n = n0.Clone(), c.fwd.state_m = m0.Clone();
+      d.fwd.state_c = Gpu(c0, DType::kF32), d.fwd.state_n = Gpu(n0, DType::kF32);
+      d.fwd.state_m = Gpu(m0, DType::kF32);
+      c.d_h = Cpu(d_h, dt), d.d_h = Gpu(d_h, dt);
+      c.d_ct = d_ct.Clone(), c.d_nt = d_nt.Clone();
+      d.d_ct = Gpu(d_ct, DType::kF32), d.d_nt = Gpu(d_nt, DType::kF32);
+      c.dq = Tensor::Zeros(DType::kF32, {n, H, K}), c.dk = Tensor::Zeros(DType::kF32, {n, H, K});
+      c.dv = Tensor::Zeros(DType::kF32, {n, H, V});
+      c.di = Tensor::Zeros(DType::kF32, {n, H}), c.df = Tensor::Zeros(DType::kF32, {n, H});
+      c.d_c0 = Tensor::Zeros(DType::kF32, {S, H, K, V}), c.d_n0 = Tensor::Zeros(DType::kF32, {S, H, K});
+      d.dq = Gpu(Rand({n, H, K}, 7, 8), dt), d.dk = Gpu(Rand({n, H, K}, 7, 8), dt);
+      d.dv = Gpu(Rand({n, H, V}, 7, 8), dt);
+      d.di = Gpu(Rand({n, H}, 7, 8), DType::kF32), d.df = Gpu(Rand({n, H}, 7, 8), DType::kF32);
+      d.d_c0 = Gpu(Rand({S, H, K, V}, 7, 8), DType::kF32), d.d_n0 = Gpu(Rand({S, H, K}, 7, 8), DType::kF32);
+      ASSERT_TRUE(cpu_->MlstmBackward(batch_, c).ok());
+      const absl::Status st = gpu_->MlstmBackward(batch_, d);
+      ASSERT_TRUE(st.ok()) << what << ": " << st;
+      ASSERT_TRUE(gpu_->Synchronize().ok()) << what;
+      const double gtol = dt == DType::kF32 ? 1e-3 : 5e-2;
+      Expect(d.dq, c.dq, gtol, what + " dq");
+      Expect(d.dk, c.dk, gtol, what + " dk");
+      Expect(d.dv, c.dv, gtol, what + " dv");
+      Expect(d.di, c.di, gtol, what + " di");
+      Expect(d.df, c.df, gtol, what + " df");
+      Expect(d.d_c0, c.d_c0, gtol, what + " dc0");
+      Expect(d.d_n0, c.d_n0, gtol, what + " dn0");
+    }
+  }
+}
+
 TEST_F(CudaVsCpu, MlstmBackwardRejectsWideHeads) {
   MakeBatch({3});
   const int64_t n = offsets_.back();
@@ -355,6 +409,142 @@ TEST_F(CudaVsCpu, MlstmBackwardRejectsWideHeads) {
   const absl::Status st = gpu_->MlstmBackward(batch_, d);
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_NE(std::string(st.message()).find("value_dim"), std::string::npos) << st;
+}
+
+// Keys wider than one scan tile (GSA 1.3B's 512) run in row blocks whose
+// partial outputs add: every decay kind, chunked and the one-token step, f32
+// and bf16, against the CPU; the backward still refuses them by name.
+TEST_F(CudaVsCpu, DecayForwardWideKeys) {
+  const int H = 2, K = 512, V = 128;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (DecayKind kind : kKinds) {
+      for (bool step : {false, true}) {
+        MakeBatch(step ? std::vector<int>{1, 1, 1} : std::vector<int>{70, 1, 0, 33});
+        const int64_t n = offsets_.back();
+        const int S = batch_.num_seqs;
+        const std::string what = std::string(DTypeName(dt)) + " kind " +
+                                 std::to_string(static_cast<int>(kind)) + (step ? " step" : " chunked");
+        const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
+        const Tensor lg = Rand({H}, -0.5f, -0.01f), g = Rand({n, H}, -1, -0.01f);
+        const Tensor gk = Rand({n, H, K}, -1, -0.01f), gv = Rand({n, H, V}, -1, -0.01f);
+        const Tensor h0 = Rand({S + 1, H, K, V}, -1, 1);
+        DecayForwardArgs c, d;
+        for (DecayForwardArgs* a : {&c, &d}) {
+          a->kind = kind;
+          a->heads = H, a->key_dim = K, a->value_dim = V, a->scale = 0.0625f;
+        }
+        c.q = Cpu(q, dt), c.k = Cpu(k, dt), c.v = Cpu(v, dt);
+        d.q = Gpu(q, dt), d.k = Gpu(k, dt), d.v = Gpu(v, dt);
+        c.log_gamma = lg.Clone(), c.g = g.Clone(), c.gk = gk.Clone(), c.gv = gv.Clone();
+        d.log_gamma = Gpu(lg, DType::kF32), d.g = Gpu(g, DType::kF32);
+        d.gk = Gpu(gk, DType::kF32), d.gv = Gpu(gv, DType::kF32);
+        c.o = Tensor::Zeros(DType::kF32, {n, H, V});
+        d.o = Gpu(Rand({n, H, V}, 7, 8), dt);
+        c.state = h0.Clone();
+        d.state = Gpu(h0, DType::kF32);
+        ASSERT_TRUE(cpu_->DecayForward(batch_, c, MixerForm::kChunked).ok());
+        const absl::Status st =
+            gpu_->DecayForward(batch_, d, step ? MixerForm::kRecurrent : MixerForm::kChunked);
+        ASSERT_TRUE(st.ok()) << what << ": " << st;
+        const double tol = dt == DType::kF32 ? kF32Tol : kBf16Tol;
+        Expect(d.o, c.o, tol, what + " o");
+        Expect(d.state, c.state, tol, what + " final state");
+        if (step || kind != DecayKind::kVector) continue;
+        DecayBackwardArgs b;
+        b.fwd = d;
+        b.d_o = d.o, b.dq = d.q, b.dk = d.k, b.dv = d.v;
+        const absl::Status back = gpu_->DecayBackward(batch_, b);
+        EXPECT_TRUE(absl::IsInvalidArgument(back)) << back;
+      }
+    }
+  }
+}
+
+// GSA 1.3B's head shape (key_dim 512, 64 slots), chunked prefill and decode steps.
+TEST_F(CudaVsCpu, GsaForwardWideKeys) {
+  const int H = 2, K = 512, V = 128, M = 64;
+  for (bool step : {false, true}) {
+    MakeBatch(step ? std::vector<int>{1, 1, 1} : std::vector<int>{70, 1, 0, 33});
+    const int64_t n = offsets_.back();
+    const int S = batch_.num_seqs;
+    const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
+    const Tensor g = Rand({n, H, M}, -1, -0.01f), s = Rand({n, H, M}, 0, 1);
+    const Tensor hk = Rand({S + 1, H, K, M}, -1, 1), hv = Rand({S + 1, H, M, V}, -1, 1);
+    GsaForwardArgs c, d;
+    for (GsaForwardArgs* a : {&c, &d})
+      a->heads = H, a->key_dim = K, a->value_dim = V, a->num_slots_m = M, a->scale = 0.0625f;
+    c.q = q.Clone(), c.k = k.Clone(), c.v = v.Clone(), c.s = s.Clone(), c.g = g.Clone();
+    d.q = Gpu(q, DType::kF32), d.k = Gpu(k, DType::kF32), d.v = Gpu(v, DType::kF32);
+    d.s = Gpu(s, DType::kF32), d.g = Gpu(g, DType::kF32);
+    c.o = Tensor::Zeros(DType::kF32, {n, H, V});
+    d.o = Gpu(Rand({n, H, V}, 7, 8), DType::kF32);
+    c.state_k = hk.Clone(), c.state_v = hv.Clone();
+    d.state_k = Gpu(hk, DType::kF32), d.state_v = Gpu(hv, DType::kF32);
+    ASSERT_TRUE(cpu_->GsaForward(batch_, c, MixerForm::kChunked).ok());
+    const absl::Status st = gpu_->GsaForward(batch_, d, step ? MixerForm::kRecurrent : MixerForm::kChunked);
+    ASSERT_TRUE(st.ok()) << st;
+    const std::string what = step ? "gsa wide step" : "gsa wide chunked";
+    Expect(d.o, c.o, kF32Tol, what + " o");
+    Expect(d.state_k, c.state_k, kF32Tol, what + " hk");
+    Expect(d.state_v, c.state_v, kF32Tol, what + " hv");
+  }
+}
+
+// GemmMode::kFast rounds fp32 scan operands to bf16 for the tensor cores:
+// multi-token scans then agree with the fp32 reference at the bf16
+// tolerance, and one-token steps stay exact.
+TEST_F(CudaVsCpu, FastModeScansRoundForTensorCores) {
+  BackendOptions options;
+  options.gemm = GemmMode::kFast;
+  absl::StatusOr<std::unique_ptr<Backend>> fast = MakeBackend("cuda", options);
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  auto up = [&](const Tensor& host) {
+    absl::StatusOr<Tensor> t = (*fast)->Upload(host, DType::kF32);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return *t;
+  };
+  auto err = [&](const Tensor& device, const Tensor& ref) {
+    absl::StatusOr<Tensor> t = (*fast)->Download(device);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return RelativeError(*t, ref);
+  };
+  const int H = 2, K = 128, V = 128;
+  for (bool step : {false, true}) {
+    MakeBatch(step ? std::vector<int>{1, 1, 1} : std::vector<int>{200, 1, 0, 65});
+    const int64_t n = offsets_.back();
+    const int S = batch_.num_seqs;
+    const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
+    const Tensor gk = Rand({n, H, K}, -1, -0.01f), h0 = Rand({S + 1, H, K, V}, -1, 1);
+    const Tensor ig = Rand({n, H}, -3, 3), fg = Rand({n, H}, -1, 5), n0 = Rand({S + 1, H, K}, -1, 1);
+    const Tensor m0 = Rand({S + 1, H}, -1, 1);
+    const MixerForm form = step ? MixerForm::kRecurrent : MixerForm::kChunked;
+    const double tol = step ? kF32Tol : kBf16Tol;
+    const std::string what = step ? "fast step" : "fast chunked";
+
+    DecayForwardArgs c, d;
+    for (DecayForwardArgs* a : {&c, &d})
+      a->kind = DecayKind::kVector, a->heads = H, a->key_dim = K, a->value_dim = V, a->scale = 0.09f;
+    c.q = q.Clone(), c.k = k.Clone(), c.v = v.Clone(), c.gk = gk.Clone(), c.state = h0.Clone();
+    c.o = Tensor::Zeros(DType::kF32, {n, H, V});
+    d.q = up(q), d.k = up(k), d.v = up(v), d.gk = up(gk), d.state = up(h0), d.o = up(Rand({n, H, V}, 7, 8));
+    ASSERT_TRUE(cpu_->DecayForward(batch_, c, MixerForm::kChunked).ok());
+    ASSERT_TRUE((*fast)->DecayForward(batch_, d, form).ok());
+    EXPECT_LE(err(d.o, c.o), tol) << what << " decay o";
+    EXPECT_LE(err(d.state, c.state), tol) << what << " decay state";
+
+    MlstmForwardArgs mc, md;
+    for (MlstmForwardArgs* a : {&mc, &md})
+      a->kind = MlstmKind::kExp, a->heads = H, a->key_dim = K, a->value_dim = V;
+    mc.q = q.Clone(), mc.k = k.Clone(), mc.v = v.Clone(), mc.i = ig.Clone(), mc.f = fg.Clone();
+    mc.h = Tensor::Zeros(DType::kF32, {n, H, V});
+    mc.state_c = h0.Clone(), mc.state_n = n0.Clone(), mc.state_m = m0.Clone();
+    md.q = up(q), md.k = up(k), md.v = up(v), md.i = up(ig), md.f = up(fg), md.h = up(Rand({n, H, V}, 7, 8));
+    md.state_c = up(h0), md.state_n = up(n0), md.state_m = up(m0);
+    ASSERT_TRUE(cpu_->MlstmForward(batch_, mc, MixerForm::kChunked).ok());
+    ASSERT_TRUE((*fast)->MlstmForward(batch_, md, form).ok());
+    EXPECT_LE(err(md.h, mc.h), tol) << what << " mlstm h";
+    EXPECT_LE(err(md.state_c, mc.state_c), tol) << what << " mlstm c";
+  }
 }
 
 // Every op of the golden fixtures, f32 and bf16, forward and backward.

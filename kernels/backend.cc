@@ -1,0 +1,53 @@
+// The host defaults of Backend's step methods and ParseGemmMode.
+#include "kernels/backend.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace lair::kernels {
+
+absl::StatusOr<GemmMode> ParseGemmMode(std::string_view name, std::string_view flag) {
+  if (name == "exact") return GemmMode::kExact;
+  if (name == "fast") return GemmMode::kFast;
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(flag), " must be fast or exact, not '", std::string(name), "'"));
+}
+
+absl::StatusOr<std::vector<Tensor>> Backend::StageInts(
+    std::span<const std::span<const int32_t>> parts) {
+  std::vector<Tensor> out;
+  for (std::span<const int32_t> part : parts) {
+    Tensor host = Tensor::Zeros(DType::kI32, {static_cast<int64_t>(part.size())});
+    std::copy(part.begin(), part.end(), host.data<int32_t>());
+    LAIR_ASSIGN_OR_RETURN(Tensor device, Upload(host, DType::kI32));
+    out.push_back(std::move(device));
+  }
+  return out;
+}
+
+absl::Status Backend::ArgmaxRows(const Tensor& logits, const Tensor& ids) {
+  if (device() != Device::kCpu) {
+    return absl::UnimplementedError(absl::StrCat(Name(), " has no ArgmaxRows"));
+  }
+  if (logits.rank() != 2 || logits.dtype() != DType::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ArgmaxRows: logits must be F32 [R, V], got ", logits.DebugString()));
+  }
+  if (ids.dtype() != DType::kI32) return absl::InvalidArgumentError("ArgmaxRows: ids must be I32");
+  LAIR_RETURN_IF_ERROR(ExpectShape(ids, {logits.dim(0)}, "ids"));
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = logits.f32() + r * vocab;
+    ids.data<int32_t>()[r] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<StepGraph>> Backend::CaptureStep(
+    const std::function<absl::Status()>& /*step*/) {
+  return absl::UnimplementedError(absl::StrCat(Name(), " does not record steps"));
+}
+
+}  // namespace lair::kernels

@@ -1,0 +1,757 @@
+// The tensor-core chunked scan (scan_mma.h): one CTA of 8 warps per (sequence,
+// head, dv tile of 64 or 128 columns, MmaTile says which), sequential over
+// chunks of C = 64 tokens; every matmul is a bf16 mma.sync.m16n8k16 with fp32
+// accumulators; the state S [dk × tile] lives in fp32 registers, and a bf16
+// copy of it in shared memory is the B operand of the inter-chunk product (the
+// one rounding of S, as in fla). Loads are cp.async; with two stages the next
+// chunk's q, k, v and gates stream in while the current one is computed.
+//
+// Per chunk, with b = inclusive in-chunk cumsum of the left log-decay and the
+// chunk cut into four 16-row blocks I (first row I0, last row Ie):
+// Vector decay (GLA), secondary chunking, every factor ≤ 1 but one:
+//   q̂_i = q_i ⊙ e^{b_i − b_I0}       k̂_j = k_j ⊙ e^{b_Je − b_j}           (stored bf16)
+//   A[I,J] = (q̂_I ⊙ e^{b_I0 − b_Je}) k̂_Jᵀ   for J < I                    (mma)
+//   A[I,I] = (q̂_I ⊙ e^{b_I0 − b_Ie}) k̂_Iᵀ, masked j ≤ i                   (mma)
+//     — the factor e^{b_I0 − b_Ie} ≥ 1 is the block's own decay span; where
+//     it exceeds e^60 the block is instead summed exactly in fp32,
+//     A_ij = Σ_a q_ia k_ja e^{b_ia − b_ja}, so no exponent ever overflows.
+//   o_i = Σ_j A_ij v_j + (q̂_i ⊙ e^{b_I0}) S
+//   S  ← diag(e^{b_C}) S + Σ_J (k̂_J ⊙ e^{b_C − b_Je})ᵀ V_J
+// Scalar decay (simple GLA, RetNet, mLSTM), exact without sub-blocks, with the
+// stabilizer m_i = b_i + max(m_prev, max_{j≤i}(lw_j − b_j)) of scan.cu:
+//   A_ij = (q_i·k_j) e^{b_i − b_j + lw_j − m_i}  (j ≤ i)
+//   o_i = Σ_j A_ij v_j + e^{b_i + m_prev − m_i} q_iᵀ S, normalized as scan.h says
+//   S  ← e^{b_C + m_prev − m_C} S + Σ_j (k_j e^{b_C − b_j + lw_j − m_C}) v_jᵀ
+// Scaled operands are rounded to bf16 (f16 inputs too: the exponent range of
+// the rescaled operands needs bf16's), and so is A before A·V.
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/scan_mma.h"
+
+namespace lair::kernels::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+struct MmaTile {
+  static constexpr int kChunk = 64;  // C
+  static constexpr int kBlock = 16;  // secondary chunk: one mma row block
+  static constexpr int kBlocks = kChunk / kBlock;
+  static constexpr int kWarps = 8;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kMaxDk = 256;
+  // Rows of bf16 padded by 8: a row stride ≡ 4 words (mod 8) puts the eight
+  // 16-byte rows of an ldmatrix phase in distinct banks.
+  static constexpr int kPad = 8;
+  static constexpr int kLdA = kChunk + kPad;
+  // Largest in-block decay span (−Σ log-decay over a 16-row block) taken by
+  // the diagonal mma: operands stay within e^{±60}, normal in bf16 and fp32.
+  static constexpr float kMaxSpan = 60.0f;
+  static_assert(kWarps == 2 * kBlocks, "A and o phases: two warps per 16-row block");
+  static_assert(kMaxDk == 2 * 8 * kBlock, "state: at most 2 m-tiles per warp");
+
+  // Per (dk, decay kind): dk ≤ 128 holds one m-tile of S per warp, dk ≤ 256
+  // two. Vector decay at dk ≤ 128 takes 128 dv columns and two load stages
+  // (its gate rows make the loads the larger share; measured faster); the
+  // others take 64 columns and one stage, and the scalar kind at dk ≤ 128 runs
+  // two CTAs per SM instead (measured faster than prefetching for it; it
+  // fits 128 registers exactly, with nothing to spare).
+  static constexpr __host__ __device__ int StateTiles(int dk) { return dk <= 128 ? 1 : 2; }
+  static constexpr __host__ __device__ bool Wide(int state_tiles, bool vector) {
+    return vector && state_tiles == 1;
+  }
+  static constexpr __host__ __device__ int TileV(int state_tiles, bool vector) {
+    return Wide(state_tiles, vector) ? 128 : 64;
+  }
+  static constexpr __host__ __device__ int Stages(int state_tiles, bool vector) {
+    return Wide(state_tiles, vector) ? 2 : 1;
+  }
+  static constexpr __host__ __device__ int MinBlocks(int state_tiles, bool vector) {
+    return !vector && state_tiles == 1 ? 2 : 1;
+  }
+};
+
+// Byte offsets of the dynamic shared memory of one CTA (16-byte aligned).
+struct MmaLayout {
+  int ldq = 0, ldv = 0;                 // bf16 row strides of q/k and of v/S
+  int stage = 0;                        // first load stage; stage s at stage + s·stage_bytes
+  int stage_bytes = 0;                  // q, k, v, gates of one chunk:
+  int k_off = 0, v_off = 0, g_off = 0;  // ... offsets in a stage (q at 0)
+  int s = 0, a = 0, tab = 0, flags = 0, bytes = 0;
+
+  constexpr __host__ __device__ MmaLayout(int dk, bool vector) {
+    using T = MmaTile;
+    const int tiles = T::StateTiles(dk);
+    ldq = dk + T::kPad;
+    ldv = T::TileV(tiles, vector) + T::kPad;
+    k_off = T::kChunk * ldq * 2;          // q̂ (vector) or q, bf16 [C][ldq]
+    v_off = k_off + T::kChunk * ldq * 2;  // k̂ (vector) or k, bf16 [C][ldq]
+    g_off = v_off + T::kChunk * ldv * 2;  // v tile, bf16 [C][ldv]
+    stage_bytes = g_off + (vector ? T::kChunk * dk : 2 * T::kChunk) * 4;  // b [C][dk] or b, lw [C]
+    stage = Take(T::Stages(tiles, vector) * stage_bytes);
+    s = Take(dk * ldv * 2);             // S, bf16 [dk][ldv]
+    a = Take(T::kChunk * T::kLdA * 2);  // masked A, bf16 [C][kLdA]
+    // vector: e^{b_I0} [4][dk], e^{b_C − b_Je} [4][dk], e^{b_C} [dk];
+    // scalar: m, e^{b_i + m_prev − m_i}, column weights, den [C] and n [dk].
+    tab = Take((vector ? 9 * dk : 4 * T::kChunk + dk) * 4);
+    flags = Take(T::kBlocks * 4);
+  }
+
+ private:
+  constexpr __host__ __device__ int Take(int n) {
+    const int at = bytes;
+    bytes += (n + 15) / 16 * 16;
+    return at;
+  }
+};
+static_assert(MmaTile::kChunk * MmaTile::kLdA * 2 % 16 == 0 && MmaTile::kPad % 8 == 0,
+              "16-byte aligned rows and regions");
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ldmatrix: four 8×8 bf16 matrices; lane l supplies the row address of matrix l / 8.
+__device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+__device__ __forceinline__ void Ldsm4T(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+__device__ __forceinline__ void Ldsm2(uint32_t (&r)[2], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(SmemAddr(p)));
+}
+
+// d += a·b for one m16n8k16 tile (a: 16×16 row-major fragment, b: 16×8 col-major).
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t Scale2(uint32_t x, float f0, float f1) {
+  __nv_bfloat162 v;
+  memcpy(&v, &x, 4);
+  const float2 f = __bfloat1622float2(v);
+  v = __floats2bfloat162_rn(f.x * f0, f.y * f1);
+  memcpy(&x, &v, 4);
+  return x;
+}
+// An A fragment holds rows (g, g+8) × columns (2t, 2t+1, 2t+8, 2t+9) as
+// registers {g: 2t}, {g+8: 2t}, {g: 2t+8}, {g+8: 2t+8}.
+__device__ __forceinline__ void ScaleCols(uint32_t (&r)[4], const float (&f)[4]) {
+  r[0] = Scale2(r[0], f[0], f[1]);
+  r[1] = Scale2(r[1], f[0], f[1]);
+  r[2] = Scale2(r[2], f[2], f[3]);
+  r[3] = Scale2(r[3], f[2], f[3]);
+}
+__device__ __forceinline__ void ScaleRows(uint32_t (&r)[4], float fg, float fg8) {
+  r[0] = Scale2(r[0], fg, fg);
+  r[1] = Scale2(r[1], fg8, fg8);
+  r[2] = Scale2(r[2], fg, fg);
+  r[3] = Scale2(r[3], fg8, fg8);
+}
+
+// 16 bytes global → shared without registers; zero-filled when !valid
+// (src must still be a mapped address).
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most kPending of this thread's committed groups are in flight.
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// o[off], o[off + 1] (off even, so the pair is aligned).
+__device__ __forceinline__ void StorePair(void* o, ElemType t, int64_t off, float x, float y) {
+  switch (t) {
+    case ElemType::kBF16:
+      *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(o) + off) = __floats2bfloat162_rn(x, y);
+      break;
+    case ElemType::kF16:
+      *reinterpret_cast<__half2*>(static_cast<__half*>(o) + off) = __floats2half2_rn(x, y);
+      break;
+    default:
+      *reinterpret_cast<float2*>(static_cast<float*>(o) + off) = make_float2(x, y);
+  }
+}
+
+// Eight consecutive elements of a bf16/f16 operand as bf16.
+__device__ __forceinline__ uint4 Load8(const Operand& op, int64_t off) {
+  if (op.type == ElemType::kBF16)
+    return *reinterpret_cast<const uint4*>(static_cast<const bf16*>(op.ptr) + off);
+  const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const __half*>(op.ptr) + off);
+  __half2 h[4];
+  memcpy(h, &raw, 16);
+  __nv_bfloat162 o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) o[i] = __float22bfloat162_rn(__half22float2(h[i]));
+  uint4 out;
+  memcpy(&out, o, 16);
+  return out;
+}
+
+template <bool kVector, int kStateTiles>
+__global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTiles, kVector))
+    ScanMmaKernel(const ScanParams p) {
+  using T = MmaTile;
+  constexpr int C = T::kChunk;
+  constexpr int TV = T::TileV(kStateTiles, kVector);  // dv columns per CTA
+  constexpr int kStages = T::Stages(kStateTiles, kVector);
+  constexpr int kNt = TV / 8;   // n-tiles of S (every warp holds all)
+  constexpr int kOn = TV / 16;  // n-tiles of o per warp
+  constexpr unsigned kAll = 0xffffffffu;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const MmaLayout lay(p.dk, kVector);
+  const int ldv = lay.ldv;
+  bf16* ss = reinterpret_cast<bf16*>(smem + lay.s);
+  bf16* as = reinterpret_cast<bf16*>(smem + lay.a);
+  float* tab = reinterpret_cast<float*>(smem + lay.tab);
+  int* span_over = reinterpret_cast<int*>(smem + lay.flags);
+  const int dk = p.dk, ldq = lay.ldq;
+  // vector tables
+  float* eb0 = tab;            // [4][dk] e^{b_I0}
+  float* ebl = tab + 4 * dk;   // [4][dk] e^{b_C − b_Je}
+  float* sdec = tab + 8 * dk;  // [dk]    e^{b_C}
+  // scalar tables
+  float* ms = tab;       // [C] m_i
+  float* coef = ms + C;  // [C] e^{b_i + m_prev − m_i}
+  float* wj = coef + C;  // [C] e^{b_C − b_j + lw_j − m_C}
+  float* den = wj + C;   // [C] q'ᵀn
+  float* nn = den + C;   // [dk] n
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  const int h = blockIdx.y, seq = blockIdx.z;
+  const int e0 = blockIdx.x * TV;
+  const int tv = min(TV, p.dv - e0);
+  const int64_t bos = p.cu_seqlens[seq];
+  const int len = p.cu_seqlens[seq + 1] - static_cast<int>(bos);
+  const bool carry_n = !kVector && p.n_final != nullptr;
+  const bool norm = !kVector && p.norm != NormKind::kNone;
+  const float qk_scale = p.q_scale * p.k_scale;
+  const int64_t head_off = StateHeadOffset(p, h);
+  // Which loads go through cp.async (bf16 operands, aligned log-valued vector gates).
+  const bool qk_async = p.q.type == ElemType::kBF16 && p.k.type == ElemType::kBF16;
+  const bool v_async = p.v.type == ElemType::kBF16;
+  const bool gate_async =
+      kVector && p.left.ptr != nullptr && reinterpret_cast<uintptr_t>(p.left.ptr) % 16 == 0 &&
+      p.left.fn == GateFn::kIdentity && p.left.token_stride % 4 == 0 && p.left.head_stride % 4 == 0;
+
+  // State accumulators: m-tile w + 8r (rows a), n-tile n (cols e) of S.
+  float sacc[kStateTiles][kNt][4];
+  {
+    const int slot = p.s_init.slot ? p.s_init.slot[seq] : seq;
+    const float* base =
+        p.s_init.ptr ? p.s_init.ptr + slot * p.s_init.slot_stride + head_off : nullptr;
+#pragma unroll
+    for (int r = 0; r < kStateTiles; ++r)
+#pragma unroll
+      for (int n = 0; n < kNt; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int a = 16 * (warp + 8 * r) + g + (c >= 2 ? 8 : 0), e = 8 * n + 2 * t4 + (c & 1);
+          sacc[r][n][c] = (base && a < dk && e < tv)
+                              ? base[static_cast<int64_t>(a) * p.s_init.stride_a +
+                                     static_cast<int64_t>(e0 + e) * p.s_init.stride_b]
+                              : 0.0f;
+        }
+    if (carry_n) {
+      for (int a = tid; a < dk; a += T::kThreads)
+        nn[a] = p.n_init ? p.n_init[(static_cast<int64_t>(slot) * p.heads + h) * dk + a] : 0.0f;
+    }
+  }
+  // The bf16 copy of S (step 1 of each chunk, while its copies are in flight).
+  auto store_state_copy = [&] {
+#pragma unroll
+    for (int r = 0; r < kStateTiles; ++r) {
+      const int a = 16 * (warp + 8 * r) + g;
+      if (a >= dk) continue;
+#pragma unroll
+      for (int n = 0; n < kNt; ++n) {
+        const int e = 8 * n + 2 * t4;
+        *reinterpret_cast<__nv_bfloat162*>(ss + a * ldv + e) =
+            __floats2bfloat162_rn(sacc[r][n][0], sacc[r][n][1]);
+        *reinterpret_cast<__nv_bfloat162*>(ss + (a + 8) * ldv + e) =
+            __floats2bfloat162_rn(sacc[r][n][2], sacc[r][n][3]);
+      }
+    }
+  };
+  // A zeroed once: entries right of the diagonal blocks stay 0.
+  for (int idx = tid; idx < C * T::kLdA; idx += T::kThreads) as[idx] = __float2bfloat16_rn(0.0f);
+  float m_prev = 0.0f;
+  if (p.stabilize && p.m_init) {
+    const int slot = p.s_init.slot ? p.s_init.slot[seq] : seq;
+    m_prev = p.m_init[static_cast<int64_t>(slot) * p.heads + h];
+  }
+
+  // Stage st of the load buffers: q, k, v (bf16) and the gates (fp32).
+  auto stage_base = [&](int st) { return smem + lay.stage + st * lay.stage_bytes; };
+  // 1. Copies of chunk `chunk` into stage st, committed as one cp.async group
+  //    (operands that need converting are stored directly); rows past the
+  //    chunk's length are zero.
+  auto issue = [&](int chunk, int st) {
+    const int c0 = chunk * C, lc = min(C, len - c0);
+    const int tok0 = p.reverse ? len - 1 - c0 : c0, dir = p.reverse ? -1 : 1;
+    unsigned char* base = stage_base(st);
+    bf16* qd = reinterpret_cast<bf16*>(base);
+    bf16* kd = reinterpret_cast<bf16*>(base + lay.k_off);
+    bf16* vd = reinterpret_cast<bf16*>(base + lay.v_off);
+    float* gd = reinterpret_cast<float*>(base + lay.g_off);
+    const int groups = dk / 8;
+    for (int idx = tid; idx < C * groups; idx += T::kThreads) {
+      const int i = idx / groups, c = 8 * (idx % groups);
+      const bool live = i < lc;
+      const int64_t off = live ? ((bos + tok0 + dir * i) * p.heads + h) * dk + c : 0;
+      if (qk_async) {
+        CpAsync16(qd + i * lay.ldq + c, static_cast<const bf16*>(p.q.ptr) + off, live);
+        CpAsync16(kd + i * lay.ldq + c, static_cast<const bf16*>(p.k.ptr) + off, live);
+      } else {
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(qd + i * lay.ldq + c) = live ? Load8(p.q, off) : zero;
+        *reinterpret_cast<uint4*>(kd + i * lay.ldq + c) = live ? Load8(p.k, off) : zero;
+      }
+    }
+    for (int idx = tid; idx < C * (TV / 8); idx += T::kThreads) {
+      const int i = idx / (TV / 8), c = 8 * (idx % (TV / 8));
+      const bool live = i < lc && c < tv;
+      const int64_t off = live ? ((bos + tok0 + dir * i) * p.heads + h) * p.dv + e0 + c : 0;
+      if (v_async) {
+        CpAsync16(vd + i * ldv + c, static_cast<const bf16*>(p.v.ptr) + off, live);
+      } else {
+        *reinterpret_cast<uint4*>(vd + i * ldv + c) =
+            live ? Load8(p.v, off) : make_uint4(0, 0, 0, 0);
+      }
+    }
+    if constexpr (kVector) {
+      if (gate_async) {
+        // Gate rows as GateAt reads them (shift: row t + 1, none past the end).
+        const int quads = dk / 4;
+        for (int idx = tid; idx < C * quads; idx += T::kThreads) {
+          const int i = idx / quads, a = 4 * (idx % quads);
+          const int src = tok0 + dir * i + (p.left.shift ? 1 : 0);
+          const bool live = i < lc && src < len;
+          const int64_t off = live ? (bos + src) * p.left.token_stride +
+                                         static_cast<int64_t>(h) * p.left.head_stride + a
+                                   : 0;
+          CpAsync16(gd + i * dk + a, p.left.ptr + off, live);
+        }
+      } else {
+        for (int idx = tid; idx < C * dk; idx += T::kThreads) {
+          const int i = idx / dk, a = idx % dk;
+          gd[idx] = i < lc ? GateAt(p.left, bos, len, tok0 + dir * i, h, a) : 0.0f;
+        }
+      }
+    } else {
+      for (int i = tid; i < C; i += T::kThreads) {
+        const bool live = i < lc;
+        gd[i] = live ? GateAt(p.left, bos, len, tok0 + dir * i, h, 0) : 0.0f;
+        gd[C + i] = (live && p.key_weight.ptr)
+                        ? GateAt(p.key_weight, bos, len, tok0 + dir * i, h, 0)
+                        : 0.0f;
+      }
+    }
+    CpAsyncCommit();
+  };
+
+  const int num_chunks = (len + C - 1) / C;
+  if (num_chunks > 0) issue(0, 0);
+  for (int chunk = 0; chunk < num_chunks; ++chunk) {
+    const int c0 = chunk * C;
+    const int lc = min(C, len - c0);
+    const int tok0 = p.reverse ? len - 1 - c0 : c0;  // local token of chunk row 0
+    const int dir = p.reverse ? -1 : 1;
+    auto row_of = [&](int i) { return bos + tok0 + dir * i; };  // packed row of chunk row i
+    const int st = kStages == 2 ? chunk & 1 : 0;
+    bf16* qs = reinterpret_cast<bf16*>(stage_base(st));
+    bf16* ks = reinterpret_cast<bf16*>(stage_base(st) + lay.k_off);
+    bf16* vs = reinterpret_cast<bf16*>(stage_base(st) + lay.v_off);
+    float* bl = reinterpret_cast<float*>(stage_base(st) + lay.g_off);  // gates, then b
+    float* lws = bl + C;                                               // scalar: lw
+
+    // The next chunk's copies go out first (its stage was last read before the
+    // previous chunk's closing barrier), then this chunk's must have landed.
+    if constexpr (kStages == 2) {
+      if (chunk + 1 < num_chunks) {
+        issue(chunk + 1, st ^ 1);
+        CpAsyncWait<1>();
+      } else {
+        CpAsyncWait<0>();
+      }
+    } else {
+      if (chunk > 0) issue(chunk, 0);
+      CpAsyncWait<0>();
+    }
+    store_state_copy();
+    if (kVector && tid < T::kBlocks) span_over[tid] = 0;
+    __syncthreads();
+
+    // 2. In-chunk cumsums and the decay tables.
+    if constexpr (kVector) {
+      for (int a = tid; a < dk; a += T::kThreads) {
+        float run = 0.0f;
+        for (int i0 = 0; i0 < C; i0 += T::kBlock) {
+          float x[T::kBlock];  // loads of a block issued before its dependent adds
+#pragma unroll
+          for (int i = 0; i < T::kBlock; ++i) x[i] = bl[(i0 + i) * dk + a];
+#pragma unroll
+          for (int i = 0; i < T::kBlock; ++i) {
+            run += x[i];
+            bl[(i0 + i) * dk + a] = run;
+          }
+        }
+        sdec[a] = __expf(run);
+#pragma unroll
+        for (int blk = 0; blk < T::kBlocks; ++blk) {
+          const float first = bl[blk * T::kBlock * dk + a];
+          const float last = bl[(blk * T::kBlock + T::kBlock - 1) * dk + a];
+          eb0[blk * dk + a] = __expf(first);
+          ebl[blk * dk + a] = __expf(run - last);
+          if (first - last > T::kMaxSpan) span_over[blk] = 1;
+        }
+      }
+    } else {
+      if (warp == 0) {
+        // Lane l owns rows 2l and 2l+1: warp scans for b (sum) and m (max).
+        const int i0 = 2 * lane, i1 = i0 + 1;
+        const float x0 = bl[i0], x1 = bl[i1];
+        float incl = x0 + x1;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+          const float y = __shfl_up_sync(kAll, incl, off);
+          if (lane >= off) incl += y;
+        }
+        const float b1 = incl, b0 = incl - x1;
+        const float b_last = __shfl_sync(kAll, b1, 31);
+        float m0 = 0.0f, m1 = 0.0f;
+        if (p.stabilize) {
+          const float y0 = i0 < lc ? lws[i0] - b0 : -INFINITY;
+          const float y1 = fmaxf(y0, i1 < lc ? lws[i1] - b1 : -INFINITY);
+          float run = y1;
+#pragma unroll
+          for (int off = 1; off < 32; off <<= 1) {
+            const float z = __shfl_up_sync(kAll, run, off);
+            if (lane >= off) run = fmaxf(run, z);
+          }
+          float before = __shfl_up_sync(kAll, run, 1);
+          if (lane == 0) before = -INFINITY;
+          before = fmaxf(before, m_prev);
+          m0 = b0 + fmaxf(before, y0);
+          m1 = b1 + fmaxf(before, y1);
+        }
+        const float m_last = __shfl_sync(kAll, m1, 31);
+        const float mp = p.stabilize ? m_prev : 0.0f;
+        bl[i0] = b0;
+        bl[i1] = b1;
+        ms[i0] = m0;
+        ms[i1] = m1;
+        coef[i0] = __expf(b0 + mp - m0);
+        coef[i1] = __expf(b1 + mp - m1);
+        wj[i0] = i0 < lc ? __expf(b_last - b0 + lws[i0] - m_last) * p.k_scale : 0.0f;
+        wj[i1] = i1 < lc ? __expf(b_last - b1 + lws[i1] - m_last) * p.k_scale : 0.0f;
+      }
+    }
+    __syncthreads();
+
+    // 3. Vector: rescale q and k in place. Scalar: the inter part of q'ᵀn.
+    if constexpr (kVector) {
+      for (int idx = tid; idx < C * dk / 2; idx += T::kThreads) {
+        const int i = idx / (dk / 2), a = 2 * (idx % (dk / 2));
+        const int blk = i / T::kBlock;
+        const float* b_first = bl + blk * T::kBlock * dk;
+        const float* b_last = bl + (blk * T::kBlock + T::kBlock - 1) * dk;
+        const float bi0 = bl[i * dk + a], bi1 = bl[i * dk + a + 1];
+        __nv_bfloat162* qp = reinterpret_cast<__nv_bfloat162*>(qs + i * ldq + a);
+        __nv_bfloat162* kp = reinterpret_cast<__nv_bfloat162*>(ks + i * ldq + a);
+        const float2 qv = __bfloat1622float2(*qp), kv = __bfloat1622float2(*kp);
+        *qp = __floats2bfloat162_rn(qv.x * p.q_scale * __expf(bi0 - b_first[a]),
+                                    qv.y * p.q_scale * __expf(bi1 - b_first[a + 1]));
+        *kp = __floats2bfloat162_rn(kv.x * p.k_scale * __expf(b_last[a] - bi0),
+                                    kv.y * p.k_scale * __expf(b_last[a + 1] - bi1));
+      }
+    } else if (norm) {
+      // den_i starts at e^{b_i + m_prev − m_i} q'_iᵀ n_prev: four lanes per row.
+      static_assert(T::kThreads == 4 * C, "q'ᵀn: four lanes per row");
+      const int i = tid / 4;
+      float acc = 0.0f;
+      for (int a = tid % 4; a < dk; a += 4) acc += __bfloat162float(qs[i * ldq + a]) * nn[a];
+      acc += __shfl_xor_sync(kAll, acc, 1);
+      acc += __shfl_xor_sync(kAll, acc, 2);
+      if (tid % 4 == 0) den[i] = coef[i] * p.q_scale * acc;
+    }
+    if (kVector || norm) __syncthreads();  // plain scalar decay: nothing written in step 3
+
+    // 4. A, masked, to bf16. Warp w: row block I = w/2, its half of the
+    //    2(I+1) n-tiles of 8 columns that reach the diagonal.
+    {
+      const int blk = warp / 2;
+      const int count = blk + 1, nt0 = (warp % 2) * count;
+      float acc[T::kBlocks][4] = {};
+      for (int k0 = 0; k0 < dk; k0 += 16) {
+        uint32_t qa[4];
+        Ldsm4(qa, qs + (16 * blk + (lane & 15)) * ldq + k0 + 8 * (lane >> 4));
+        uint32_t qj[4] = {qa[0], qa[1], qa[2], qa[3]};
+        int scaled_for = -1;
+#pragma unroll
+        for (int n = 0; n < T::kBlocks; ++n) {
+          if (n >= count) break;
+          const int nt = nt0 + n, jb = nt / 2;
+          if constexpr (kVector) {
+            if (jb == blk && span_over[blk]) continue;  // exact block below
+            if (jb != scaled_for) {
+              // q̂ ⊙ e^{b_I0 − b_Je} for the four columns this lane holds.
+              const float* b_first = bl + blk * T::kBlock * dk + k0 + 2 * t4;
+              const float* b_last = bl + (jb * T::kBlock + T::kBlock - 1) * dk + k0 + 2 * t4;
+              const float f[4] = {__expf(b_first[0] - b_last[0]), __expf(b_first[1] - b_last[1]),
+                                  __expf(b_first[8] - b_last[8]), __expf(b_first[9] - b_last[9])};
+              qj[0] = qa[0], qj[1] = qa[1], qj[2] = qa[2], qj[3] = qa[3];
+              ScaleCols(qj, f);
+              scaled_for = jb;
+            }
+          }
+          uint32_t kb[2];
+          Ldsm2(kb, ks + (8 * nt + (lane & 7)) * ldq + k0 + 8 * ((lane >> 3) & 1));
+          Mma(acc[n], qj, kb[0], kb[1]);
+        }
+      }
+      float row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int n = 0; n < T::kBlocks; ++n) {
+        if (n >= count) break;
+        const int nt = nt0 + n;
+        if (kVector && nt / 2 == blk && span_over[blk]) continue;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = 16 * blk + g + 8 * half, j = 8 * nt + 2 * t4;
+          float v0 = j <= i ? acc[n][2 * half] : 0.0f;
+          float v1 = j + 1 <= i ? acc[n][2 * half + 1] : 0.0f;
+          if constexpr (!kVector) {
+            // Columns past lc hold k = 0; their factor is not bounded by m_i.
+            v0 = j <= i && j < lc ? v0 * qk_scale * __expf(bl[i] - bl[j] + lws[j] - ms[i]) : 0.0f;
+            v1 = j < i && j + 1 < lc
+                     ? v1 * qk_scale * __expf(bl[i] - bl[j + 1] + lws[j + 1] - ms[i])
+                     : 0.0f;
+            row_sum[half] += v0 + v1;
+          }
+          *reinterpret_cast<__nv_bfloat162*>(as + i * T::kLdA + j) = __floats2bfloat162_rn(v0, v1);
+        }
+      }
+      if (norm) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float s = row_sum[half];
+          s += __shfl_xor_sync(kAll, s, 1);
+          s += __shfl_xor_sync(kAll, s, 2);
+          if (t4 == 0) atomicAdd(&den[16 * blk + g + 8 * half], s);
+        }
+      }
+      if constexpr (kVector) {
+        // Diagonal blocks whose decay span is too wide for one mma: exact fp32,
+        // one (i, j) pair per thread, raw q and k reread from global memory.
+        for (int ob = 0; ob < T::kBlocks; ++ob) {
+          if (!span_over[ob]) continue;
+          const int i = ob * T::kBlock + tid / T::kBlock, j = ob * T::kBlock + tid % T::kBlock;
+          float sum = 0.0f;
+          if (j <= i && i < lc) {
+            const int64_t qo = (row_of(i) * p.heads + h) * dk, ko = (row_of(j) * p.heads + h) * dk;
+            for (int a = 0; a < dk; ++a)
+              sum += LoadElem(p.q.ptr, p.q.type, qo + a) * LoadElem(p.k.ptr, p.k.type, ko + a) *
+                     __expf(bl[i * dk + a] - bl[j * dk + a]);
+            sum *= qk_scale;
+          }
+          as[i * T::kLdA + j] = __float2bfloat16_rn(sum);
+        }
+        static_assert(T::kThreads == T::kBlock * T::kBlock, "exact block: one pair per thread");
+      }
+    }
+    __syncthreads();
+
+    // 5. o = (q̂ ⊙ e^{b_I0}) S, rows scaled (scalar mode), then += A·V.
+    //    Warp w: rows 16(w/2).., the (w%2) half of the n-tiles.
+    {
+      const int mb = warp / 2, ntb = kOn * (warp % 2);
+      float acc[kOn][4] = {};
+      for (int k0 = 0; k0 < dk; k0 += 16) {
+        uint32_t fa[4];
+        Ldsm4(fa, qs + (16 * mb + (lane & 15)) * ldq + k0 + 8 * (lane >> 4));
+        if constexpr (kVector) {
+          const float* f = eb0 + mb * dk + k0 + 2 * t4;
+          const float fs[4] = {f[0], f[1], f[8], f[9]};
+          ScaleCols(fa, fs);
+        }
+#pragma unroll
+        for (int n = 0; n < kOn; n += 2) {
+          uint32_t fb[4];
+          Ldsm4T(fb, ss + (k0 + (lane & 15)) * ldv + 8 * (ntb + n) + 8 * (lane >> 4));
+          Mma(acc[n], fa, fb[0], fb[1]);
+          Mma(acc[n + 1], fa, fb[2], fb[3]);
+        }
+      }
+      if constexpr (!kVector) {
+        const float r0 = p.q_scale * coef[16 * mb + g], r8 = p.q_scale * coef[16 * mb + g + 8];
+#pragma unroll
+        for (int n = 0; n < kOn; ++n) {
+          acc[n][0] *= r0, acc[n][1] *= r0;
+          acc[n][2] *= r8, acc[n][3] *= r8;
+        }
+      }
+      for (int k0 = 0; k0 <= 16 * mb; k0 += 16) {
+        uint32_t fa[4];
+        Ldsm4(fa, as + (16 * mb + (lane & 15)) * T::kLdA + k0 + 8 * (lane >> 4));
+#pragma unroll
+        for (int n = 0; n < kOn; n += 2) {
+          uint32_t fb[4];
+          Ldsm4T(fb, vs + (k0 + (lane & 15)) * ldv + 8 * (ntb + n) + 8 * (lane >> 4));
+          Mma(acc[n], fa, fb[0], fb[1]);
+          Mma(acc[n + 1], fa, fb[2], fb[3]);
+        }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = 16 * mb + g + 8 * half;
+        if (i >= lc) continue;
+        float inv_den = 1.0f;
+        if constexpr (!kVector) {
+          if (p.norm == NormKind::kMlstmExp) {
+            inv_den = 1.0f / (fmaxf(fabsf(den[i]), __expf(-ms[i])) + p.eps);
+          } else if (p.norm == NormKind::kSigNorm) {
+            inv_den = 1.0f / (fmaxf(fabsf(den[i]), 1.0f) + p.eps);
+          }
+        }
+        const int64_t out = (row_of(i) * p.heads + h) * p.dv + e0;
+#pragma unroll
+        for (int n = 0; n < kOn; ++n) {
+          const int e = 8 * (ntb + n) + 2 * t4;
+          if (e >= tv) continue;
+          StorePair(p.o, p.o_type, out + e, acc[n][2 * half] * inv_den,
+                    acc[n][2 * half + 1] * inv_den);
+        }
+      }
+    }
+
+    // 6. S ← decay ⊙ S + (k̂ ⊙ column or row weights)ᵀ V, in registers.
+#pragma unroll
+    for (int r = 0; r < kStateTiles; ++r) {
+      const int a0 = 16 * (warp + 8 * r);
+      if (a0 >= dk) continue;
+      const float dg = kVector ? sdec[a0 + g] : coef[C - 1];
+      const float dg8 = kVector ? sdec[a0 + g + 8] : coef[C - 1];
+#pragma unroll
+      for (int n = 0; n < kNt; ++n) {
+        sacc[r][n][0] *= dg, sacc[r][n][1] *= dg;
+        sacc[r][n][2] *= dg8, sacc[r][n][3] *= dg8;
+      }
+#pragma unroll
+      for (int jb = 0; jb < T::kBlocks; ++jb) {
+        const int k0 = jb * T::kBlock;
+        uint32_t fa[4];
+        Ldsm4T(fa, ks + (k0 + (lane & 7) + 8 * (lane >> 4)) * ldq + a0 + 8 * ((lane >> 3) & 1));
+        if constexpr (kVector) {
+          ScaleRows(fa, ebl[jb * dk + a0 + g], ebl[jb * dk + a0 + g + 8]);
+        } else {
+          const float* w = wj + k0 + 2 * t4;
+          const float fs[4] = {w[0], w[1], w[8], w[9]};
+          ScaleCols(fa, fs);
+        }
+#pragma unroll
+        for (int n = 0; n < kNt; n += 2) {
+          uint32_t fb[4];
+          Ldsm4T(fb, vs + (k0 + (lane & 15)) * ldv + 8 * n + 8 * (lane >> 4));
+          Mma(sacc[r][n], fa, fb[0], fb[1]);
+          Mma(sacc[r][n + 1], fa, fb[2], fb[3]);
+        }
+      }
+    }
+    if constexpr (!kVector) {
+      if (carry_n) {
+        for (int a = tid; a < dk; a += T::kThreads) {
+          float add[4] = {};
+#pragma unroll 8
+          for (int j = 0; j < C; ++j) add[j % 4] += __bfloat162float(ks[j * ldq + a]) * wj[j];
+          nn[a] = nn[a] * coef[C - 1] + ((add[0] + add[1]) + (add[2] + add[3]));
+        }
+      }
+      if (p.stabilize) m_prev = ms[C - 1];
+    }
+    __syncthreads();
+  }
+
+  // Final state tile back to its slot.
+  if (p.s_final.ptr) {
+    const int slot = p.s_final.slot ? p.s_final.slot[seq] : seq;
+    float* base = p.s_final.ptr + slot * p.s_final.slot_stride + head_off;
+#pragma unroll
+    for (int r = 0; r < kStateTiles; ++r)
+#pragma unroll
+      for (int n = 0; n < kNt; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int a = 16 * (warp + 8 * r) + g + (c >= 2 ? 8 : 0), e = 8 * n + 2 * t4 + (c & 1);
+          if (a < dk && e < tv)
+            base[static_cast<int64_t>(a) * p.s_final.stride_a +
+                 static_cast<int64_t>(e0 + e) * p.s_final.stride_b] = sacc[r][n][c];
+        }
+    if (blockIdx.x == 0) {
+      if (carry_n)
+        for (int a = tid; a < dk; a += T::kThreads)
+          p.n_final[(static_cast<int64_t>(slot) * p.heads + h) * dk + a] = nn[a];
+      if (p.stabilize && p.m_final && tid == 0)
+        p.m_final[static_cast<int64_t>(slot) * p.heads + h] = m_prev;
+    }
+  }
+}
+
+constexpr int kMaxSmemBytes = 227 * 1024;
+static_assert(MmaLayout(128, true).bytes <= kMaxSmemBytes, "vector tile, dk 128, two stages");
+static_assert(2 * (MmaLayout(128, false).bytes + 1024) <= 228 * 1024, "two scalar CTAs per SM");
+static_assert(MmaLayout(MmaTile::kMaxDk, false).bytes <= kMaxSmemBytes, "scalar tile, dk 256");
+static_assert(MmaLayout(MmaTile::kMaxDk, true).bytes <= kMaxSmemBytes, "vector tile, dk 256");
+
+template <bool kVector, int kStateTiles>
+cudaError_t LaunchMmaInstance(const ScanParams& p, cudaStream_t stream) {
+  const int bytes = MmaLayout(p.dk, kVector).bytes;
+  auto* kernel = ScanMmaKernel<kVector, kStateTiles>;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) return err;
+  constexpr int kTileV = MmaTile::TileV(kStateTiles, kVector);
+  const dim3 grid((p.dv + kTileV - 1) / kTileV, p.heads, p.num_seqs);
+  kernel<<<grid, MmaTile::kThreads, bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+bool Half(const Operand& op) {
+  return (op.type == ElemType::kBF16 || op.type == ElemType::kF16) && Aligned16(op.ptr);
+}
+
+}  // namespace
+
+bool ScanMmaSupports(const ScanParams& p) {
+  return Half(p.q) && Half(p.k) && Half(p.v) && p.right.ptr == nullptr && p.dk > 0 &&
+         p.dk <= MmaTile::kMaxDk && p.dk % 16 == 0 && p.dv > 0 && p.dv % 16 == 0 &&
+         MmaLayout(p.dk, p.left_vector).bytes <= kMaxSmemBytes;
+}
+
+cudaError_t LaunchScanMma(const ScanParams& p, cudaStream_t stream) {
+  const bool narrow = MmaTile::StateTiles(p.dk) == 1;
+  if (p.left_vector)
+    return narrow ? LaunchMmaInstance<true, 1>(p, stream) : LaunchMmaInstance<true, 2>(p, stream);
+  return narrow ? LaunchMmaInstance<false, 1>(p, stream) : LaunchMmaInstance<false, 2>(p, stream);
+}
+
+}  // namespace lair::kernels::cuda

@@ -1,0 +1,222 @@
+// The CUDA backend's step machinery: GEMMs on bf16 weights in both
+// precisions (kFast: bf16 tensor cores, at a bf16 tolerance) against the
+// CPU, the mLSTM forward at xLSTM 7B's head shape, StageInts, ArgmaxRows,
+// the step arena's address reuse and CaptureStep's graphs replaying what
+// they recorded.
+// Skips when no GPU is present.
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+
+namespace lair::kernels {
+namespace {
+
+constexpr double kBf16Tol = 2e-2;
+
+class CudaStepTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BackendOptions options;
+    options.gemm = GemmMode::kFast;
+    absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeBackend("cuda", options);
+    if (!gpu.ok()) GTEST_SKIP() << "no CUDA backend here: " << gpu.status().message();
+    gpu_ = std::move(*gpu);
+    cpu_ = MakeCpuBackend(1);
+  }
+
+  Tensor Rand(Shape shape) {
+    Tensor t = Tensor::Zeros(DType::kF32, std::move(shape));
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = dist(rng_);
+    return t;
+  }
+  Tensor Up(const Tensor& host, DType dtype = DType::kF32) {
+    absl::StatusOr<Tensor> t = gpu_->Upload(host, dtype);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return *t;
+  }
+  Tensor Down(const Tensor& device) {
+    absl::StatusOr<Tensor> t = gpu_->Download(device);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return *t;
+  }
+
+  std::unique_ptr<Backend> gpu_, cpu_;
+  std::mt19937 rng_{5};
+};
+
+// Decode-sized products (m ≤ 8: the GEMV kernel) and larger ones (cuBLASLt),
+// with and without bias and beta, in both precisions, against the CPU on the
+// bf16-rounded weights.
+TEST_F(CudaStepTest, GemmOnBf16WeightsMatchesCpuInBothPrecisions) {
+  const int64_t k = 264, n = 389;
+  BackendOptions exact_options;
+  auto exact = MakeBackend("cuda", exact_options);
+  ASSERT_TRUE(exact.ok());
+  for (int64_t m : {1, 3, 8, 9, 64, 300}) {
+    for (bool with_bias : {false, true}) {
+      for (bool fast : {false, true}) {
+        Backend& gpu = fast ? *gpu_ : **exact;
+        const std::string what = absl::StrCat("m=", m, " bias=", with_bias, " fast=", fast);
+        const Tensor a = Rand({m, k});
+        const Tensor w = Rand({n, k});
+        const Tensor c0 = Rand({m, n});
+        const Tensor bias = with_bias ? Rand({n}) : Tensor();
+        const float beta = with_bias ? 0.5f : 0.0f;
+        auto w_bf16 = gpu.Upload(w, DType::kBF16);
+        ASSERT_TRUE(w_bf16.ok());
+        auto w_rounded = gpu.Download(*w_bf16);
+        ASSERT_TRUE(w_rounded.ok());
+        GemmArgs want{a, w_rounded->ToF32(), c0.Clone(), false, true, 1.5f, beta, bias};
+        ASSERT_TRUE(cpu_->Gemm(want).ok()) << what;
+        GemmArgs got{*gpu.Upload(a, DType::kF32),
+                     *w_bf16,
+                     *gpu.Upload(c0, DType::kF32),
+                     false,
+                     true,
+                     1.5f,
+                     beta,
+                     with_bias ? *gpu.Upload(bias, DType::kF32) : Tensor()};
+        ASSERT_TRUE(gpu.Gemm(got).ok()) << what;
+        auto c = gpu.Download(got.c);
+        ASSERT_TRUE(c.ok());
+        EXPECT_LE(RelativeError(*c, want.c), fast && m > 8 ? kBf16Tol : 1e-5) << what;
+      }
+    }
+  }
+}
+
+// xLSTM 7B's head shape (key_dim 256, value_dim 512) through the mLSTM
+// forward, chunked and as one-token steps, against the CPU. This backend is
+// kFast: chunked scans round q, k, v to bf16 (bf16 tolerance), steps are fp32.
+TEST_F(CudaStepTest, MlstmForwardAtXlstm7bHeads) {
+  const int H = 2, K = 256, V = 512;
+  for (bool step : {false, true}) {
+    const std::vector<int32_t> offsets =
+        step ? std::vector<int32_t>{0, 1, 2} : std::vector<int32_t>{0, 40, 41};
+    const std::vector<int32_t> slots = {2, 0};
+    SequenceBatch batch;
+    batch.num_seqs = 2;
+    batch.cu_seqlens = offsets;
+    batch.state_slot = slots;
+    batch.max_seqlen = step ? 1 : 40;
+    const int64_t n = offsets.back();
+    const std::string what = step ? "step" : "chunked";
+    std::uniform_real_distribution<float> gate(-3.0f, 3.0f);
+    const Tensor q = Rand({n, H, K}), k = Rand({n, H, K}), v = Rand({n, H, V});
+    Tensor ig = Rand({n, H}), fg = Rand({n, H});
+    for (int64_t i = 0; i < ig.numel(); ++i)
+      ig.f32()[i] = gate(rng_), fg.f32()[i] = 2.0f + gate(rng_);
+    const Tensor c0 = Rand({3, H, K, V}), n0 = Rand({3, H, K}), m0 = Rand({3, H});
+    MlstmForwardArgs c, d;
+    for (MlstmForwardArgs* x : {&c, &d})
+      x->kind = MlstmKind::kExp, x->heads = H, x->key_dim = K, x->value_dim = V;
+    c.q = q, c.k = k, c.v = v, c.i = ig, c.f = fg;
+    c.h = Tensor::Zeros(DType::kF32, {n, H, V});
+    c.state_c = c0.Clone(), c.state_n = n0.Clone(), c.state_m = m0.Clone();
+    d.q = Up(q), d.k = Up(k), d.v = Up(v), d.i = Up(ig), d.f = Up(fg);
+    d.h = Up(Tensor::Zeros(DType::kF32, {n, H, V}));
+    d.state_c = Up(c0), d.state_n = Up(n0), d.state_m = Up(m0);
+    ASSERT_TRUE(cpu_->MlstmForward(batch, c, MixerForm::kChunked).ok());
+    const absl::Status st =
+        gpu_->MlstmForward(batch, d, step ? MixerForm::kRecurrent : MixerForm::kChunked);
+    ASSERT_TRUE(st.ok()) << what << ": " << st;
+    const double tol = step ? 1e-4 : kBf16Tol;
+    EXPECT_LE(RelativeError(Down(d.h), c.h), tol) << what;
+    EXPECT_LE(RelativeError(Down(d.state_c), c.state_c), tol) << what;
+    EXPECT_LE(RelativeError(Down(d.state_n), c.state_n), tol) << what;
+    EXPECT_LE(RelativeError(Down(d.state_m), c.state_m), tol) << what;
+  }
+}
+
+TEST_F(CudaStepTest, StageIntsCopiesEveryPart) {
+  const std::vector<int32_t> a = {1, 2, 3}, b = {}, c = {-7, 40000, 5, 6, 7};
+  const std::span<const int32_t> parts[] = {a, b, c};
+  auto staged = gpu_->StageInts(parts);
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  ASSERT_EQ(staged->size(), 3u);
+  const std::vector<int32_t>* want[] = {&a, &b, &c};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ((*staged)[i].device(), Device::kCuda);
+    ASSERT_EQ((*staged)[i].numel(), static_cast<int64_t>(want[i]->size()));
+    if (want[i]->empty()) continue;
+    const Tensor host = Down((*staged)[i]);
+    EXPECT_EQ(std::vector<int32_t>(host.data<int32_t>(), host.data<int32_t>() + host.numel()),
+              *want[i]);
+  }
+  // The next call reuses the same device block.
+  const std::vector<int32_t> d = {9, 9, 9};
+  const std::span<const int32_t> again[] = {d};
+  auto restaged = gpu_->StageInts(again);
+  ASSERT_TRUE(restaged.ok());
+  EXPECT_EQ((*restaged)[0].raw(), (*staged)[0].raw());
+  EXPECT_EQ(Down((*restaged)[0]).data<int32_t>()[2], 9);
+}
+
+TEST_F(CudaStepTest, ArgmaxRowsMatchesHostIncludingTies) {
+  const int64_t rows = 7, vocab = 50257;
+  Tensor logits = Rand({rows, vocab});
+  logits.f32()[2 * vocab + 100] = 5.0f;  // a tie: the first index wins
+  logits.f32()[2 * vocab + 40000] = 5.0f;
+  logits.f32()[5 * vocab + vocab - 1] = 9.0f;  // the last column
+  Tensor ids = Up(Tensor::Zeros(DType::kI32, {rows}), DType::kI32);
+  ASSERT_TRUE(gpu_->ArgmaxRows(Up(logits), ids).ok());
+  const Tensor got = Down(ids);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = logits.f32() + r * vocab;
+    EXPECT_EQ(got.data<int32_t>()[r], std::max_element(row, row + vocab) - row) << "row " << r;
+  }
+  EXPECT_FALSE(
+      gpu_->ArgmaxRows(Up(logits), Up(Tensor::Zeros(DType::kI32, {rows + 1}), DType::kI32)).ok());
+}
+
+TEST_F(CudaStepTest, ArenaRepeatsAddressesOnceSized) {
+  std::vector<void*> seen[3];
+  for (int step = 0; step < 3; ++step) {
+    gpu_->BeginStep();
+    for (int64_t size : {1000, 33, 1 << 20}) {
+      auto t = gpu_->AllocateScratch(DType::kF32, {size});
+      ASSERT_TRUE(t.ok()) << t.status();
+      seen[step].push_back(t->raw());
+    }
+    gpu_->EndStep();
+  }
+  // The first step sized the arena (it grew at the second BeginStep).
+  EXPECT_EQ(seen[1], seen[2]);
+  const uint64_t epoch = gpu_->memory_epoch();
+  gpu_->BeginStep();
+  gpu_->EndStep();
+  EXPECT_EQ(gpu_->memory_epoch(), epoch);
+}
+
+TEST_F(CudaStepTest, CapturedStepReplaysOnNewInputs) {
+  const Tensor x = Up(Rand({4096}));
+  const Tensor y = Up(Tensor::Zeros(DType::kF32, {4096}));
+  auto graph = gpu_->CaptureStep([&] {
+    return gpu_->Unary({UnaryOp::kAffine, 2.0f, 1.0f, 1.0f, x, y});
+  });
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_EQ(Down(y).f32()[17], 0.0f) << "recording must not run the step";
+  for (int round = 0; round < 2; ++round) {
+    const Tensor fresh = Rand({4096});
+    ASSERT_TRUE(gpu_->Copy(Up(fresh), x).ok());
+    ASSERT_TRUE((*graph)->Launch().ok());
+    const Tensor got = Down(y);
+    for (int64_t i = 0; i < 4096; i += 511)
+      EXPECT_EQ(got.f32()[i], 2.0f * fresh.f32()[i] + 1.0f) << i;
+  }
+  // A step that synchronizes cannot be recorded, and the stream stays usable.
+  auto bad = gpu_->CaptureStep([&] { return gpu_->Synchronize(); });
+  EXPECT_FALSE(bad.ok());
+  EXPECT_TRUE(gpu_->Synchronize().ok());
+  EXPECT_FALSE(cpu_->CaptureStep([] { return absl::OkStatus(); }).ok());
+}
+
+}  // namespace
+}  // namespace lair::kernels

@@ -1,0 +1,218 @@
+// The tensor-core scan (kernels/cuda/scan_mma.cu), reached through CudaBackend
+// with bf16 and f16 inputs, against CpuBackend fed the same rounded inputs:
+// log-decays down to −20 per step (the diagonal blocks' exact fallback; the
+// fp32 path overflows there), lengths off the 64-token chunk, packed sequences
+// with initial states from shuffled slots, several dv tiles (128 wide for
+// dk ≤ 128, 64 above), key_dim 256, the reverse scans of the backward, and
+// mLSTM. Skips without a GPU.
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+
+namespace lair::kernels {
+namespace {
+
+constexpr double kTol = 2e-2;  // bf16/f16 inputs, fixtures README
+constexpr double kGradTol = 5e-2;
+
+class MmaScanVsCpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeBackend("cuda");
+    if (!gpu.ok()) GTEST_SKIP() << "no CUDA backend here: " << gpu.status().message();
+    gpu_ = std::move(*gpu);
+    cpu_ = MakeCpuBackend();
+  }
+
+  Tensor Rand(Shape shape, float lo, float hi) {
+    Tensor t = Tensor::Zeros(DType::kF32, std::move(shape));
+    std::uniform_real_distribution<float> dist(lo, hi);
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = dist(rng_);
+    return t;
+  }
+  Tensor Gpu(const Tensor& host, DType dt) {
+    absl::StatusOr<Tensor> t = gpu_->Upload(host, dt);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return *t;
+  }
+  // What the CPU sees: the host values rounded through dt.
+  Tensor Cpu(const Tensor& host, DType dt) {
+    return dt == DType::kF32 ? host.Clone() : Down(Gpu(host, dt)).ToF32();
+  }
+  Tensor Down(const Tensor& device) {
+    absl::StatusOr<Tensor> t = gpu_->Download(device);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return *t;
+  }
+  void Expect(const Tensor& gpu_tensor, const Tensor& cpu_tensor, double tol,
+              const std::string& what) {
+    const double err = RelativeError(Down(gpu_tensor).ToF32(), cpu_tensor);
+    EXPECT_LE(err, tol) << what;
+    EXPECT_FALSE(std::isnan(err)) << what;
+  }
+
+  // Sequence s in slot num_seqs − s of a pool of num_seqs + 1 slots.
+  void MakeBatch(const std::vector<int>& lens) {
+    offsets_ = {0};
+    for (int len : lens) offsets_.push_back(offsets_.back() + len);
+    slots_.clear();
+    for (size_t s = 0; s < lens.size(); ++s)
+      slots_.push_back(static_cast<int32_t>(lens.size() - s));
+    batch_ = SequenceBatch{};
+    batch_.num_seqs = static_cast<int>(lens.size());
+    batch_.cu_seqlens = offsets_;
+    batch_.state_slot = slots_;
+    for (int len : lens) batch_.max_seqlen = std::max(batch_.max_seqlen, len);
+  }
+
+  std::mt19937 rng_{11};
+  std::unique_ptr<Backend> gpu_, cpu_;
+  std::vector<int32_t> offsets_, slots_;
+  SequenceBatch batch_;
+};
+
+struct DecayRange {
+  float lo, hi;
+  const char* name;
+};
+// Mild (every diagonal block by mma), mixed (some blocks past the e^60 span),
+// strong (all of them exact; the fp32 path overflows).
+constexpr DecayRange kRanges[] = {
+    {-0.3f, -0.01f, "mild"}, {-5.0f, -0.5f, "mixed"}, {-20.0f, -5.0f, "strong"}};
+
+TEST_F(MmaScanVsCpu, DecayForward) {
+  for (const auto& [K, V] :
+       {std::pair{128, 128}, std::pair{64, 96}, std::pair{64, 256}, std::pair{256, 192}})
+    for (DType dt : {DType::kBF16, DType::kF16})
+      for (DecayKind kind :
+           {DecayKind::kNone, DecayKind::kConstant, DecayKind::kScalar, DecayKind::kVector})
+        for (const DecayRange& range : kRanges) {
+          if (dt == DType::kF16 && K == 256) continue;
+          MakeBatch({130, 1, 0, 64, 200, 37});
+          const int64_t n = offsets_.back();
+          const int H = 2, S = batch_.num_seqs;
+          const std::string what = "K=" + std::to_string(K) + " V=" + std::to_string(V) + " " +
+                                   std::string(DTypeName(dt)) + " kind " +
+                                   std::to_string(static_cast<int>(kind)) + " " + range.name;
+          const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1),
+                       v = Rand({n, H, V}, -1, 1);
+          const Tensor lg = Rand({H}, range.lo, range.hi), g = Rand({n, H}, range.lo, range.hi);
+          const Tensor gk = Rand({n, H, K}, range.lo, range.hi);
+          const Tensor h0 = Rand({S + 1, H, K, V}, -1, 1);
+          DecayForwardArgs c, d;
+          for (DecayForwardArgs* a : {&c, &d}) {
+            a->kind = kind;
+            a->heads = H, a->key_dim = K, a->value_dim = V,
+            a->scale = 1.0f / std::sqrt(static_cast<float>(K));
+          }
+          c.q = Cpu(q, dt), c.k = Cpu(k, dt), c.v = Cpu(v, dt);
+          d.q = Gpu(q, dt), d.k = Gpu(k, dt), d.v = Gpu(v, dt);
+          c.log_gamma = lg.Clone(), c.g = g.Clone(), c.gk = gk.Clone();
+          d.log_gamma = Gpu(lg, DType::kF32), d.g = Gpu(g, DType::kF32),
+          d.gk = Gpu(gk, DType::kF32);
+          c.o = Tensor::Zeros(DType::kF32, {n, H, V});
+          d.o = Gpu(Rand({n, H, V}, 7, 8), dt);  // poisoned: every element must be written
+          c.state = h0.Clone();
+          d.state = Gpu(h0, DType::kF32);
+          ASSERT_TRUE(cpu_->DecayForward(batch_, c, MixerForm::kChunked).ok()) << what;
+          const absl::Status st = gpu_->DecayForward(batch_, d, MixerForm::kChunked);
+          ASSERT_TRUE(st.ok()) << what << ": " << st;
+          Expect(d.o, c.o, kTol, what + " o");
+          Expect(d.state, c.state, kTol, what + " final state");
+        }
+}
+
+// The backward's scans: for scalar decays all three (dq forward, dk and dv
+// reverse with shifted gates) take the tensor-core path, for vector decays the
+// dv pass (the others carry a right decay and stay on the fp32 path, so the
+// decays stay mild there).
+TEST_F(MmaScanVsCpu, DecayBackward) {
+  for (DecayKind kind : {DecayKind::kScalar, DecayKind::kVector})
+    for (const DecayRange& range : kRanges) {
+      if (kind == DecayKind::kVector && range.lo < -1.0f) continue;
+      MakeBatch({130, 1, 0, 70});
+      const int64_t n = offsets_.back();
+      const int H = 2, K = 64, V = 64, S = batch_.num_seqs;
+      const std::string what =
+          "backward kind " + std::to_string(static_cast<int>(kind)) + " " + range.name;
+      const DType dt = DType::kBF16;
+      const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1),
+                   v = Rand({n, H, V}, -1, 1);
+      const Tensor g = Rand({n, H}, range.lo, range.hi), gk = Rand({n, H, K}, range.lo, range.hi);
+      const Tensor h0 = Rand({S + 1, H, K, V}, -1, 1), d_o = Rand({n, H, V}, -1, 1);
+      const Tensor d_ht = Rand({S, H, K, V}, -1, 1);
+      DecayBackwardArgs cb, db;
+      for (DecayBackwardArgs* b : {&cb, &db}) {
+        b->fwd.kind = kind;
+        b->fwd.heads = H, b->fwd.key_dim = K, b->fwd.value_dim = V, b->fwd.scale = 0.125f;
+      }
+      cb.fwd.q = Cpu(q, dt), cb.fwd.k = Cpu(k, dt), cb.fwd.v = Cpu(v, dt);
+      db.fwd.q = Gpu(q, dt), db.fwd.k = Gpu(k, dt), db.fwd.v = Gpu(v, dt);
+      cb.fwd.g = g.Clone(), cb.fwd.gk = gk.Clone();
+      db.fwd.g = Gpu(g, DType::kF32), db.fwd.gk = Gpu(gk, DType::kF32);
+      cb.fwd.state = h0.Clone();
+      db.fwd.state = Gpu(h0, DType::kF32);
+      cb.d_o = Cpu(d_o, dt), db.d_o = Gpu(d_o, dt);
+      cb.d_ht = d_ht.Clone(), db.d_ht = Gpu(d_ht, DType::kF32);
+      for (bool on_gpu : {false, true}) {
+        DecayBackwardArgs& b = on_gpu ? db : cb;
+        auto make = [&](Shape s, DType t) {
+          return on_gpu ? Gpu(Rand(s, 7, 8), t) : Tensor::Zeros(DType::kF32, s);
+        };
+        b.dq = make({n, H, K}, dt), b.dk = make({n, H, K}, dt), b.dv = make({n, H, V}, dt);
+        b.dh0 = make({S, H, K, V}, DType::kF32);
+      }
+      ASSERT_TRUE(cpu_->DecayBackward(batch_, cb).ok()) << what;
+      const absl::Status st = gpu_->DecayBackward(batch_, db);
+      ASSERT_TRUE(st.ok()) << what << ": " << st;
+      Expect(db.dq, cb.dq, kGradTol, what + " dq");
+      Expect(db.dk, cb.dk, kGradTol, what + " dk");
+      Expect(db.dv, cb.dv, kGradTol, what + " dv");
+      Expect(db.dh0, cb.dh0, kGradTol, what + " dh0");
+    }
+}
+
+// Stabilizer, key weights and both normalizers in the scalar mode, across
+// chunk boundaries and from pooled (c, n, m).
+TEST_F(MmaScanVsCpu, MlstmForward) {
+  for (const auto& [K, V] : {std::pair{64, 64}, std::pair{128, 128}})
+    for (MlstmKind kind : {MlstmKind::kExp, MlstmKind::kSig, MlstmKind::kSigNorm}) {
+      MakeBatch({130, 1, 0, 64, 200});
+      const int64_t n = offsets_.back();
+      const int H = 2, S = batch_.num_seqs;
+      const DType dt = DType::kBF16;
+      const std::string what =
+          "mlstm K=" + std::to_string(K) + " kind " + std::to_string(static_cast<int>(kind));
+      const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1),
+                   v = Rand({n, H, V}, -1, 1);
+      const Tensor ig = Rand({n, H}, -3, 3), fg = Rand({n, H}, -1, 5);
+      const Tensor c0 = Rand({S + 1, H, K, V}, -1, 1), n0 = Rand({S + 1, H, K}, -1, 1);
+      const Tensor m0 = Rand({S + 1, H}, -1, 1);
+      MlstmForwardArgs c, d;
+      for (MlstmForwardArgs* a : {&c, &d})
+        a->kind = kind, a->heads = H, a->key_dim = K, a->value_dim = V;
+      c.q = Cpu(q, dt), c.k = Cpu(k, dt), c.v = Cpu(v, dt), c.i = ig.Clone(), c.f = fg.Clone();
+      d.q = Gpu(q, dt), d.k = Gpu(k, dt), d.v = Gpu(v, dt);
+      d.i = Gpu(ig, DType::kF32), d.f = Gpu(fg, DType::kF32);
+      c.h = Tensor::Zeros(DType::kF32, {n, H, V});
+      d.h = Gpu(Rand({n, H, V}, 7, 8), dt);
+      c.state_c = c0.Clone(), c.state_n = n0.Clone(), c.state_m = m0.Clone();
+      d.state_c = Gpu(c0, DType::kF32), d.state_n = Gpu(n0, DType::kF32),
+      d.state_m = Gpu(m0, DType::kF32);
+      ASSERT_TRUE(cpu_->MlstmForward(batch_, c, MixerForm::kChunked).ok()) << what;
+      const absl::Status st = gpu_->MlstmForward(batch_, d, MixerForm::kChunked);
+      ASSERT_TRUE(st.ok()) << what << ": " << st;
+      Expect(d.h, c.h, kTol, what + " h");
+      Expect(d.state_c, c.state_c, kTol, what + " c");
+      Expect(d.state_n, c.state_n, kTol, what + " n");
+      if (kind == MlstmKind::kExp) Expect(d.state_m, c.state_m, kTol, what + " m");
+    }
+}
+
+}  // namespace
+}  // namespace lair::kernels

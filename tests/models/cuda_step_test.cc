@@ -1,0 +1,177 @@
+// The CUDA model path against the CPU reference, for every family's tiny
+// preset: a ragged prefill into shuffled slots, then greedy decode steps of
+// two batch sizes. Decode steps replayed from recorded CUDA graphs must match
+// the same steps run op by op (to rounding), kExact must match the CPU at
+// fp32 tolerance and kFast on bf16 weights (bf16 tensor cores) at the bf16
+// one. Skips
+// without a GPU.
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "models/init.h"
+#include "models/model.h"
+#include "models/state_pool.h"
+
+namespace lair::models {
+namespace {
+
+constexpr double kRoundingTol = 1e-6;
+constexpr double kF32Tol = 1e-4;
+constexpr double kBf16Tol = 3e-2;
+
+// A model, its backend and a pool of 4 slots.
+struct Runner {
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<StatePool> pool;
+
+  Tensor Forward(const ForwardBatch& batch) {
+    auto logits = model->Forward(batch, *pool);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    return logits.ok() ? *logits : Tensor();
+  }
+};
+
+class CudaStepTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!kernels::MakeBackend("cuda").ok()) GTEST_SKIP() << "no CUDA device";
+    dir_ =
+        (std::filesystem::path(::testing::TempDir()) / ("lair_cuda_step_" + GetParam())).string();
+    InitOptions options;
+    options.family = GetParam();
+    options.preset = "tiny";
+    options.seed = 11;
+    ASSERT_TRUE(InitModel(options, dir_).ok());
+  }
+
+  Runner Make(const std::string& device, kernels::GemmMode gemm, bool graphs,
+              DType weights = DType::kF32) {
+    Runner r;
+    kernels::BackendOptions backend_options;
+    backend_options.gemm = gemm;
+    auto backend = kernels::MakeBackend(device, backend_options);
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    r.backend = std::move(*backend);
+    LoadOptions options;
+    options.max_context = 64;
+    options.step_graphs = graphs;
+    options.weight_dtype = weights;
+    auto model = Model::Load(dir_, r.backend.get(), options);
+    EXPECT_TRUE(model.ok()) << model.status();
+    r.model = std::move(*model);
+    auto pool = StatePool::Create(r.backend.get(), r.model->state_layout(), 4);
+    EXPECT_TRUE(pool.ok()) << pool.status();
+    r.pool = std::make_unique<StatePool>(std::move(*pool));
+    return r;
+  }
+
+  std::string dir_;
+};
+
+std::vector<int32_t> HostArgmax(const Tensor& logits) {
+  std::vector<int32_t> ids;
+  for (int64_t r = 0; r < logits.dim(0); ++r) {
+    const float* row = logits.f32() + r * logits.dim(1);
+    ids.push_back(static_cast<int32_t>(std::max_element(row, row + logits.dim(1)) - row));
+  }
+  return ids;
+}
+
+TEST_P(CudaStepTest, GraphReplayMatchesEagerAndCpu) {
+  Runner cpu = Make("cpu", kernels::GemmMode::kExact, false);
+  Runner eager = Make("cuda", kernels::GemmMode::kExact, false);
+  Runner graphs = Make("cuda", kernels::GemmMode::kExact, true);
+  Runner fast = Make("cuda", kernels::GemmMode::kFast, true, DType::kBF16);
+  Runner* all[] = {&cpu, &eager, &graphs, &fast};
+
+  // Ragged prompts into slots 2, 0, 1.
+  ForwardBatch prefill;
+  prefill.tokens = {3, 17, 250, 9, 400, 1, 2, 3, 77, 88, 99, 11, 12, 13, 14};
+  prefill.cu_seqlens = {0, 5, 8, 15};
+  prefill.slots = {2, 0, 1};
+  prefill.start_positions = {0, 0, 0};
+  std::vector<Tensor> first;
+  for (Runner* r : all) first.push_back(r->Forward(prefill));
+  ASSERT_TRUE(first[0].defined());
+  EXPECT_LE(RelativeError(first[1], first[0]), kF32Tol);
+  EXPECT_LE(RelativeError(first[3], first[0]), kBf16Tol);
+
+  // Decode: 5 steps of all three sequences, then 3 of slot 0 alone. The
+  // tokens fed back are the CPU's greedy ones, so every runner sees the same.
+  ForwardBatch step;
+  step.cu_seqlens = {0, 1, 2, 3};
+  step.slots = {2, 0, 1};
+  step.start_positions = {5, 3, 7};
+  step.tokens = HostArgmax(first[0]);
+  for (int i = 0; i < 8; ++i) {
+    if (i == 5) {
+      step.cu_seqlens = {0, 1};
+      step.slots = {0};
+      step.start_positions = {step.start_positions[1]};
+      step.tokens = {step.tokens[1]};
+    }
+    const std::string what = "step " + std::to_string(i);
+    const Tensor want = cpu.Forward(step);
+    const Tensor op_by_op = eager.Forward(step);
+    // The recording runner samples on the device; its logits are compared
+    // through a second model run op by op on the same inputs.
+    auto ids = graphs.model->ForwardGreedy(step, *graphs.pool);
+    ASSERT_TRUE(ids.ok()) << ids.status() << " " << what;
+    const Tensor fast_logits = fast.Forward(step);
+    EXPECT_LE(RelativeError(op_by_op, want), kF32Tol) << what;
+    EXPECT_LE(RelativeError(fast_logits, want), kBf16Tol) << what;
+    EXPECT_EQ(*ids, HostArgmax(op_by_op)) << what;
+    step.tokens = HostArgmax(want);
+    for (int32_t& p : step.start_positions) ++p;
+  }
+  // Both batch sizes recur after their first (op by op) step, so both replay.
+  EXPECT_EQ(graphs.model->recorded_step_graphs(), 2);
+  EXPECT_EQ(fast.model->recorded_step_graphs(), 2);
+  EXPECT_EQ(eager.model->recorded_step_graphs(), 0);
+
+  // The states the replays left equal those of the op-by-op steps.
+  for (int i = 0; i < static_cast<int>(eager.pool->layout().tensors.size()); ++i) {
+    auto a = eager.backend->Download(eager.pool->tensor(i));
+    auto b = graphs.backend->Download(graphs.pool->tensor(i));
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_LE(RelativeError(b->ToF32(), a->ToF32()), kRoundingTol)
+        << eager.pool->layout().tensors[i].name;
+  }
+}
+
+TEST_P(CudaStepTest, ReplayedLogitsMatchOpByOp) {
+  Runner eager = Make("cuda", kernels::GemmMode::kExact, false);
+  Runner graphs = Make("cuda", kernels::GemmMode::kExact, true);
+  ForwardBatch prefill;
+  prefill.tokens = {5, 6, 7, 8, 9, 10};
+  prefill.cu_seqlens = {0, 2, 6};
+  prefill.slots = {3, 1};
+  prefill.start_positions = {0, 0};
+  eager.Forward(prefill);
+  graphs.Forward(prefill);
+  ForwardBatch step;
+  step.cu_seqlens = {0, 1, 2};
+  step.slots = {3, 1};
+  step.start_positions = {2, 4};
+  for (int i = 0; i < 4; ++i) {
+    step.tokens = {static_cast<int32_t>(20 + i), static_cast<int32_t>(300 - i)};
+    const Tensor a = eager.Forward(step);
+    const Tensor b = graphs.Forward(step);
+    EXPECT_LE(RelativeError(b, a), kRoundingTol) << "step " << i;
+    for (int32_t& p : step.start_positions) ++p;
+  }
+  EXPECT_EQ(graphs.model->recorded_step_graphs(), 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFamilies, CudaStepTest,
+                         ::testing::Values("gla", "gsa", "linear_attn", "retnet", "hgrn2", "mamba2",
+                                           "xlstm", "llama"));
+
+}  // namespace
+}  // namespace lair::models
