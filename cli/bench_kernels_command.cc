@@ -81,8 +81,8 @@ absl::StatusOr<double> Time(kernels::Backend& backend, int reps, int calls,
     const auto start = std::chrono::steady_clock::now();
     for (int c = 0; c < calls; ++c) LAIR_RETURN_IF_ERROR(call());
     LAIR_RETURN_IF_ERROR(backend.Synchronize());
-    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
-                      calls);
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / calls);
   }
   std::sort(seconds.begin(), seconds.end());
   return seconds[seconds.size() / 2];
@@ -92,7 +92,8 @@ void PrintTime(const std::string& label, const absl::StatusOr<double>& t) {
   if (t.ok()) {
     std::printf("lair %s %.3f\n", label.c_str(), *t * 1e3);
   } else {
-    std::printf("lair %s UNSUPPORTED %s\n", label.c_str(), std::string(t.status().message()).c_str());
+    std::printf("lair %s UNSUPPORTED %s\n", label.c_str(),
+                std::string(t.status().message()).c_str());
   }
   std::fflush(stdout);
 }
@@ -186,11 +187,17 @@ absl::Status Run(const BenchKernelsFlags& f) {
       a.key_dim = a.value_dim = D;
       a.scale = scale;
       a.q = q, a.k = k, a.v = v, a.o = o, a.state = state;
-      if (vector) a.gk = gk; else a.g = g;
+      if (vector)
+        a.gk = gk;
+      else
+        a.g = g;
       kernels::DecayBackwardArgs b;
       b.fwd = a;
       b.d_o = d_o, b.dq = dq, b.dk = dk, b.dv = dv;
-      if (vector) b.dgk = dgk; else b.dg = dg;
+      if (vector)
+        b.dgk = dgk;
+      else
+        b.dg = dg;
       auto fwd = [&] { return backend.DecayForward(sb, a, kernels::MixerForm::kChunked); };
       const std::string name = vector ? "gla" : "simple_gla";
       if (!f.Wants(f.ops, name)) continue;
@@ -255,7 +262,10 @@ absl::Status Run(const BenchKernelsFlags& f) {
       a.heads = H, a.key_dim = D, a.value_dim = D, a.scale = scale;
       a.q = q.Rows(0, B), a.k = k.Rows(0, B), a.v = v.Rows(0, B), a.o = o.Rows(0, B);
       a.state = state;
-      if (vector) a.gk = gk.Rows(0, B); else a.g = g.Rows(0, B);
+      if (vector)
+        a.gk = gk.Rows(0, B);
+      else
+        a.g = g.Rows(0, B);
       const absl::StatusOr<double> t = Time(backend, f.reps, 50, [&] {
         return backend.DecayForward(sb, a, kernels::MixerForm::kRecurrent);
       });
@@ -280,7 +290,8 @@ LAIR_REGISTER_COMMAND(bench_kernels, [](CLI::App& app) {
   CLI::App* cmd = BenchCommand(app)->add_subcommand(
       "kernels", "Time the GPU mixer kernels (prefill, training, decode step)");
   cmd->add_option("--device", flags->device, "Backend (cuda or cuda:N)")->capture_default_str();
-  cmd->add_option("--tokens", flags->tokens, "Packed tokens per launch (B·T)")->capture_default_str();
+  cmd->add_option("--tokens", flags->tokens, "Packed tokens per launch (B·T)")
+      ->capture_default_str();
   cmd->add_option("--heads", flags->heads, "Heads")->capture_default_str();
   cmd->add_option("--dim", flags->dim, "K = V")->capture_default_str();
   cmd->add_option("--slots", flags->slots, "GSA slots")->capture_default_str();

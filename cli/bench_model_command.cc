@@ -80,10 +80,12 @@ struct BenchModelFlags {
 
 absl::Status Validate(const BenchModelFlags& f, bool decode) {
   if (f.dtype != "f32" && f.dtype != "bf16") {
-    return absl::InvalidArgumentError(absl::StrCat("--dtype must be f32 or bf16, not '", f.dtype, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype must be f32 or bf16, not '", f.dtype, "'"));
   }
   if (f.dtype == "bf16" && f.device == "cpu") {
-    return absl::InvalidArgumentError("--dtype bf16 needs --device cuda (the CPU backend computes in f32)");
+    return absl::InvalidArgumentError(
+        "--dtype bf16 needs --device cuda (the CPU backend computes in f32)");
   }
   LAIR_RETURN_IF_ERROR(kernels::ParseGemmMode(f.gemm, "--gemm").status());
   if (f.batch < 1) return absl::InvalidArgumentError("--batch must be >= 1");
@@ -93,8 +95,9 @@ absl::Status Validate(const BenchModelFlags& f, bool decode) {
   const int64_t context = int64_t{f.prompt_len} + f.warmup + f.gen_len;
   if (int64_t{f.batch} * f.prompt_len > std::numeric_limits<int32_t>::max() ||
       context > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError("--batch × --prompt-len (and --prompt-len + --warmup + --gen-len) "
-                                      "must stay below 2^31 tokens");
+    return absl::InvalidArgumentError(
+        "--batch × --prompt-len (and --prompt-len + --warmup + --gen-len) "
+        "must stay below 2^31 tokens");
   }
   return absl::OkStatus();
 }
@@ -132,7 +135,8 @@ absl::StatusOr<double> CopyBandwidth(kernels::Backend& backend) {
   }
   LAIR_ASSIGN_OR_RETURN(Tensor src, backend.Allocate(DType::kF32, {int64_t{1} << 28}));
   LAIR_ASSIGN_OR_RETURN(Tensor dst, backend.Allocate(DType::kF32, {int64_t{1} << 28}));
-  LAIR_ASSIGN_OR_RETURN(double t, MedianSeconds(backend, 5, [&] { return backend.Copy(src, dst); }));
+  LAIR_ASSIGN_OR_RETURN(double t,
+                        MedianSeconds(backend, 5, [&] { return backend.Copy(src, dst); }));
   return 2.0 * static_cast<double>(src.nbytes()) / t;
 }
 
@@ -169,7 +173,8 @@ absl::StatusOr<Bench> Setup(const BenchModelFlags& f, int max_context) {
   options.weight_dtype = f.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   options.max_context = max_context;
   LAIR_ASSIGN_OR_RETURN(b.model, models::Model::Load(f.model, b.backend.get(), options));
-  LAIR_ASSIGN_OR_RETURN(b.pool, models::StatePool::Create(b.backend.get(), b.model->state_layout(), f.batch));
+  LAIR_ASSIGN_OR_RETURN(
+      b.pool, models::StatePool::Create(b.backend.get(), b.model->state_layout(), f.batch));
   b.size = b.model->size();
   std::mt19937 rng(20261122);
   std::uniform_int_distribution<int32_t> token(0, b.model->vocab_size() - 1);
@@ -219,7 +224,9 @@ void PrintHeader(const Bench& b, const BenchModelFlags& f) {
       b.pool.layout().BytesPerSlot() / 1e6);
 }
 
-void Row(const char* label, const std::string& value) { std::printf("  %-22s %s\n", label, value.c_str()); }
+void Row(const char* label, const std::string& value) {
+  std::printf("  %-22s %s\n", label, value.c_str());
+}
 
 // snprintf into a string (the table's values are short).
 template <typename... Args>
@@ -270,15 +277,16 @@ absl::Status RunDecode(const BenchModelFlags& f) {
                           return b.backend->Download(device_logits).status();
                         }));
 
-  std::printf("batch %d, prompt %d, %d timed decode steps after %d warm-up steps\n", f.batch, f.prompt_len,
-              f.gen_len, f.warmup);
+  std::printf("batch %d, prompt %d, %d timed decode steps after %d warm-up steps\n", f.batch,
+              f.prompt_len, f.gen_len, f.warmup);
   Row("prefill", Printed("%.2f ms (%.0f tokens/s)", prefill_seconds * 1e3,
                          static_cast<double>(f.batch) * f.prompt_len / prefill_seconds));
   Row("decode", Printed("%.1f tokens/s", tokens_per_second));
   Row("step mean / median", Printed("%.3f / %.3f ms", mean * 1e3, median * 1e3));
   Row("copy bandwidth", Printed("%.1f GB/s (read + write)", copy_rate / 1e9));
-  Row("step bytes", Printed("%.1f MB = weights %.1f + state read and written %.1f", floor_bytes / 1e6,
-                            b.size.forward_weight_bytes / 1e6, state_bytes / 1e6));
+  Row("step bytes",
+      Printed("%.1f MB = weights %.1f + state read and written %.1f", floor_bytes / 1e6,
+              b.size.forward_weight_bytes / 1e6, state_bytes / 1e6));
   Row("floor time", Printed("%.3f ms", floor_seconds * 1e3));
   Row("fraction of floor", Printed("%.3f", floor_seconds / median));
   Row("graphs", f.no_graphs ? "off (op by op)"
@@ -306,7 +314,8 @@ absl::Status RunPrefill(const BenchModelFlags& f) {
   LAIR_RETURN_IF_ERROR(Prefill(b, f, &seconds).status());
 
   int64_t state_elements = 0;
-  for (const models::StateTensorSpec& spec : b.pool.layout().tensors) state_elements += ShapeNumel(spec.shape);
+  for (const models::StateTensorSpec& spec : b.pool.layout().tensors)
+    state_elements += ShapeNumel(spec.shape);
   const double tokens = static_cast<double>(f.batch) * f.prompt_len;
   const double matrix_flops = 2.0 * static_cast<double>(b.size.matrix_parameters) * tokens;
   const double head_flops = 2.0 * static_cast<double>(b.size.head_parameters) * f.batch;
@@ -314,8 +323,8 @@ absl::Status RunPrefill(const BenchModelFlags& f) {
   const double flops = matrix_flops + head_flops + state_flops;
   const double fraction = flops / seconds / gemm_rate;
 
-  std::printf("batch %d, prompt %d, one timed prefill after %d warm-up prefills\n", f.batch, f.prompt_len,
-              f.warmup);
+  std::printf("batch %d, prompt %d, one timed prefill after %d warm-up prefills\n", f.batch,
+              f.prompt_len, f.warmup);
   Row("prefill", Printed("%.2f ms", seconds * 1e3));
   Row("throughput", Printed("%.0f tokens/s", tokens / seconds));
   Row("FLOPs counted", Printed("%.2f G = projections %.2f + head %.3f + state %.3f", flops / 1e9,
@@ -342,7 +351,8 @@ void AddCommand(CLI::App& app, bool decode) {
              : "Prefill throughput of a model against the measured matmul rate");
   cmd->add_option("--model", flags->model, "Model folder (config.json and weights)")->required();
   cmd->add_option("--device", flags->device, "Backend: cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--dtype", flags->dtype, "Weight matrices: f32 or bf16 (CUDA)")->capture_default_str();
+  cmd->add_option("--dtype", flags->dtype, "Weight matrices: f32 or bf16 (CUDA)")
+      ->capture_default_str();
   cmd->add_option("--gemm", flags->gemm, "Matrix products: fast (tensor cores) or exact (fp32)")
       ->capture_default_str();
   if (decode) cmd->add_flag("--no-graphs", flags->no_graphs, "Run every decode step op by op");

@@ -33,11 +33,14 @@ struct GenerateFlags {
   uint64_t seed = 0;
 };
 
-int32_t Sample(const float* logits, int64_t vocab, const GenerateFlags& flags, std::mt19937_64& rng) {
-  if (flags.temperature <= 0.0f) return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+int32_t Sample(const float* logits, int64_t vocab, const GenerateFlags& flags,
+               std::mt19937_64& rng) {
+  if (flags.temperature <= 0.0f)
+    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
   std::vector<int32_t> order(vocab);
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
   if (flags.top_k > 0 && flags.top_k < vocab) order.resize(flags.top_k);
   std::vector<double> probs(order.size());
   double total = 0;
@@ -90,7 +93,8 @@ int RunGenerate(const GenerateFlags& flags) {
 
   std::mt19937_64 rng(flags.seed);
   std::unique_ptr<IncrementalDecoder> decoder;
-  if (tokenizer) decoder = std::make_unique<IncrementalDecoder>(*tokenizer, /*skip_special_tokens=*/true);
+  if (tokenizer)
+    decoder = std::make_unique<IncrementalDecoder>(*tokenizer, /*skip_special_tokens=*/true);
   models::ForwardBatch batch;
   batch.tokens = prompt;
   batch.cu_seqlens = {0, static_cast<int32_t>(prompt.size())};
@@ -130,14 +134,24 @@ LAIR_REGISTER_COMMAND(generate, [](CLI::App& app) {
   CLI::App* gen = app.add_subcommand("generate", "Generate text from a model (minimal sampling)");
   auto flags = std::make_shared<GenerateFlags>();
   gen->add_option("--model", flags->model, "Model folder")->required();
-  gen->add_option("--tokenizer", flags->tokenizer, "Tokenizer folder or tokenizer.json (default: the model folder)");
+  gen->add_option("--tokenizer", flags->tokenizer,
+                  "Tokenizer folder or tokenizer.json (default: the model folder)");
   auto* prompt = gen->add_option("--prompt", flags->prompt, "Prompt text");
-  auto* ids = gen->add_option("--prompt-ids", flags->prompt_ids, "Prompt token ids, e.g. \"1 2 3\"");
+  auto* ids =
+      gen->add_option("--prompt-ids", flags->prompt_ids, "Prompt token ids, e.g. \"1 2 3\"");
   prompt->excludes(ids);
-  gen->add_option("--max-tokens", flags->max_tokens, "Tokens to generate")->capture_default_str()->check(CLI::PositiveNumber);
-  gen->add_option("--temperature", flags->temperature, "0 = greedy")->capture_default_str()->check(CLI::NonNegativeNumber);
-  gen->add_option("--top-p", flags->top_p, "Nucleus mass")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  gen->add_option("--top-k", flags->top_k, "Keep the k most likely (0 = all)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  gen->add_option("--max-tokens", flags->max_tokens, "Tokens to generate")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  gen->add_option("--temperature", flags->temperature, "0 = greedy")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  gen->add_option("--top-p", flags->top_p, "Nucleus mass")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  gen->add_option("--top-k", flags->top_k, "Keep the k most likely (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   gen->add_option("--seed", flags->seed, "Sampling seed")->capture_default_str();
   gen->add_option("--device", flags->device, "Backend: cpu, cuda or cuda:N")->capture_default_str();
   gen->add_option("--gemm", flags->gemm,

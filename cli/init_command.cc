@@ -34,7 +34,8 @@ int RunInit(const InitFlags& flags) {
   options.seed = flags.seed;
   options.matrix_dtype = flags.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   // First, so that a --set vocab_size later in the list overrides it.
-  if (flags.byte_tokenizer) options.overrides.emplace_back("vocab_size", std::to_string(kByteTokenizerVocabSize));
+  if (flags.byte_tokenizer)
+    options.overrides.emplace_back("vocab_size", std::to_string(kByteTokenizerVocabSize));
   for (const std::string& set : flags.sets) {
     size_t eq = set.find('=');
     if (eq == std::string::npos) {
@@ -56,8 +57,8 @@ int RunInit(const InitFlags& flags) {
       std::fprintf(stderr, "lair init: %s\n", written.ToString().c_str());
       return 1;
     }
-    std::printf("wrote %s/tokenizer.json and tokenizer_config.json (byte-level, %d ids)\n", flags.out.c_str(),
-                kByteTokenizerVocabSize);
+    std::printf("wrote %s/tokenizer.json and tokenizer_config.json (byte-level, %d ids)\n",
+                flags.out.c_str(), kByteTokenizerVocabSize);
   }
   return 0;
 }
@@ -65,12 +66,14 @@ int RunInit(const InitFlags& flags) {
 }  // namespace
 
 LAIR_REGISTER_COMMAND(init, [](CLI::App& app) {
-  CLI::App* init = app.add_subcommand("init", "Write a freshly initialized model of any supported family");
+  CLI::App* init =
+      app.add_subcommand("init", "Write a freshly initialized model of any supported family");
   auto flags = std::make_shared<InitFlags>();
   std::vector<std::string> families(std::begin(models::kModelTypes), std::end(models::kModelTypes));
   init->add_option("--family", flags->family, "Model family (config.json model_type)")
       ->check(CLI::IsMember(families));
-  init->add_option("--preset", flags->preset, "Size preset")->check(CLI::IsMember(models::InitPresets()));
+  init->add_option("--preset", flags->preset, "Size preset")
+      ->check(CLI::IsMember(models::InitPresets()));
   init->add_option("--out", flags->out, "Output folder")->required();
   init->add_option("--set", flags->sets, "Override a config field: key=value (repeatable)");
   init->add_option("--seed", flags->seed, "Random seed")->capture_default_str();

@@ -56,10 +56,15 @@ LAIR_REGISTER_COMMAND(verify_model, [](CLI::App& app) {
   CLI::App* model = VerifyCommand(app)->add_subcommand(
       "model", "Check a model folder against its golden logits, greedy tokens and gradients");
   auto flags = std::make_shared<VerifyModelFlags>();
-  model->add_option("--model", flags->dir, "Model folder with config.json, model.safetensors, golden.safetensors")
+  model
+      ->add_option("--model", flags->dir,
+                   "Model folder with config.json, model.safetensors, golden.safetensors")
       ->required();
-  model->add_option("--device", flags->device, "Backend: cpu, cuda or cuda:N")->capture_default_str();
-  model->add_option("--dtype", flags->dtype, "Weight dtype on the device (bf16 uses the bf16 tolerances)")
+  model->add_option("--device", flags->device, "Backend: cpu, cuda or cuda:N")
+      ->capture_default_str();
+  model
+      ->add_option("--dtype", flags->dtype,
+                   "Weight dtype on the device (bf16 uses the bf16 tolerances)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   model->add_flag("--no-grads", flags->no_grads, "Skip the gradient checks");

@@ -14,10 +14,10 @@
 #define LAIR_CONCAT(a, b) LAIR_CONCAT_INNER(a, b)
 
 // Returns from the enclosing function when `expr` is not OK.
-#define LAIR_RETURN_IF_ERROR(expr)                 \
-  do {                                             \
-    ::absl::Status lair_status_ = (expr);          \
-    if (!lair_status_.ok()) return lair_status_;   \
+#define LAIR_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::absl::Status lair_status_ = (expr);        \
+    if (!lair_status_.ok()) return lair_status_; \
   } while (0)
 
 // `LAIR_ASSIGN_OR_RETURN(auto x, MakeX());` declares x from a StatusOr, or
@@ -30,11 +30,10 @@
   lhs = std::move(tmp).value()
 
 // Aborts with file and line when an invariant does not hold.
-#define LAIR_CHECK(cond)                                                      \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__,   \
-                   #cond);                                                    \
-      std::abort();                                                           \
-    }                                                                         \
+#define LAIR_CHECK(cond)                                                            \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                 \
+    }                                                                               \
   } while (0)

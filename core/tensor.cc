@@ -112,10 +112,12 @@ std::string Tensor::DebugString() const {
 }
 
 absl::Status ExpectShape(const Tensor& t, const Shape& shape, std::string_view what) {
-  if (!t.defined()) return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": missing tensor"));
+  if (!t.defined())
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": missing tensor"));
   if (t.shape() != shape) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": expected shape ", ShapeString(shape),
-                                                   ", got ", ShapeString(t.shape())));
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": expected shape ",
+                                                   ShapeString(shape), ", got ",
+                                                   ShapeString(t.shape())));
   }
   return absl::OkStatus();
 }

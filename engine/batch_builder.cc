@@ -27,9 +27,8 @@ absl::StatusOr<PreparedBatch> BatchBuilder::Prepare(const ScheduleOutput& schedu
   for (const auto& [id, count] : schedule.num_scheduled_tokens) {
     auto it = known_.find(id);
     if (it == known_.end() || count < 1 || count > static_cast<int>(it->second.pending.size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("schedule: sequence ", id, " scheduled for ", count,
-                       " tokens it does not have"));
+      return absl::InvalidArgumentError(absl::StrCat("schedule: sequence ", id, " scheduled for ",
+                                                     count, " tokens it does not have"));
     }
     Known& k = it->second;
     batch.forward.tokens.insert(batch.forward.tokens.end(), k.pending.begin(),

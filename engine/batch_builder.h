@@ -18,9 +18,9 @@
 namespace lair::engine {
 
 struct PreparedBatch {
-  models::ForwardBatch forward;       // tokens, cu_seqlens, slots, start positions
-  std::vector<SequenceId> ids;        // [num_seqs] sequence of each batch row
-  std::vector<bool> needs_logits;     // [num_seqs] consumed every known token: sample next
+  models::ForwardBatch forward;    // tokens, cu_seqlens, slots, start positions
+  std::vector<SequenceId> ids;     // [num_seqs] sequence of each batch row
+  std::vector<bool> needs_logits;  // [num_seqs] consumed every known token: sample next
 };
 
 class BatchBuilder {
@@ -36,8 +36,8 @@ class BatchBuilder {
  private:
   struct Known {
     int slot = 0;
-    int position = 0;               // tokens already in the slot
-    std::vector<int32_t> pending;   // known tokens not yet consumed
+    int position = 0;              // tokens already in the slot
+    std::vector<int32_t> pending;  // known tokens not yet consumed
   };
   absl::flat_hash_map<SequenceId, Known> known_;
 };

@@ -140,8 +140,9 @@ absl::Status EngineImpl::Validate(const EngineRequest& r) const {
   }
   for (int32_t t : r.prompt_tokens) {
     if (t < 0 || t >= vocab_size_) {
-      return Invalid("prompt_tokens", absl::StrCat("token id ", t, " is outside the vocabulary [0, ",
-                                                   vocab_size_, ")"));
+      return Invalid(
+          "prompt_tokens",
+          absl::StrCat("token id ", t, " is outside the vocabulary [0, ", vocab_size_, ")"));
     }
   }
   if (p.n < 1) return Invalid("sampling.n", absl::StrCat("must be at least 1, got ", p.n));
@@ -155,12 +156,13 @@ absl::Status EngineImpl::Validate(const EngineRequest& r) const {
   if (!(p.min_p >= 0 && p.min_p <= 1)) return Invalid("sampling.min_p", "must be in [0, 1]");
   if (!(p.repetition_penalty > 0)) return Invalid("sampling.repetition_penalty", "must be > 0");
   if (p.logprobs < -1 || p.logprobs > kMaxLogprobs) {
-    return Invalid("sampling.logprobs", absl::StrCat("must be in [-1, ", kMaxLogprobs, "], got ",
-                                                     p.logprobs));
+    return Invalid("sampling.logprobs",
+                   absl::StrCat("must be in [-1, ", kMaxLogprobs, "], got ", p.logprobs));
   }
   for (const auto& [t, bias] : p.logit_bias) {
     if (t < 0 || t >= vocab_size_) {
-      return Invalid("sampling.logit_bias", absl::StrCat("token id ", t, " is outside the vocabulary"));
+      return Invalid("sampling.logit_bias",
+                     absl::StrCat("token id ", t, " is outside the vocabulary"));
     }
   }
   for (int32_t t : p.stop_token_ids) {
@@ -390,16 +392,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunn
                                                        EngineConfig config) {
   if (runner == nullptr) return Invalid("runner", "must not be null");
   const std::pair<const char*, int64_t> positive[] = {
-      {"max_batch_tokens", config.max_batch_tokens}, {"max_running", config.max_running},
-      {"max_waiting", config.max_waiting},           {"max_prompt_tokens", config.max_prompt_tokens},
+      {"max_batch_tokens", config.max_batch_tokens},
+      {"max_running", config.max_running},
+      {"max_waiting", config.max_waiting},
+      {"max_prompt_tokens", config.max_prompt_tokens},
       {"max_new_tokens", config.max_new_tokens}};
   for (const auto& [field, value] : positive) {
     if (value < 1) return Invalid(field, absl::StrCat("must be at least 1, got ", value));
   }
   if (config.state_memory_bytes < 0) return Invalid("state_memory_bytes", "must be >= 0");
   if (config.preempt_quantum_tokens < 0) return Invalid("preempt_quantum_tokens", "must be >= 0");
-  const int64_t budget = config.state_memory_bytes > 0 ? config.state_memory_bytes
-                                                       : runner->DefaultStateMemoryBytes();
+  const int64_t budget =
+      config.state_memory_bytes > 0 ? config.state_memory_bytes : runner->DefaultStateMemoryBytes();
   LAIR_ASSIGN_OR_RETURN(std::unique_ptr<StateCache> cache,
                         StateCache::Create(runner.get(), budget, config.max_running));
   return std::unique_ptr<Engine>(

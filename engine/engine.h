@@ -26,14 +26,14 @@ namespace lair::engine {
 class ModelRunner;
 
 struct EngineConfig {
-  int max_batch_tokens = 2048;     // tokens per step: decode tokens plus prefill chunks
-  int max_running = 256;           // sequences per step
-  int max_waiting = 4096;          // queued requests before Submit returns ResourceExhausted
+  int max_batch_tokens = 2048;  // tokens per step: decode tokens plus prefill chunks
+  int max_running = 256;        // sequences per step
+  int max_waiting = 4096;       // queued requests before Submit returns ResourceExhausted
   // State-slot pool size; 0 = free device memory less a margin (1 GiB on
   // the CPU). Slots = min(max_running, this / bytes per slot), logged at start.
   int64_t state_memory_bytes = 0;
-  int max_prompt_tokens = 32768;   // longer prompts are InvalidArgument
-  int max_new_tokens = 32768;      // cap on SamplingParams::max_tokens
+  int max_prompt_tokens = 32768;  // longer prompts are InvalidArgument
+  int max_new_tokens = 32768;     // cap on SamplingParams::max_tokens
   // 0: a request that finds every state slot held waits until one frees.
   // N > 0: it may preempt a running sequence that has run N tokens since it
   // got its slot; that state is saved to host memory and restored later

@@ -31,7 +31,7 @@ struct SequenceFailure {
 // Runner -> engine. Every scheduled sequence appears in at most one list;
 // one that consumed all its known tokens appears in exactly one.
 struct RunnerOutput {
-  std::vector<SequenceLogits> logits;      // sequences due to sample, batch order
+  std::vector<SequenceLogits> logits;     // sequences due to sample, batch order
   std::vector<SequenceFailure> failures;  // sequences that failed this step
 };
 

@@ -48,8 +48,9 @@ int64_t ModelRunnerImpl::DefaultStateMemoryBytes() const {
 
 absl::Status ModelRunnerImpl::CreateSlots(int num_slots) {
   if (pool_.has_value()) return absl::FailedPreconditionError("state slots already created");
-  LAIR_ASSIGN_OR_RETURN(models::StatePool pool,
-                        models::StatePool::Create(backend_.get(), model_->state_layout(), num_slots));
+  LAIR_ASSIGN_OR_RETURN(
+      models::StatePool pool,
+      models::StatePool::Create(backend_.get(), model_->state_layout(), num_slots));
   pool_.emplace(std::move(pool));
   return absl::OkStatus();
 }

@@ -30,9 +30,8 @@ namespace lair::engine {
 class OutputProcessor {
  public:
   // `tokenizer` (may be null: no text) and `params` must outlive this.
-  OutputProcessor(const Tokenizer* tokenizer, const SamplingParams* params,
-                  std::string request_id, int index, int num_prompt_tokens,
-                  absl::Time arrival);
+  OutputProcessor(const Tokenizer* tokenizer, const SamplingParams* params, std::string request_id,
+                  int index, int num_prompt_tokens, absl::Time arrival);
 
   // Records when the request was first scheduled (the end of its queue time).
   // Later calls are ignored.

@@ -35,20 +35,20 @@ struct RequestTimings {
   double queue_seconds = 0;        // arrival to first scheduled
   double first_token_seconds = 0;  // arrival to first generated token
   double mean_inter_token_seconds = 0;
-  double total_seconds = 0;        // arrival to finish
+  double total_seconds = 0;  // arrival to finish
 };
 
 struct RequestOutput {
   std::string request_id;
-  int index = 0;                     // which of the n completions
-  std::vector<int32_t> new_tokens;   // tokens since the last output
-  std::string text_delta;            // their text (never splits a UTF-8 character)
+  int index = 0;                       // which of the n completions
+  std::vector<int32_t> new_tokens;     // tokens since the last output
+  std::string text_delta;              // their text (never splits a UTF-8 character)
   std::vector<TokenLogprob> logprobs;  // one per new token when requested
   FinishReason finish_reason = FinishReason::kNone;
-  std::string stop_reason;           // the stop string or token that ended it, if any
-  absl::Status status;               // error detail when finish_reason == kError
-  Usage usage;                       // running totals for this completion
-  RequestTimings timings;            // filled on the final output
+  std::string stop_reason;  // the stop string or token that ended it, if any
+  absl::Status status;      // error detail when finish_reason == kError
+  Usage usage;              // running totals for this completion
+  RequestTimings timings;   // filled on the final output
   bool finished() const { return finish_reason != FinishReason::kNone; }
 };
 

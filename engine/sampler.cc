@@ -38,8 +38,8 @@ void ApplyPenalties(const SamplingParams& params, const SamplingState& state,
   if (params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f) {
     for (const auto& [token, count] : state.output_counts()) {
       if (token < 0 || token >= vocab) continue;
-      logits[token] -= params.frequency_penalty * static_cast<float>(count) +
-                       params.presence_penalty;
+      logits[token] -=
+          params.frequency_penalty * static_cast<float>(count) + params.presence_penalty;
     }
   }
 }

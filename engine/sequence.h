@@ -84,14 +84,14 @@ class Sequence {
 
   // --- Scheduler-owned state (see the state machine above) --------------
   SequenceStatus status = SequenceStatus::kWaiting;
-  int num_computed_tokens = 0;   // tokens folded into the state
+  int num_computed_tokens = 0;    // tokens folded into the state
   std::optional<StateSlot> slot;  // held iff kRunning
   std::string saved_state;        // host state while waiting with num_computed_tokens > 0
   // Tokens the runner has been told about since it last saw this sequence
   // as new; nullopt when the runner does not know the sequence (never
   // scheduled, or preempted since).
   std::optional<int> num_tokens_sent;
-  int tokens_since_resume = 0;    // tokens scheduled since the slot was (re)acquired
+  int tokens_since_resume = 0;  // tokens scheduled since the slot was (re)acquired
 
  private:
   const SequenceId id_;

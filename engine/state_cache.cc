@@ -8,8 +8,8 @@
 namespace lair::engine {
 
 absl::StatusOr<std::unique_ptr<StateCache>> StateCache::Create(SlotStore* store,
-                                                              int64_t budget_bytes,
-                                                              int max_slots) {
+                                                               int64_t budget_bytes,
+                                                               int max_slots) {
   const int64_t bytes_per_slot = store->BytesPerSlot();
   if (bytes_per_slot <= 0) {
     return absl::InvalidArgumentError(
@@ -21,16 +21,16 @@ absl::StatusOr<std::unique_ptr<StateCache>> StateCache::Create(SlotStore* store,
   }
   const int64_t fit = budget_bytes / bytes_per_slot;
   if (fit < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "state_memory_bytes: ", budget_bytes, " bytes cannot hold one state slot of ",
-        bytes_per_slot, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("state_memory_bytes: ", budget_bytes,
+                                                   " bytes cannot hold one state slot of ",
+                                                   bytes_per_slot, " bytes"));
   }
   const int num_slots = static_cast<int>(std::min<int64_t>(fit, max_slots));
   LAIR_RETURN_IF_ERROR(store->CreateSlots(num_slots));
-  std::fprintf(stderr, "lair engine: %d state slots of %lld bytes (%lld bytes in all, budget %lld)\n",
-               num_slots, static_cast<long long>(bytes_per_slot),
-               static_cast<long long>(bytes_per_slot * num_slots),
-               static_cast<long long>(budget_bytes));
+  std::fprintf(
+      stderr, "lair engine: %d state slots of %lld bytes (%lld bytes in all, budget %lld)\n",
+      num_slots, static_cast<long long>(bytes_per_slot),
+      static_cast<long long>(bytes_per_slot * num_slots), static_cast<long long>(budget_bytes));
   return std::unique_ptr<StateCache>(new StateCache(store, num_slots, bytes_per_slot));
 }
 

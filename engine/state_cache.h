@@ -64,8 +64,8 @@ class StateCache {
   // creates it in `store` (which must outlive the cache) and logs the slot
   // count and bytes per slot to stderr. InvalidArgument when budget_bytes
   // does not hold one slot (the message names state_memory_bytes).
-  static absl::StatusOr<std::unique_ptr<StateCache>> Create(SlotStore* store,
-                                                            int64_t budget_bytes, int max_slots);
+  static absl::StatusOr<std::unique_ptr<StateCache>> Create(SlotStore* store, int64_t budget_bytes,
+                                                            int max_slots);
 
   StateCache(const StateCache&) = delete;
   StateCache& operator=(const StateCache&) = delete;
@@ -93,8 +93,8 @@ class StateCache {
   SlotStore* const store_;
   const int num_slots_;
   const int64_t bytes_per_slot_;
-  std::vector<int> free_;     // free indices, highest first (so back() is the lowest)
-  std::vector<bool> held_;    // [num_slots] whether each slot is allocated
+  std::vector<int> free_;   // free indices, highest first (so back() is the lowest)
+  std::vector<bool> held_;  // [num_slots] whether each slot is allocated
 };
 
 }  // namespace lair::engine

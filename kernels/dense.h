@@ -32,14 +32,14 @@ namespace lair::kernels {
 // {dy, W, dx, trans_b=false}; its weight gradient {dy, x, dW, trans_a=true,
 // trans_b=false, beta=1}. All three are rank 2.
 struct GemmArgs {
-  Tensor a;              // [M,K] or [K,M] F32
-  Tensor b;              // [N,K] or [K,N] F32 (CUDA: also BF16/F16)
-  Tensor c;              // in/out [M,N] F32; read only when beta != 0
+  Tensor a;  // [M,K] or [K,M] F32
+  Tensor b;  // [N,K] or [K,N] F32 (CUDA: also BF16/F16)
+  Tensor c;  // in/out [M,N] F32; read only when beta != 0
   bool trans_a = false;
   bool trans_b = true;
   float alpha = 1.0f;
   float beta = 0.0f;
-  Tensor bias;           // [N] F32 or undefined
+  Tensor bias;  // [N] F32 or undefined
 };
 
 // Row gather: out[i,:] = table[ids[i],:]. Also gathers rows of any [R,D]
@@ -100,7 +100,7 @@ enum class UnaryOp {
   kSoftplus,    // log(1 + eˣ), = x above 20 (PyTorch's threshold)
   kExp,
   kLog,
-  kTanh,        // soft cap c·tanh(x/c): alpha = c, in_scale = 1/c
+  kTanh,  // soft cap c·tanh(x/c): alpha = c, in_scale = 1/c
   kRelu,
   kEluPlusOne,  // elu(x) + 1
 };
@@ -119,7 +119,7 @@ struct UnaryArgs {
 struct UnaryBackwardArgs {
   UnaryArgs fwd;  // fwd.y is not read
   Tensor d_y;
-  Tensor dx;      // written, shape of fwd.x
+  Tensor dx;  // written, shape of fwd.x
 };
 
 enum class BinaryOp { kAdd, kSub, kMul, kDiv };
@@ -164,8 +164,8 @@ struct Conv1dArgs {
   Tensor weight;  // [C,W] F32
   Tensor bias;    // [C] F32 or undefined
   bool silu = false;
-  Tensor y;       // written [N,C]
-  Tensor state;   // in/out pool [num_slots, C, W−1] F32
+  Tensor y;      // written [N,C]
+  Tensor state;  // in/out pool [num_slots, C, W−1] F32
 };
 
 // Gradients of the forward above; the initial windows are read from
@@ -209,7 +209,7 @@ struct AttentionArgs {
   Tensor o;        // written [N,heads,head_dim]
   Tensor k_cache;  // in/out pool [num_slots, max_context, kv_heads, head_dim] F32
   Tensor v_cache;  // same shape
-  std::span<const int32_t> start_positions;  // [num_seqs] host: tokens already cached
+  std::span<const int32_t> start_positions;         // [num_seqs] host: tokens already cached
   const int32_t* start_positions_device = nullptr;  // the same on the device (CUDA only)
 };
 

@@ -85,19 +85,19 @@ struct GsaForwardArgs {
   int heads = 0, key_dim = 0, value_dim = 0, num_slots_m = 0;
   float scale = 1.0f;
   int chunk_size = 64;
-  Tensor q, k, v;       // [N,H,K], [N,H,K], [N,H,V]
-  Tensor s, g;          // [N,H,M] each; s = 1 - exp(g) in models, independent here
-  Tensor o;             // out [N,H,V]
-  Tensor state_k;       // in/out pool [num_slots,H,K,M] F32
-  Tensor state_v;       // in/out pool [num_slots,H,M,V] F32
+  Tensor q, k, v;  // [N,H,K], [N,H,K], [N,H,V]
+  Tensor s, g;     // [N,H,M] each; s = 1 - exp(g) in models, independent here
+  Tensor o;        // out [N,H,V]
+  Tensor state_k;  // in/out pool [num_slots,H,K,M] F32
+  Tensor state_v;  // in/out pool [num_slots,H,M,V] F32
 };
 
 struct GsaBackwardArgs {
   GsaForwardArgs fwd;
-  Tensor d_o;                // [N,H,V]
-  Tensor d_hkt, d_hvt;       // [num_seqs,H,K,M], [num_seqs,H,M,V] or undefined
-  Tensor dq, dk, dv, ds, dg; // out
-  Tensor d_hk0, d_hv0;       // out or undefined
+  Tensor d_o;                 // [N,H,V]
+  Tensor d_hkt, d_hvt;        // [num_seqs,H,K,M], [num_seqs,H,M,V] or undefined
+  Tensor dq, dk, dv, ds, dg;  // out
+  Tensor d_hk0, d_hv0;        // out or undefined
 };
 
 // ---------------------------------------------------------------------------
@@ -113,20 +113,20 @@ struct MlstmForwardArgs {
   int heads = 0, key_dim = 0, value_dim = 0;
   float eps = 1e-6f;
   int chunk_size = 64;
-  Tensor q, k, v;      // [N,H,K], [N,H,K], [N,H,V]; q' = q / sqrt(K) inside
-  Tensor i, f;         // [N,H] gate pre-activations
-  Tensor h;            // out [N,H,V]
-  Tensor state_c;      // in/out pool [num_slots,H,K,V] F32
-  Tensor state_n;      // in/out pool [num_slots,H,K]   F32
-  Tensor state_m;      // in/out pool [num_slots,H]     F32, kExp only
+  Tensor q, k, v;  // [N,H,K], [N,H,K], [N,H,V]; q' = q / sqrt(K) inside
+  Tensor i, f;     // [N,H] gate pre-activations
+  Tensor h;        // out [N,H,V]
+  Tensor state_c;  // in/out pool [num_slots,H,K,V] F32
+  Tensor state_n;  // in/out pool [num_slots,H,K]   F32
+  Tensor state_m;  // in/out pool [num_slots,H]     F32, kExp only
 };
 
 struct MlstmBackwardArgs {
   MlstmForwardArgs fwd;
-  Tensor d_h;                  // [N,H,V]
-  Tensor d_ct, d_nt;           // [num_seqs,H,K,V], [num_seqs,H,K] or undefined
-  Tensor dq, dk, dv, di, df;   // out
-  Tensor d_c0, d_n0;           // out or undefined (m0 is treated as constant)
+  Tensor d_h;                 // [N,H,V]
+  Tensor d_ct, d_nt;          // [num_seqs,H,K,V], [num_seqs,H,K] or undefined
+  Tensor dq, dk, dv, di, df;  // out
+  Tensor d_c0, d_n0;          // out or undefined (m0 is treated as constant)
 };
 
 }  // namespace lair::kernels

@@ -44,12 +44,12 @@ struct ShortConvConfig {
 struct GlaConfig {
   DecoderConfig base;
   int num_heads = 4, num_kv_heads = 4;
-  int key_dim = 0, value_dim = 0;     // hidden·expand_k, hidden·expand_v
+  int key_dim = 0, value_dim = 0;  // hidden·expand_k, hidden·expand_v
   int head_k_dim = 0, head_v_dim = 0;
-  std::string feature_map;            // empty: none; else an activation name
+  std::string feature_map;  // empty: none; else an activation name
   ShortConvConfig conv;
   bool use_output_gate = true;
-  bool fuse_norm = true;              // norm weight named g_norm_swish_gate (true) or g_norm
+  bool fuse_norm = true;  // norm weight named g_norm_swish_gate (true) or g_norm
   bool elementwise_affine = true;
   int gate_logit_normalizer = 16;
   int gate_low_rank_dim = 16;
@@ -65,7 +65,7 @@ struct GsaConfig {
   ShortConvConfig conv;
   bool elementwise_affine = true;
   int gate_logit_normalizer = 8;
-  double scale = 1.0;                 // the layer passes 1, not K^-0.5
+  double scale = 1.0;  // the layer passes 1, not K^-0.5
   // The output RMSNorm keeps the layer's own default eps: fla's block does
   // not hand norm_eps to the layer (the gsa-tiny goldens match 1e-5, not
   // the config's 1e-6).
@@ -96,10 +96,10 @@ struct RetNetConfig {
 
 struct Hgrn2Config {
   DecoderConfig base;
-  int num_heads = 16;        // hidden / expand_ratio
-  int expand_ratio = 128;    // head_f_dim
-  int forget_dim = 0;        // num_heads · expand_ratio
-  int head_i_dim = 0;        // hidden / num_heads
+  int num_heads = 16;      // hidden / expand_ratio
+  int expand_ratio = 128;  // head_f_dim
+  int forget_dim = 0;      // num_heads · expand_ratio
+  int head_i_dim = 0;      // hidden / num_heads
   ShortConvConfig conv;
   bool use_lower_bound = true;
   bool elementwise_affine = true;

@@ -25,9 +25,11 @@ absl::StatusOr<DecoderSpec> DeclareSkeleton(const DecoderConfig& config, const S
   for (int i = 0; i < config.num_layers; ++i) {
     std::string prefix = LayerPrefix(names, i);
     LayerSpec layer;
-    LAIR_ASSIGN_OR_RETURN(layer.mixer_norm, params.Add(prefix + names.mixer_norm, {d}, InitSpec::Ones()));
+    LAIR_ASSIGN_OR_RETURN(layer.mixer_norm,
+                          params.Add(prefix + names.mixer_norm, {d}, InitSpec::Ones()));
     if (!names.mlp_norm.empty()) {
-      LAIR_ASSIGN_OR_RETURN(layer.mlp_norm, params.Add(prefix + names.mlp_norm, {d}, InitSpec::Ones()));
+      LAIR_ASSIGN_OR_RETURN(layer.mlp_norm,
+                            params.Add(prefix + names.mlp_norm, {d}, InitSpec::Ones()));
       LAIR_ASSIGN_OR_RETURN(layer.mlp_gate, params.AddMatrix(prefix + names.mlp_gate, {ffn, d}));
       LAIR_ASSIGN_OR_RETURN(layer.mlp_up, params.AddMatrix(prefix + names.mlp_up, {ffn, d}));
       LAIR_ASSIGN_OR_RETURN(layer.mlp_down, params.AddMatrix(prefix + names.mlp_down, {d, ffn}));
@@ -133,7 +135,8 @@ class Decoder : public Model {
 
   // Embedding through the head for the batch in `ctx`; with `last_rows`
   // defined only those rows of the final hidden state reach the head.
-  absl::StatusOr<Var> Run(Graph& g, StepContext ctx, const Tensor& tokens, const Tensor& last_rows) const;
+  absl::StatusOr<Var> Run(Graph& g, StepContext ctx, const Tensor& tokens,
+                          const Tensor& last_rows) const;
 
   DecoderConfig config_;
   std::unique_ptr<Params> params_;
@@ -142,7 +145,7 @@ class Decoder : public Model {
   int max_context_;
   bool step_graphs_;
   bool has_kv_cache_ = false;  // a state sized by max_context (graph replays skip its bound check)
-  std::vector<int> state_base_;  // per layer: index of its first state tensor
+  std::vector<int> state_base_;               // per layer: index of its first state tensor
   std::map<int, DecodeGraph> decode_graphs_;  // by batch size
 };
 
@@ -166,30 +169,36 @@ absl::Status Decoder::CheckBatch(const ForwardBatch& batch, const StatePool& poo
   if (seqs < 1) return absl::InvalidArgumentError("ForwardBatch: no sequences");
   if (static_cast<int>(batch.cu_seqlens.size()) != seqs + 1 ||
       static_cast<int>(batch.start_positions.size()) != seqs) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ForwardBatch: ", seqs, " slots need ", seqs + 1, " cu_seqlens and ", seqs,
-                     " start_positions, got ", batch.cu_seqlens.size(), " and ", batch.start_positions.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ForwardBatch: ", seqs, " slots need ", seqs + 1, " cu_seqlens and ", seqs,
+        " start_positions, got ", batch.cu_seqlens.size(), " and ", batch.start_positions.size()));
   }
   if (batch.cu_seqlens[0] != 0 || batch.cu_seqlens[seqs] != n) {
-    return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: cu_seqlens must run from 0 to ", n));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ForwardBatch: cu_seqlens must run from 0 to ", n));
   }
   std::set<int32_t> slots;
   for (int s = 0; s < seqs; ++s) {
     if (batch.cu_seqlens[s + 1] <= batch.cu_seqlens[s]) {
-      return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: sequence ", s, " has no tokens"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ForwardBatch: sequence ", s, " has no tokens"));
     }
-    if (batch.slots[s] < 0 || batch.slots[s] >= pool.num_slots() || !slots.insert(batch.slots[s]).second) {
-      return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: slot ", batch.slots[s], " of sequence ", s,
+    if (batch.slots[s] < 0 || batch.slots[s] >= pool.num_slots() ||
+        !slots.insert(batch.slots[s]).second) {
+      return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: slot ", batch.slots[s],
+                                                     " of sequence ", s,
                                                      " is out of range or used twice"));
     }
     if (batch.start_positions[s] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: negative start position for sequence ", s));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ForwardBatch: negative start position for sequence ", s));
     }
   }
   for (int i = 0; i < n; ++i) {
     if (batch.tokens[i] < 0 || batch.tokens[i] >= config_.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: token ", batch.tokens[i], " at ", i,
-                                                     " outside the vocabulary of ", config_.vocab_size));
+      return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: token ", batch.tokens[i],
+                                                     " at ", i, " outside the vocabulary of ",
+                                                     config_.vocab_size));
     }
   }
   const StateLayout expected = state_layout();
@@ -198,7 +207,8 @@ absl::Status Decoder::CheckBatch(const ForwardBatch& batch, const StatePool& poo
     same = pool.layout().tensors[i].name == expected.tensors[i].name &&
            pool.layout().tensors[i].shape == expected.tensors[i].shape;
   }
-  if (!same) return absl::InvalidArgumentError("ForwardBatch: the state pool was made for another model");
+  if (!same)
+    return absl::InvalidArgumentError("ForwardBatch: the state pool was made for another model");
   return absl::OkStatus();
 }
 
@@ -330,10 +340,12 @@ absl::StatusOr<LossAndGradients> Decoder::LossAndGrad(const std::vector<int32_t>
   if (tokens.size() < 2) return absl::InvalidArgumentError("LossAndGrad: needs at least 2 tokens");
   // Logits at positions 0..T-2 depend only on tokens 0..T-2 (causality).
   const int n = static_cast<int>(tokens.size()) - 1;
-  std::vector<int32_t> inputs(tokens.begin(), tokens.end() - 1), targets(tokens.begin() + 1, tokens.end());
+  std::vector<int32_t> inputs(tokens.begin(), tokens.end() - 1),
+      targets(tokens.begin() + 1, tokens.end());
   for (int32_t t : tokens) {
     if (t < 0 || t >= config_.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("LossAndGrad: token ", t, " outside the vocabulary"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("LossAndGrad: token ", t, " outside the vocabulary"));
     }
   }
   LAIR_ASSIGN_OR_RETURN(StatePool pool, StatePool::Create(backend_, Layout(n), 1));

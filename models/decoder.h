@@ -30,14 +30,14 @@ namespace lair::models {
 
 // What a mixer sees of the current step.
 struct StepContext {
-  kernels::SequenceBatch batch;               // packed sequences and their slots
+  kernels::SequenceBatch batch;  // packed sequences and their slots
   const StatePool* pool = nullptr;
-  int state_base = 0;                         // index of this layer's first pool tensor
-  Tensor positions;                           // [N] I32 device: absolute position of each token
-  std::span<const int32_t> start_positions;   // [num_seqs] host: tokens already in each slot
+  int state_base = 0;                        // index of this layer's first pool tensor
+  Tensor positions;                          // [N] I32 device: absolute position of each token
+  std::span<const int32_t> start_positions;  // [num_seqs] host: tokens already in each slot
   const int32_t* start_positions_device = nullptr;  // the same on the device (null on the CPU)
   kernels::MixerForm form = kernels::MixerForm::kAuto;
-  Var layer_extra;                            // this layer's output of DecoderSpec::layer_extras
+  Var layer_extra;  // this layer's output of DecoderSpec::layer_extras
 
   // The layer's i-th declared state tensor (the whole pool, [num_slots, ...]).
   const Tensor& State(int i) const { return pool->tensor(state_base + i); }
@@ -49,19 +49,20 @@ class Mixer {
   virtual ~Mixer() = default;
   // Appends this layer's per-slot state tensors, named "<prefix>..." (a KV
   // cache holds `max_context` tokens), in the order State(i) reads them.
-  virtual void DeclareState(const std::string& prefix, int max_context, StateLayout* layout) const = 0;
+  virtual void DeclareState(const std::string& prefix, int max_context,
+                            StateLayout* layout) const = 0;
   // x: [N, hidden] normalized block input; returns [N, hidden].
   virtual absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const = 0;
 };
 
 // Checkpoint names of the skeleton's weights ("{i}" is the layer index).
 struct SkeletonNames {
-  std::string embedding;   // "model.embeddings.weight"
-  std::string layer;       // "model.layers.{i}."
-  std::string mixer_norm;  // "attn_norm.weight", under `layer`
-  std::string mlp_norm;    // "mlp_norm.weight"; empty: no MLP
+  std::string embedding;                   // "model.embeddings.weight"
+  std::string layer;                       // "model.layers.{i}."
+  std::string mixer_norm;                  // "attn_norm.weight", under `layer`
+  std::string mlp_norm;                    // "mlp_norm.weight"; empty: no MLP
   std::string mlp_gate, mlp_up, mlp_down;  // under `layer`
-  std::string final_norm;  // "model.norm.weight"
+  std::string final_norm;                  // "model.norm.weight"
   std::string lm_head = "lm_head.weight";
 };
 
@@ -75,7 +76,7 @@ struct DecoderSpec {
   int embedding = -1;
   std::vector<LayerSpec> layers;
   int final_norm = -1;
-  int lm_head = -1;  // == embedding when tied
+  int lm_head = -1;             // == embedding when tied
   float logit_soft_cap = 0.0f;  // 0: none
   // Optional: one value per layer, computed at the start of every forward.
   std::function<absl::StatusOr<std::vector<Var>>(Graph&)> layer_extras;

@@ -17,9 +17,10 @@ Tensor As2d(const Tensor& t) {
   return t.Reshape({cols == 0 ? 0 : t.numel() / cols, cols});
 }
 
-kernels::GemmArgs GemmOf(Tensor a, Tensor b, Tensor c, bool trans_a, bool trans_b, float alpha = 1.0f,
-                         float beta = 0.0f, Tensor bias = Tensor()) {
-  return kernels::GemmArgs{std::move(a), std::move(b), std::move(c), trans_a, trans_b, alpha, beta, std::move(bias)};
+kernels::GemmArgs GemmOf(Tensor a, Tensor b, Tensor c, bool trans_a, bool trans_b,
+                         float alpha = 1.0f, float beta = 0.0f, Tensor bias = Tensor()) {
+  return kernels::GemmArgs{std::move(a), std::move(b), std::move(c), trans_a,
+                           trans_b,      alpha,        beta,         std::move(bias)};
 }
 
 Shape WithLast(Shape shape, int64_t last) {
@@ -90,14 +91,15 @@ Tensor Graph::ParamGrad(int id) const {
 }
 
 absl::Status Graph::Backward() {
-  if (!record_) return absl::FailedPreconditionError("Graph::Backward on a graph that does not record");
+  if (!record_)
+    return absl::FailedPreconditionError("Graph::Backward on a graph that does not record");
   for (auto it = tape_.rbegin(); it != tape_.rend(); ++it) LAIR_RETURN_IF_ERROR((*it)());
   return absl::OkStatus();
 }
 
 // The gradient of the value in slot `id`, as `shape`; undefined when none.
-#define LAIR_GRAD_OR_SKIP(var, id, shape)                        \
-  if (grads_[id].defined() == false) return absl::OkStatus();    \
+#define LAIR_GRAD_OR_SKIP(var, id, shape)                     \
+  if (grads_[id].defined() == false) return absl::OkStatus(); \
   Tensor var = grads_[id].Reshape(shape)
 
 absl::StatusOr<Var> Graph::Linear(const Var& x, int weight_id, int bias_id) {
@@ -119,7 +121,8 @@ absl::StatusOr<Var> Graph::Linear(const Var& x, int weight_id, int bias_id) {
         if (!grads_[w.grad].defined()) {
           LAIR_ASSIGN_OR_RETURN(grads_[w.grad], New(w.shape()));
         }
-        LAIR_RETURN_IF_ERROR(backend_->Gemm(GemmOf(dy, x2, grads_[w.grad], true, false, 1.0f, 1.0f)));
+        LAIR_RETURN_IF_ERROR(
+            backend_->Gemm(GemmOf(dy, x2, grads_[w.grad], true, false, 1.0f, 1.0f)));
       }
       if (b.grad >= 0) {
         LAIR_ASSIGN_OR_RETURN(Tensor db, ReduceTo(dy, {1, b.dim(0)}));
@@ -133,8 +136,8 @@ absl::StatusOr<Var> Graph::Linear(const Var& x, int weight_id, int bias_id) {
 
 absl::StatusOr<Var> Graph::MatMul(const Var& a, const Var& b, bool trans_a, bool trans_b) {
   if (a.t.rank() != 2 || b.t.rank() != 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MatMul: rank-2 operands expected, got ", a.t.DebugString(), " and ", b.t.DebugString()));
+    return absl::InvalidArgumentError(absl::StrCat("MatMul: rank-2 operands expected, got ",
+                                                   a.t.DebugString(), " and ", b.t.DebugString()));
   }
   int64_t m = trans_a ? a.dim(1) : a.dim(0);
   int64_t n = trans_b ? b.dim(0) : b.dim(1);
@@ -232,7 +235,8 @@ absl::StatusOr<Var> Graph::Norm(const Var& x, int weight_id, kernels::NormKind k
   return out;
 }
 
-absl::StatusOr<Var> Graph::Unary(UnaryOp op, const Var& x, float alpha, float beta, float in_scale) {
+absl::StatusOr<Var> Graph::Unary(UnaryOp op, const Var& x, float alpha, float beta,
+                                 float in_scale) {
   kernels::UnaryArgs args{op, alpha, beta, in_scale, x.t, Tensor()};
   LAIR_ASSIGN_OR_RETURN(args.y, New(x.shape()));
   LAIR_RETURN_IF_ERROR(backend_->Unary(args));
@@ -265,8 +269,8 @@ absl::StatusOr<Var> Graph::Expand(const Var& x, Shape shape) {
 
 absl::StatusOr<Var> Graph::Binary(BinaryOp op, const Var& a, const Var& b) {
   if (a.t.rank() != b.t.rank()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Binary: operands of different rank: ", a.t.DebugString(), ", ", b.t.DebugString()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Binary: operands of different rank: ", a.t.DebugString(), ", ", b.t.DebugString()));
   }
   Shape shape = a.shape();
   for (size_t d = 0; d < shape.size(); ++d) shape[d] = std::max(shape[d], b.shape()[d]);
@@ -368,7 +372,8 @@ absl::StatusOr<Var> Graph::Conv1d(const kernels::SequenceBatch& batch, const Var
   return out;
 }
 
-absl::StatusOr<Var> Graph::Rotary(const Var& x, const Tensor& positions, int rotary_dim, float theta) {
+absl::StatusOr<Var> Graph::Rotary(const Var& x, const Tensor& positions, int rotary_dim,
+                                  float theta) {
   kernels::RotaryArgs args;
   args.rotary_dim = rotary_dim;
   args.theta = theta;
@@ -479,7 +484,8 @@ absl::StatusOr<Var> Graph::Decay(const kernels::SequenceBatch& batch, const Deca
 }
 
 absl::StatusOr<Var> Graph::Gsa(const kernels::SequenceBatch& batch, const GsaInputs& in,
-                               const Tensor& state_k, const Tensor& state_v, kernels::MixerForm form) {
+                               const Tensor& state_k, const Tensor& state_v,
+                               kernels::MixerForm form) {
   kernels::GsaForwardArgs args;
   args.heads = static_cast<int>(in.q.dim(1));
   args.key_dim = static_cast<int>(in.q.dim(2));
@@ -520,8 +526,8 @@ absl::StatusOr<Var> Graph::Gsa(const kernels::SequenceBatch& batch, const GsaInp
 }
 
 absl::StatusOr<Var> Graph::Mlstm(const kernels::SequenceBatch& batch, const MlstmInputs& in,
-                                 const Tensor& state_c, const Tensor& state_n, const Tensor& state_m,
-                                 kernels::MixerForm form) {
+                                 const Tensor& state_c, const Tensor& state_n,
+                                 const Tensor& state_m, kernels::MixerForm form) {
   kernels::MlstmForwardArgs args;
   args.kind = in.kind;
   args.heads = static_cast<int>(in.q.dim(1));
@@ -562,7 +568,8 @@ absl::StatusOr<Var> Graph::Mlstm(const kernels::SequenceBatch& batch, const Mlst
   return out;
 }
 
-absl::StatusOr<double> Graph::CrossEntropy(const Var& logits, const Tensor& targets, float grad_scale) {
+absl::StatusOr<double> Graph::CrossEntropy(const Var& logits, const Tensor& targets,
+                                           float grad_scale) {
   kernels::CrossEntropyArgs args;
   args.logits = As2d(logits.t);
   args.targets = targets;

@@ -87,17 +87,22 @@ class Graph {
   // Norm over groups of the last dimension; weight_id < 0: no weight; `gate`
   // (same shape as x) used unless gate_mode is kNone.
   absl::StatusOr<Var> Norm(const Var& x, int weight_id, kernels::NormKind kind, float eps,
-                           int group_size = 0, kernels::NormGate gate_mode = kernels::NormGate::kNone,
+                           int group_size = 0,
+                           kernels::NormGate gate_mode = kernels::NormGate::kNone,
                            const Var& gate = {});
   // alpha · f(in_scale · x) + beta.
-  absl::StatusOr<Var> Unary(kernels::UnaryOp op, const Var& x, float alpha = 1.0f, float beta = 0.0f,
-                            float in_scale = 1.0f);
+  absl::StatusOr<Var> Unary(kernels::UnaryOp op, const Var& x, float alpha = 1.0f,
+                            float beta = 0.0f, float in_scale = 1.0f);
   // x broadcast to `shape` (dimensions of x equal to shape's or 1).
   absl::StatusOr<Var> Expand(const Var& x, Shape shape);
   // a ∘ b, broadcasting both to the larger shape.
   absl::StatusOr<Var> Binary(kernels::BinaryOp op, const Var& a, const Var& b);
-  absl::StatusOr<Var> Add(const Var& a, const Var& b) { return Binary(kernels::BinaryOp::kAdd, a, b); }
-  absl::StatusOr<Var> Mul(const Var& a, const Var& b) { return Binary(kernels::BinaryOp::kMul, a, b); }
+  absl::StatusOr<Var> Add(const Var& a, const Var& b) {
+    return Binary(kernels::BinaryOp::kAdd, a, b);
+  }
+  absl::StatusOr<Var> Mul(const Var& a, const Var& b) {
+    return Binary(kernels::BinaryOp::kMul, a, b);
+  }
   // Columns [begin, begin + width) of the last dimension, as [..., width].
   absl::StatusOr<Var> Columns(const Var& x, int64_t begin, int64_t width);
   // The same data under another shape.

@@ -20,7 +20,10 @@ using nlohmann::json;
 json TinyPreset(const std::string& family) {
   json c = {{"hidden_size", 128}, {"num_hidden_layers", 2}, {"vocab_size", 512}};
   if (family == "llama") {
-    c.update({{"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 32}, {"intermediate_size", 352}});
+    c.update({{"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"head_dim", 32},
+              {"intermediate_size", 352}});
   } else if (family == "mamba2") {
     c.update({{"num_heads", 8}, {"head_dim", 32}, {"state_size", 32}, {"norm_eps", 1e-5}});
   } else if (family == "xlstm") {
@@ -38,18 +41,34 @@ json TinyPreset(const std::string& family) {
 const std::map<std::string, json>& NamedPresets() {
   static const auto* presets = new std::map<std::string, json>{
       {"gla-340m",
-       {{"model_type", "gla"}, {"hidden_size", 1024}, {"num_hidden_layers", 24}, {"num_heads", 4},
-        {"vocab_size", 32000}, {"tie_word_embeddings", true}}},
+       {{"model_type", "gla"},
+        {"hidden_size", 1024},
+        {"num_hidden_layers", 24},
+        {"num_heads", 4},
+        {"vocab_size", 32000},
+        {"tie_word_embeddings", true}}},
       {"gla-1.3b",
-       {{"model_type", "gla"}, {"hidden_size", 2048}, {"num_hidden_layers", 24}, {"num_heads", 4},
+       {{"model_type", "gla"},
+        {"hidden_size", 2048},
+        {"num_hidden_layers", 24},
+        {"num_heads", 4},
         {"vocab_size", 32000}}},
       {"gsa-1.3b",
-       {{"model_type", "gsa"}, {"hidden_size", 2048}, {"num_hidden_layers", 24}, {"num_heads", 4},
-        {"num_slots", 64}, {"vocab_size", 32000}}},
+       {{"model_type", "gsa"},
+        {"hidden_size", 2048},
+        {"num_hidden_layers", 24},
+        {"num_heads", 4},
+        {"num_slots", 64},
+        {"vocab_size", 32000}}},
       // transformers' xLSTMConfig defaults, which are xLSTM-7b's shape.
       {"xlstm-7b",
-       {{"model_type", "xlstm"}, {"hidden_size", 4096}, {"num_blocks", 32}, {"num_heads", 8},
-        {"qk_dim_factor", 0.5}, {"v_dim_factor", 1.0}, {"vocab_size", 50304}}},
+       {{"model_type", "xlstm"},
+        {"hidden_size", 4096},
+        {"num_blocks", 32},
+        {"num_heads", 8},
+        {"qk_dim_factor", 0.5},
+        {"v_dim_factor", 1.0},
+        {"vocab_size", 50304}}},
   };
   return *presets;
 }
@@ -83,7 +102,8 @@ absl::StatusOr<json> InitConfig(const InitOptions& options) {
     config = it->second;
     family = config["model_type"];
   }
-  if (family.empty()) return absl::InvalidArgumentError("a family (or a preset naming one) is required");
+  if (family.empty())
+    return absl::InvalidArgumentError("a family (or a preset naming one) is required");
   config["model_type"] = family;
   if (options.preset == "tiny") config.update(TinyPreset(family));
   for (const auto& [key, value] : options.overrides) {
@@ -97,7 +117,8 @@ absl::StatusOr<json> InitConfig(const InitOptions& options) {
 
 absl::StatusOr<int64_t> InitModel(const InitOptions& options, const std::string& out_dir) {
   LAIR_ASSIGN_OR_RETURN(json config_json, InitConfig(options));
-  LAIR_ASSIGN_OR_RETURN(ConfigReader reader, ConfigReader::FromJson(config_json, "config (lair init)"));
+  LAIR_ASSIGN_OR_RETURN(ConfigReader reader,
+                        ConfigReader::FromJson(config_json, "config (lair init)"));
   LAIR_ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(reader));
   RandomSource source(options.seed, static_cast<float>(BaseConfig(config).initializer_range));
   Params params(&source, /*backend=*/nullptr);
@@ -122,7 +143,8 @@ absl::StatusOr<int64_t> InitModel(const InitOptions& options, const std::string&
       tensors.emplace_back(params.name(id), t);
     }
   }
-  LAIR_RETURN_IF_ERROR(WriteSafetensors(out_dir + "/model.safetensors", tensors, {{"format", "pt"}}));
+  LAIR_RETURN_IF_ERROR(
+      WriteSafetensors(out_dir + "/model.safetensors", tensors, {{"format", "pt"}}));
   return params.NumElements();
 }
 

@@ -12,7 +12,8 @@ class LlamaAttention : public Mixer {
   LlamaAttention(const LlamaConfig& config, int q, int k, int v, int o)
       : config_(config), q_(q), k_(k), v_(v), o_(o) {}
 
-  void DeclareState(const std::string& prefix, int max_context, StateLayout* layout) const override {
+  void DeclareState(const std::string& prefix, int max_context,
+                    StateLayout* layout) const override {
     Shape shape = {max_context, config_.num_kv_heads, config_.head_dim};
     layout->tensors.push_back({prefix + "k_cache", DType::kF32, shape});
     layout->tensors.push_back({prefix + "v_cache", DType::kF32, shape});
@@ -23,8 +24,10 @@ class LlamaAttention : public Mixer {
     LAIR_ASSIGN_OR_RETURN(Var q, g.Linear(x, q_));
     LAIR_ASSIGN_OR_RETURN(Var k, g.Linear(x, k_));
     LAIR_ASSIGN_OR_RETURN(Var v, g.Linear(x, v_));
-    LAIR_ASSIGN_OR_RETURN(q, g.Rotary(SplitHeads(g, q, config_.num_heads), ctx.positions, config_.head_dim, theta));
-    LAIR_ASSIGN_OR_RETURN(k, g.Rotary(SplitHeads(g, k, config_.num_kv_heads), ctx.positions, config_.head_dim, theta));
+    LAIR_ASSIGN_OR_RETURN(
+        q, g.Rotary(SplitHeads(g, q, config_.num_heads), ctx.positions, config_.head_dim, theta));
+    LAIR_ASSIGN_OR_RETURN(k, g.Rotary(SplitHeads(g, k, config_.num_kv_heads), ctx.positions,
+                                      config_.head_dim, theta));
     v = SplitHeads(g, v, config_.num_kv_heads);
     LAIR_ASSIGN_OR_RETURN(
         Var o,

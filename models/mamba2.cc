@@ -22,7 +22,8 @@ class Mamba2Mixer : public Mixer {
   Mamba2Mixer(const Mamba2Config& config, Weights w) : config_(config), w_(w) {}
 
   void DeclareState(const std::string& prefix, int, StateLayout* layout) const override {
-    layout->tensors.push_back({prefix + "conv", DType::kF32, {config_.conv_dim, config_.conv_kernel - 1}});
+    layout->tensors.push_back(
+        {prefix + "conv", DType::kF32, {config_.conv_dim, config_.conv_kernel - 1}});
     layout->tensors.push_back(
         {prefix + "ssm", DType::kF32, {config_.num_heads, config_.state_size, config_.head_dim}});
   }
@@ -42,7 +43,8 @@ class Mamba2Mixer : public Mixer {
 
     LAIR_ASSIGN_OR_RETURN(dt, g.Add(dt, g.Reshape(g.Param(w_.dt_bias), {1, heads})));
     LAIR_ASSIGN_OR_RETURN(dt, g.Unary(UnaryOp::kSoftplus, dt));
-    LAIR_ASSIGN_OR_RETURN(Var a, g.Unary(UnaryOp::kExp, g.Reshape(g.Param(w_.a_log), {1, heads}), -1.0f));
+    LAIR_ASSIGN_OR_RETURN(Var a,
+                          g.Unary(UnaryOp::kExp, g.Reshape(g.Param(w_.a_log), {1, heads}), -1.0f));
     DecayInputs in;
     in.kind = kernels::DecayKind::kScalar;
     in.scale = 1.0f;
@@ -55,8 +57,9 @@ class Mamba2Mixer : public Mixer {
     LAIR_ASSIGN_OR_RETURN(Var skip, g.Mul(xs, g.Reshape(g.Param(w_.d), {1, heads, 1})));
     LAIR_ASSIGN_OR_RETURN(y, g.Add(y, skip));
     y = g.Reshape(y, {n, inner});
-    LAIR_ASSIGN_OR_RETURN(y, g.Norm(y, w_.norm, kernels::NormKind::kRms,
-                                    static_cast<float>(config_.base.norm_eps), 0, kernels::NormGate::kBefore, z));
+    LAIR_ASSIGN_OR_RETURN(
+        y, g.Norm(y, w_.norm, kernels::NormKind::kRms, static_cast<float>(config_.base.norm_eps), 0,
+                  kernels::NormGate::kBefore, z));
     return g.Linear(y, w_.out_proj, w_.out_bias);
   }
 
@@ -74,7 +77,8 @@ absl::StatusOr<DecoderSpec> BuildMamba2(const Mamba2Config& config, Params& para
   names.mixer_norm = "norm.weight";
   names.final_norm = "backbone.norm_f.weight";
   LAIR_ASSIGN_OR_RETURN(DecoderSpec spec, DeclareSkeleton(config.base, names, params));
-  const int hidden = config.base.hidden_size, heads = config.num_heads, inner = config.intermediate_size;
+  const int hidden = config.base.hidden_size, heads = config.num_heads,
+            inner = config.intermediate_size;
   const int proj = inner + config.conv_dim + heads;
   for (int i = 0; i < config.base.num_layers; ++i) {
     std::string p = LayerPrefix(names, i) + "mixer.";
@@ -83,17 +87,22 @@ absl::StatusOr<DecoderSpec> BuildMamba2(const Mamba2Config& config, Params& para
     if (config.use_bias) {
       LAIR_ASSIGN_OR_RETURN(w.in_bias, params.Add(p + "in_proj.bias", {proj}, InitSpec::Zeros()));
     }
-    LAIR_ASSIGN_OR_RETURN(w.conv, params.Add(p + "conv1d.weight", {config.conv_dim, 1, config.conv_kernel}));
+    LAIR_ASSIGN_OR_RETURN(
+        w.conv, params.Add(p + "conv1d.weight", {config.conv_dim, 1, config.conv_kernel}));
     if (config.use_conv_bias) {
-      LAIR_ASSIGN_OR_RETURN(w.conv_bias, params.Add(p + "conv1d.bias", {config.conv_dim}, InitSpec::Zeros()));
+      LAIR_ASSIGN_OR_RETURN(w.conv_bias,
+                            params.Add(p + "conv1d.bias", {config.conv_dim}, InitSpec::Zeros()));
     }
-    LAIR_ASSIGN_OR_RETURN(w.dt_bias, params.Add(p + "dt_bias", {heads}, {InitSpec::kDtBias, 0.001f, 0.1f}));
-    LAIR_ASSIGN_OR_RETURN(w.a_log, params.Add(p + "A_log", {heads}, {InitSpec::kLogUniform, 1.0f, 16.0f}));
+    LAIR_ASSIGN_OR_RETURN(w.dt_bias,
+                          params.Add(p + "dt_bias", {heads}, {InitSpec::kDtBias, 0.001f, 0.1f}));
+    LAIR_ASSIGN_OR_RETURN(w.a_log,
+                          params.Add(p + "A_log", {heads}, {InitSpec::kLogUniform, 1.0f, 16.0f}));
     LAIR_ASSIGN_OR_RETURN(w.d, params.Add(p + "D", {heads}, InitSpec::Ones()));
     LAIR_ASSIGN_OR_RETURN(w.norm, params.Add(p + "norm.weight", {inner}, InitSpec::Ones()));
     LAIR_ASSIGN_OR_RETURN(w.out_proj, params.AddMatrix(p + "out_proj.weight", {hidden, inner}));
     if (config.use_bias) {
-      LAIR_ASSIGN_OR_RETURN(w.out_bias, params.Add(p + "out_proj.bias", {hidden}, InitSpec::Zeros()));
+      LAIR_ASSIGN_OR_RETURN(w.out_bias,
+                            params.Add(p + "out_proj.bias", {hidden}, InitSpec::Zeros()));
     }
     spec.layers[i].mixer = std::make_unique<Mamba2Mixer>(config, w);
   }

@@ -10,7 +10,8 @@
 
 namespace lair::models {
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, kernels::Backend* backend,
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
+                                                   kernels::Backend* backend,
                                                    const LoadOptions& options) {
   LAIR_ASSIGN_OR_RETURN(ConfigReader reader, ConfigReader::FromFile(dir + "/config.json"));
   LAIR_ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(reader));

@@ -42,7 +42,8 @@ absl::StatusOr<Tensor> CheckpointSource::Read(const std::string& name, const Sha
   return checkpoint_->GetF32(name, shape);
 }
 
-absl::StatusOr<Tensor> RandomSource::Read(const std::string&, const Shape& shape, const InitSpec& init) {
+absl::StatusOr<Tensor> RandomSource::Read(const std::string&, const Shape& shape,
+                                          const InitSpec& init) {
   Tensor t = Tensor::Zeros(DType::kF32, shape);
   float* p = t.f32();
   int64_t n = t.numel();
@@ -55,14 +56,17 @@ absl::StatusOr<Tensor> RandomSource::Read(const std::string&, const Shape& shape
       for (int64_t i = 0; i < n; ++i) p[i] = init.a;
       break;
     case InitSpec::kLinspace:
-      for (int64_t i = 0; i < n; ++i) p[i] = n == 1 ? init.a : init.a + (init.b - init.a) * i / (n - 1);
+      for (int64_t i = 0; i < n; ++i)
+        p[i] = n == 1 ? init.a : init.a + (init.b - init.a) * i / (n - 1);
       break;
     case InitSpec::kLogUniform:
-      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(std::log(init.a + (init.b - init.a) * uniform(rng_)));
+      for (int64_t i = 0; i < n; ++i)
+        p[i] = static_cast<float>(std::log(init.a + (init.b - init.a) * uniform(rng_)));
       break;
     case InitSpec::kDtBias:
       for (int64_t i = 0; i < n; ++i) {
-        double dt = std::exp(std::log(init.a) + (std::log(init.b) - std::log(init.a)) * uniform(rng_));
+        double dt =
+            std::exp(std::log(init.a) + (std::log(init.b) - std::log(init.a)) * uniform(rng_));
         dt = std::max(dt, 1e-4);
         p[i] = static_cast<float>(dt + std::log(-std::expm1(-dt)));
       }
@@ -74,12 +78,14 @@ absl::StatusOr<Tensor> RandomSource::Read(const std::string&, const Shape& shape
 Params::Params(ParamSource* source, kernels::Backend* backend, DType matrix_dtype)
     : source_(source), backend_(backend), matrix_dtype_(matrix_dtype) {}
 
-absl::StatusOr<int> Params::Add(const std::string& name, const Shape& shape, InitSpec init, bool matrix) {
+absl::StatusOr<int> Params::Add(const std::string& name, const Shape& shape, InitSpec init,
+                                bool matrix) {
   LAIR_ASSIGN_OR_RETURN(Tensor host, source_->Read(name, shape, init));
   if (backend_ == nullptr) {
     tensors_.push_back(std::move(host));
   } else {
-    LAIR_ASSIGN_OR_RETURN(Tensor device, backend_->Upload(host, matrix ? matrix_dtype_ : DType::kF32));
+    LAIR_ASSIGN_OR_RETURN(Tensor device,
+                          backend_->Upload(host, matrix ? matrix_dtype_ : DType::kF32));
     tensors_.push_back(std::move(device));
   }
   names_.push_back(name);

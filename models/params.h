@@ -25,9 +25,9 @@ namespace lair::models {
 // How `lair init` fills a parameter.
 struct InitSpec {
   enum Kind {
-    kNormal,    // N(0, a²); a = 0 means the config's initializer_range
-    kConstant,  // every element a
-    kLinspace,  // a .. b evenly over the elements
+    kNormal,      // N(0, a²); a = 0 means the config's initializer_range
+    kConstant,    // every element a
+    kLinspace,    // a .. b evenly over the elements
     kLogUniform,  // log(U(a, b))            (Mamba2 A_log)
     kDtBias,      // softplus⁻¹(exp(U(log a, log b)))  (Mamba2 dt_bias)
   };
@@ -53,7 +53,8 @@ class ParamSource {
 class CheckpointSource : public ParamSource {
  public:
   explicit CheckpointSource(const Checkpoint* checkpoint) : checkpoint_(checkpoint) {}
-  absl::StatusOr<Tensor> Read(const std::string& name, const Shape& shape, const InitSpec& init) override;
+  absl::StatusOr<Tensor> Read(const std::string& name, const Shape& shape,
+                              const InitSpec& init) override;
 
  private:
   const Checkpoint* checkpoint_;
@@ -63,7 +64,8 @@ class CheckpointSource : public ParamSource {
 class RandomSource : public ParamSource {
  public:
   RandomSource(uint64_t seed, float initializer_range) : rng_(seed), std_(initializer_range) {}
-  absl::StatusOr<Tensor> Read(const std::string& name, const Shape& shape, const InitSpec& init) override;
+  absl::StatusOr<Tensor> Read(const std::string& name, const Shape& shape,
+                              const InitSpec& init) override;
 
  private:
   std::mt19937_64 rng_;

@@ -12,7 +12,9 @@ namespace {
 // in layout order. Integers are little-endian uint64.
 constexpr std::string_view kMagic = "LAIRSTATE1";
 
-void PutU64(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), sizeof(v)); }
+void PutU64(std::string* out, uint64_t v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
 
 bool GetU64(std::string_view* in, uint64_t* v) {
   if (in->size() < sizeof(*v)) return false;
@@ -25,13 +27,15 @@ bool GetU64(std::string_view* in, uint64_t* v) {
 
 int64_t StateLayout::BytesPerSlot() const {
   int64_t bytes = 0;
-  for (const StateTensorSpec& t : tensors) bytes += ShapeNumel(t.shape) * static_cast<int64_t>(DTypeSize(t.dtype));
+  for (const StateTensorSpec& t : tensors)
+    bytes += ShapeNumel(t.shape) * static_cast<int64_t>(DTypeSize(t.dtype));
   return bytes;
 }
 
 absl::StatusOr<StatePool> StatePool::Create(kernels::Backend* backend, const StateLayout& layout,
                                             int num_slots) {
-  if (num_slots < 1) return absl::InvalidArgumentError(absl::StrCat("StatePool: ", num_slots, " slots"));
+  if (num_slots < 1)
+    return absl::InvalidArgumentError(absl::StrCat("StatePool: ", num_slots, " slots"));
   StatePool pool;
   pool.backend_ = backend;
   pool.layout_ = layout;
@@ -46,9 +50,11 @@ absl::StatusOr<StatePool> StatePool::Create(kernels::Backend* backend, const Sta
 }
 
 absl::Status StatePool::Zero(int slot) {
-  if (slot < 0 || slot >= num_slots_) return absl::OutOfRangeError(absl::StrCat("StatePool: slot ", slot));
+  if (slot < 0 || slot >= num_slots_)
+    return absl::OutOfRangeError(absl::StrCat("StatePool: slot ", slot));
   for (size_t i = 0; i < tensors_.size(); ++i) {
-    LAIR_ASSIGN_OR_RETURN(Tensor zeros, backend_->Allocate(layout_.tensors[i].dtype, layout_.tensors[i].shape));
+    LAIR_ASSIGN_OR_RETURN(Tensor zeros,
+                          backend_->Allocate(layout_.tensors[i].dtype, layout_.tensors[i].shape));
     LAIR_RETURN_IF_ERROR(backend_->Copy(zeros, tensors_[i].Rows(slot, slot + 1)));
   }
   return absl::OkStatus();
@@ -59,12 +65,14 @@ absl::Status StatePool::CopySlot(int from, int to) {
     return absl::OutOfRangeError(absl::StrCat("StatePool: copy from slot ", from, " to ", to));
   }
   if (from == to) return absl::OkStatus();
-  for (const Tensor& t : tensors_) LAIR_RETURN_IF_ERROR(backend_->Copy(t.Rows(from, from + 1), t.Rows(to, to + 1)));
+  for (const Tensor& t : tensors_)
+    LAIR_RETURN_IF_ERROR(backend_->Copy(t.Rows(from, from + 1), t.Rows(to, to + 1)));
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> StatePool::Save(int slot) {
-  if (slot < 0 || slot >= num_slots_) return absl::OutOfRangeError(absl::StrCat("StatePool: slot ", slot));
+  if (slot < 0 || slot >= num_slots_)
+    return absl::OutOfRangeError(absl::StrCat("StatePool: slot ", slot));
   std::string out(kMagic);
   PutU64(&out, layout_.tensors.size());
   for (const StateTensorSpec& spec : layout_.tensors) {
@@ -82,7 +90,8 @@ absl::StatusOr<std::string> StatePool::Save(int slot) {
 }
 
 absl::Status StatePool::Restore(int slot, const std::string& bytes) {
-  if (slot < 0 || slot >= num_slots_) return absl::OutOfRangeError(absl::StrCat("StatePool: slot ", slot));
+  if (slot < 0 || slot >= num_slots_)
+    return absl::OutOfRangeError(absl::StrCat("StatePool: slot ", slot));
   auto corrupt = [](std::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("StatePool::Restore: ", std::string(why)));
   };
@@ -91,7 +100,8 @@ absl::Status StatePool::Restore(int slot, const std::string& bytes) {
   in.remove_prefix(kMagic.size());
   uint64_t count;
   if (!GetU64(&in, &count) || count != layout_.tensors.size()) {
-    return corrupt(absl::StrCat("saved state has another tensor count than this model's ", layout_.tensors.size()));
+    return corrupt(absl::StrCat("saved state has another tensor count than this model's ",
+                                layout_.tensors.size()));
   }
   for (const StateTensorSpec& spec : layout_.tensors) {
     uint64_t len, dtype, rank;
@@ -106,8 +116,9 @@ absl::Status StatePool::Restore(int slot, const std::string& bytes) {
       d = static_cast<int64_t>(v);
     }
     if (name != spec.name || dtype != static_cast<uint64_t>(spec.dtype) || shape != spec.shape) {
-      return corrupt(absl::StrCat("saved tensor '", name, "' ", ShapeString(shape), " does not match '",
-                                  spec.name, "' ", ShapeString(spec.shape), " of this model"));
+      return corrupt(absl::StrCat("saved tensor '", name, "' ", ShapeString(shape),
+                                  " does not match '", spec.name, "' ", ShapeString(spec.shape),
+                                  " of this model"));
     }
   }
   if (static_cast<int64_t>(in.size()) != layout_.BytesPerSlot()) return corrupt("wrong data size");

@@ -23,7 +23,7 @@ namespace lair::models {
 struct StateTensorSpec {
   std::string name;  // "layers.3.recurrent", for messages and serialization
   DType dtype = DType::kF32;
-  Shape shape;       // per slot
+  Shape shape;  // per slot
 };
 
 struct StateLayout {

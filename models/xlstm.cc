@@ -21,7 +21,8 @@ class MlstmMixer : public Mixer {
 
   void DeclareState(const std::string& prefix, int, StateLayout* layout) const override {
     const int h = config_.num_heads;
-    layout->tensors.push_back({prefix + "c", DType::kF32, {h, config_.qk_head_dim, config_.v_head_dim}});
+    layout->tensors.push_back(
+        {prefix + "c", DType::kF32, {h, config_.qk_head_dim, config_.v_head_dim}});
     layout->tensors.push_back({prefix + "n", DType::kF32, {h, config_.qk_head_dim}});
     layout->tensors.push_back({prefix + "m", DType::kF32, {h}});
   }
@@ -42,10 +43,12 @@ class MlstmMixer : public Mixer {
     LAIR_ASSIGN_OR_RETURN(in.i, g.Unary(UnaryOp::kTanh, i, cap, 0.0f, 1.0f / cap));
     LAIR_ASSIGN_OR_RETURN(Var f, g.Linear(x, w_.f_gate, w_.f_bias));
     LAIR_ASSIGN_OR_RETURN(in.f, g.Unary(UnaryOp::kTanh, f, cap, 0.0f, 1.0f / cap));
-    LAIR_ASSIGN_OR_RETURN(Var cell, g.Mlstm(ctx.batch, in, ctx.State(0), ctx.State(1), ctx.State(2), ctx.form));
+    LAIR_ASSIGN_OR_RETURN(
+        Var cell, g.Mlstm(ctx.batch, in, ctx.State(0), ctx.State(1), ctx.State(2), ctx.form));
     cell = g.Reshape(cell, {cell.dim(0), config_.v_dim});
-    LAIR_ASSIGN_OR_RETURN(Var normed, g.Norm(cell, w_.norm, kernels::NormKind::kLayer,
-                                             static_cast<float>(config_.base.norm_eps), config_.v_head_dim));
+    LAIR_ASSIGN_OR_RETURN(Var normed,
+                          g.Norm(cell, w_.norm, kernels::NormKind::kLayer,
+                                 static_cast<float>(config_.base.norm_eps), config_.v_head_dim));
     LAIR_ASSIGN_OR_RETURN(Var o, g.Linear(x, w_.o_gate));
     LAIR_ASSIGN_OR_RETURN(o, g.Unary(UnaryOp::kSigmoid, o));
     LAIR_ASSIGN_OR_RETURN(Var gated, g.Mul(o, normed));
@@ -78,12 +81,18 @@ absl::StatusOr<DecoderSpec> BuildXlstm(const XlstmConfig& config, Params& params
     LAIR_ASSIGN_OR_RETURN(w.q, params.AddMatrix(p + "q.weight", {config.qk_dim, hidden}));
     LAIR_ASSIGN_OR_RETURN(w.k, params.AddMatrix(p + "k.weight", {config.qk_dim, hidden}));
     LAIR_ASSIGN_OR_RETURN(w.v, params.AddMatrix(p + "v.weight", {config.v_dim, hidden}));
-    LAIR_ASSIGN_OR_RETURN(w.o_gate, params.AddMatrix(p + "ogate_preact.weight", {config.v_dim, hidden}));
-    LAIR_ASSIGN_OR_RETURN(w.i_gate, params.AddMatrix(p + "igate_preact.weight", {h, hidden}, InitSpec::Zeros()));
-    LAIR_ASSIGN_OR_RETURN(w.i_bias, params.Add(p + "igate_preact.bias", {h}, InitSpec::Constant(-10.0f)));
-    LAIR_ASSIGN_OR_RETURN(w.f_gate, params.AddMatrix(p + "fgate_preact.weight", {h, hidden}, InitSpec::Zeros()));
-    LAIR_ASSIGN_OR_RETURN(w.f_bias, params.Add(p + "fgate_preact.bias", {h}, {InitSpec::kLinspace, 3.0f, 6.0f}));
-    LAIR_ASSIGN_OR_RETURN(w.norm, params.Add(p + "multihead_norm.weight", {config.v_dim}, InitSpec::Ones()));
+    LAIR_ASSIGN_OR_RETURN(w.o_gate,
+                          params.AddMatrix(p + "ogate_preact.weight", {config.v_dim, hidden}));
+    LAIR_ASSIGN_OR_RETURN(
+        w.i_gate, params.AddMatrix(p + "igate_preact.weight", {h, hidden}, InitSpec::Zeros()));
+    LAIR_ASSIGN_OR_RETURN(w.i_bias,
+                          params.Add(p + "igate_preact.bias", {h}, InitSpec::Constant(-10.0f)));
+    LAIR_ASSIGN_OR_RETURN(
+        w.f_gate, params.AddMatrix(p + "fgate_preact.weight", {h, hidden}, InitSpec::Zeros()));
+    LAIR_ASSIGN_OR_RETURN(
+        w.f_bias, params.Add(p + "fgate_preact.bias", {h}, {InitSpec::kLinspace, 3.0f, 6.0f}));
+    LAIR_ASSIGN_OR_RETURN(
+        w.norm, params.Add(p + "multihead_norm.weight", {config.v_dim}, InitSpec::Ones()));
     LAIR_ASSIGN_OR_RETURN(w.out, params.AddMatrix(p + "out_proj.weight", {hidden, config.v_dim}));
     spec.layers[i].mixer = std::make_unique<MlstmMixer>(config, w);
   }

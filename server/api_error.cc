@@ -8,7 +8,8 @@ constexpr char kParamPayload[] = "type.lair.dev/param";
 }  // namespace
 
 absl::Status ParamError(std::string_view param, std::string_view message) {
-  absl::Status status = absl::InvalidArgumentError(std::string(param) + ": " + std::string(message));
+  absl::Status status =
+      absl::InvalidArgumentError(std::string(param) + ": " + std::string(message));
   status.SetPayload(kParamPayload, absl::Cord(std::string(param)));
   return status;
 }

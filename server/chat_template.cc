@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <stdexcept>
 #include <string_view>
@@ -58,7 +58,8 @@ std::vector<Token> Tokenize(std::string_view src) {
       ++i;
     } else if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
       size_t j = i;
-      while (j < src.size() && (std::isalnum(static_cast<unsigned char>(src[j])) || src[j] == '_')) ++j;
+      while (j < src.size() && (std::isalnum(static_cast<unsigned char>(src[j])) || src[j] == '_'))
+        ++j;
       tokens.push_back({Token::kName, std::string(src.substr(i, j - i)), nullptr});
       i = j;
     } else if (std::isdigit(static_cast<unsigned char>(c))) {
@@ -110,14 +111,29 @@ struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
 struct Expr {
   enum Kind {
-    kLiteral, kName, kAttr, kIndex, kSlice, kCall, kFilter, kTest,
-    kNot, kNeg, kBinary, kAnd, kOr, kCond, kList, kDict
+    kLiteral,
+    kName,
+    kAttr,
+    kIndex,
+    kSlice,
+    kCall,
+    kFilter,
+    kTest,
+    kNot,
+    kNeg,
+    kBinary,
+    kAnd,
+    kOr,
+    kCond,
+    kList,
+    kDict
   } kind;
-  Json literal;              // kLiteral
-  std::string name;          // variable, attribute, filter, test or operator
-  bool negated = false;      // kTest: `is not`
-  std::vector<ExprPtr> args; // subject first (attr, index, slice, call, filter, test), then arguments;
-                             // kCond: then, condition, else (may be null); kDict: key, value pairs
+  Json literal;          // kLiteral
+  std::string name;      // variable, attribute, filter, test or operator
+  bool negated = false;  // kTest: `is not`
+  std::vector<ExprPtr>
+      args;  // subject first (attr, index, slice, call, filter, test), then arguments;
+             // kCond: then, condition, else (may be null); kDict: key, value pairs
   std::vector<std::pair<std::string, ExprPtr>> kwargs;  // keyword arguments of calls and filters
 };
 
@@ -136,10 +152,14 @@ class ExprParser {
   explicit ExprParser(std::vector<Token> tokens) : tokens_(std::move(tokens)) {}
 
   ExprPtr ParseExpression() { return ParseConditional(); }
-  const Token& Peek(size_t ahead = 0) const { return tokens_[std::min(pos_ + ahead, tokens_.size() - 1)]; }
+  const Token& Peek(size_t ahead = 0) const {
+    return tokens_[std::min(pos_ + ahead, tokens_.size() - 1)];
+  }
   bool AtEnd() const { return Peek().type == Token::kEnd; }
   bool IsOp(std::string_view op) const { return Peek().type == Token::kOp && Peek().text == op; }
-  bool IsName(std::string_view name) const { return Peek().type == Token::kName && Peek().text == name; }
+  bool IsName(std::string_view name) const {
+    return Peek().type == Token::kName && Peek().text == name;
+  }
   const Token& Next() { return tokens_[std::min(pos_++, tokens_.size() - 1)]; }
   void Expect(std::string_view op) {
     if (!IsOp(op)) Fail("expected '" + std::string(op) + "' but found '" + Peek().text + "'");
@@ -255,7 +275,8 @@ class ExprParser {
       auto e = MakeExpr(Expr::kLiteral);
       e->literal = t.value;
       // Adjacent string literals concatenate, as in Python.
-      while (t.type == Token::kString && Peek().type == Token::kString) e->literal = e->literal.get<std::string>() + Next().value.get<std::string>();
+      while (t.type == Token::kString && Peek().type == Token::kString)
+        e->literal = e->literal.get<std::string>() + Next().value.get<std::string>();
       return e;
     }
     if (t.type == Token::kName) {
@@ -388,7 +409,7 @@ struct ChatTemplate::Node {
   std::vector<std::string> targets;  // kFor loop variables; kSet name (and attribute)
   ExprPtr filter;                    // kFor `if` clause (may be null)
   std::vector<std::pair<ExprPtr, std::unique_ptr<Node>>> branches;  // kIf; null condition = else
-  std::vector<std::unique_ptr<Node>> children;                       // kSequence, kFor body (one)
+  std::vector<std::unique_ptr<Node>> children;                      // kSequence, kFor body (one)
 };
 
 namespace {
@@ -405,22 +426,25 @@ struct Segment {
 // strip the indentation before them and one newline after them).
 std::vector<Segment> Segments(const std::string& source) {
   std::vector<Segment> segments;
-  bool trim_next_text = false;    // "-" on the previous tag's closing side
-  bool drop_next_newline = false; // the previous tag was a block or comment (trim_blocks)
+  bool trim_next_text = false;     // "-" on the previous tag's closing side
+  bool drop_next_newline = false;  // the previous tag was a block or comment (trim_blocks)
   size_t pos = 0;
   while (pos <= source.size()) {
     size_t open = source.find('{', pos);
-    while (open != std::string::npos && open + 1 < source.size() &&
-           source[open + 1] != '{' && source[open + 1] != '%' && source[open + 1] != '#') {
+    while (open != std::string::npos && open + 1 < source.size() && source[open + 1] != '{' &&
+           source[open + 1] != '%' && source[open + 1] != '#') {
       open = source.find('{', open + 1);
     }
     if (open != std::string::npos && open + 1 >= source.size()) open = std::string::npos;
-    std::string text = source.substr(pos, open == std::string::npos ? std::string::npos : open - pos);
+    std::string text =
+        source.substr(pos, open == std::string::npos ? std::string::npos : open - pos);
     if (trim_next_text) {
       text.erase(0, std::min(text.size(), text.find_first_not_of(" \t\r\n")));
     } else if (drop_next_newline) {
-      if (text.rfind("\r\n", 0) == 0) text.erase(0, 2);
-      else if (text.rfind("\n", 0) == 0) text.erase(0, 1);
+      if (text.rfind("\r\n", 0) == 0)
+        text.erase(0, 2);
+      else if (text.rfind("\n", 0) == 0)
+        text.erase(0, 1);
     }
     if (open == std::string::npos) {
       segments.push_back({Segment::kText, text});
@@ -429,7 +453,8 @@ std::vector<Segment> Segments(const std::string& source) {
     char kind = source[open + 1];
     const char* close_str = kind == '{' ? "}}" : kind == '%' ? "%}" : "#}";
     size_t close = source.find(close_str, open + 2);
-    if (close == std::string::npos) Fail(std::string("unclosed tag starting '") + source.substr(open, 20) + "'");
+    if (close == std::string::npos)
+      Fail(std::string("unclosed tag starting '") + source.substr(open, 20) + "'");
     std::string body = source.substr(open + 2, close - open - 2);
     bool trim_before = !body.empty() && body.front() == '-';
     bool keep_indent = !body.empty() && body.front() == '+';
@@ -444,10 +469,12 @@ std::vector<Segment> Segments(const std::string& source) {
       size_t line_start = text.find_last_of('\n');
       size_t from = line_start == std::string::npos ? 0 : line_start + 1;
       bool at_line_start = line_start != std::string::npos || pos == 0;
-      if (at_line_start && text.find_first_not_of(" \t", from) == std::string::npos) text.erase(from);
+      if (at_line_start && text.find_first_not_of(" \t", from) == std::string::npos)
+        text.erase(from);
     }
     segments.push_back({Segment::kText, text});
-    if (kind != '#') segments.push_back({kind == '{' ? Segment::kOutput : Segment::kStatement, body});
+    if (kind != '#')
+      segments.push_back({kind == '{' ? Segment::kOutput : Segment::kStatement, body});
     trim_next_text = trim_after;
     drop_next_newline = is_block;
     pos = close + 2;
@@ -615,15 +642,18 @@ std::string TypeName(const Value& v) {
 }
 
 const std::string& AsString(const Value& v, const char* what) {
-  if (!v.defined || !v.json.is_string()) Fail(std::string(what) + " needs a string, got " + TypeName(v));
+  if (!v.defined || !v.json.is_string())
+    Fail(std::string(what) + " needs a string, got " + TypeName(v));
   return v.json.get_ref<const std::string&>();
 }
 int64_t AsInt(const Value& v, const char* what) {
-  if (!v.defined || !v.json.is_number_integer()) Fail(std::string(what) + " needs an integer, got " + TypeName(v));
+  if (!v.defined || !v.json.is_number_integer())
+    Fail(std::string(what) + " needs an integer, got " + TypeName(v));
   return v.json.get<int64_t>();
 }
 
-std::string Strip(const std::string& s, bool left, bool right, const std::string& chars = " \t\r\n\f\v") {
+std::string Strip(const std::string& s, bool left, bool right,
+                  const std::string& chars = " \t\r\n\f\v") {
   size_t b = left ? s.find_first_not_of(chars) : 0;
   if (b == std::string::npos) return "";
   size_t e = right ? s.find_last_not_of(chars) : s.size() - 1;
@@ -693,7 +723,8 @@ class Renderer {
           break;
         }
         Value* ns = Find(n.targets[0]);
-        if (ns == nullptr || !ns->json.is_object()) Fail("cannot set attribute of '" + n.targets[0] + "'");
+        if (ns == nullptr || !ns->json.is_object())
+          Fail("cannot set attribute of '" + n.targets[0] + "'");
         ns->json[n.targets[1]] = v.json;
         break;
       }
@@ -732,9 +763,13 @@ class Renderer {
     for (int64_t i = 0; i < length; ++i) {
       scopes_.emplace_back();
       Bind(n.targets, items[i]);
-      scopes_.back()["loop"] = Of(Json{{"index", i + 1}, {"index0", i}, {"revindex", length - i},
-                                      {"revindex0", length - i - 1}, {"first", i == 0},
-                                      {"last", i == length - 1}, {"length", length}});
+      scopes_.back()["loop"] = Of(Json{{"index", i + 1},
+                                       {"index0", i},
+                                       {"revindex", length - i},
+                                       {"revindex0", length - i - 1},
+                                       {"first", i == 0},
+                                       {"last", i == length - 1},
+                                       {"length", length}});
       Exec(*n.children[0]);
       scopes_.pop_back();
     }
@@ -745,7 +780,8 @@ class Renderer {
       scopes_.back()[targets[0]] = Of(item);
       return;
     }
-    if (!item.is_array() || item.size() != targets.size()) Fail("cannot unpack loop item into " + std::to_string(targets.size()) + " names");
+    if (!item.is_array() || item.size() != targets.size())
+      Fail("cannot unpack loop item into " + std::to_string(targets.size()) + " names");
     for (size_t i = 0; i < targets.size(); ++i) scopes_.back()[targets[i]] = Of(item[i]);
   }
 
@@ -776,10 +812,12 @@ class Renderer {
         Value start = e.args[1] ? Eval(*e.args[1]) : Undefined();
         Value stop = e.args[2] ? Eval(*e.args[2]) : Undefined();
         const Json& j = subject.json;
-        if (!subject.defined || !(j.is_array() || j.is_string())) Fail("cannot slice " + TypeName(subject));
+        if (!subject.defined || !(j.is_array() || j.is_string()))
+          Fail("cannot slice " + TypeName(subject));
         int64_t size = static_cast<int64_t>(j.size());
         if (j.is_string()) size = static_cast<int64_t>(j.get_ref<const std::string&>().size());
-        auto [b, end] = SliceBounds(size, e.args[1] ? &start : nullptr, e.args[2] ? &stop : nullptr);
+        auto [b, end] =
+            SliceBounds(size, e.args[1] ? &start : nullptr, e.args[2] ? &stop : nullptr);
         if (j.is_string()) return Of(j.get<std::string>().substr(b, end - b));
         return Of(Json(j.begin() + b, j.begin() + end));
       }
@@ -865,10 +903,12 @@ class Renderer {
       }
       return Of(op == "in" ? found : !found);
     }
-    bool numbers = a.defined && b.defined && x.is_number() && y.is_number() && !x.is_boolean() && !y.is_boolean();
+    bool numbers = a.defined && b.defined && x.is_number() && y.is_number() && !x.is_boolean() &&
+                   !y.is_boolean();
     bool integers = numbers && x.is_number_integer() && y.is_number_integer();
     if (op == "<" || op == ">" || op == "<=" || op == ">=") {
-      if (!numbers && !(x.is_string() && y.is_string())) Fail("cannot compare " + TypeName(a) + " and " + TypeName(b));
+      if (!numbers && !(x.is_string() && y.is_string()))
+        Fail("cannot compare " + TypeName(a) + " and " + TypeName(b));
       bool less = x < y, greater = y < x;
       return Of(op == "<" ? less : op == ">" ? greater : op == "<=" ? !greater : !less);
     }
@@ -885,7 +925,8 @@ class Renderer {
       for (int64_t i = 0; i < y.get<int64_t>(); ++i) out += x.get<std::string>();
       return Of(out);
     }
-    if (!numbers) Fail("unsupported operand types for " + op + ": " + TypeName(a) + " and " + TypeName(b));
+    if (!numbers)
+      Fail("unsupported operand types for " + op + ": " + TypeName(a) + " and " + TypeName(b));
     if (integers && op != "/") {
       int64_t p = x.get<int64_t>(), q = y.get<int64_t>();
       if ((op == "//" || op == "%") && q == 0) Fail("integer division by zero");
@@ -947,8 +988,11 @@ class Renderer {
       if (name == "upper") return Of(CaseMap(s, 1));
       if (name == "title") return Of(CaseMap(s, 2));
       if (name == "startswith") return Of(s.rfind(chars, 0) == 0);
-      if (name == "endswith") return Of(s.size() >= chars.size() && s.compare(s.size() - chars.size(), chars.size(), chars) == 0);
-      if (name == "replace" && args.size() == 2) return Of(ReplaceAll(s, chars, AsString(args[1], "replace")));
+      if (name == "endswith")
+        return Of(s.size() >= chars.size() &&
+                  s.compare(s.size() - chars.size(), chars.size(), chars) == 0);
+      if (name == "replace" && args.size() == 2)
+        return Of(ReplaceAll(s, chars, AsString(args[1], "replace")));
       if (name == "split") {
         Json parts = Json::array();
         if (args.empty()) {
@@ -973,12 +1017,14 @@ class Renderer {
     if (self.defined && j.is_object()) {
       if (name == "items") {
         Json items = Json::array();
-        for (auto it = j.begin(); it != j.end(); ++it) items.push_back(Json::array({it.key(), *it}));
+        for (auto it = j.begin(); it != j.end(); ++it)
+          items.push_back(Json::array({it.key(), *it}));
         return Of(items);
       }
       if (name == "keys" || name == "values") {
         Json out = Json::array();
-        for (auto it = j.begin(); it != j.end(); ++it) out.push_back(name == "keys" ? Json(it.key()) : *it);
+        for (auto it = j.begin(); it != j.end(); ++it)
+          out.push_back(name == "keys" ? Json(it.key()) : *it);
         return Of(out);
       }
       if (name == "get" && !args.empty()) {
@@ -1011,7 +1057,8 @@ class Renderer {
     if (f == "lower") return Of(CaseMap(Str(v), 0));
     if (f == "title") return Of(CaseMap(Str(v), 2));
     if (f == "capitalize") return Of(CaseMap(Str(v), 3));
-    if (f == "replace" && args.size() == 2) return Of(ReplaceAll(Str(v), AsString(args[0], "replace"), AsString(args[1], "replace")));
+    if (f == "replace" && args.size() == 2)
+      return Of(ReplaceAll(Str(v), AsString(args[0], "replace"), AsString(args[1], "replace")));
     if (f == "tojson") {
       int indent = -1;
       for (const auto& [key, value] : e.kwargs) {
@@ -1036,15 +1083,20 @@ class Renderer {
     if (f == "items") return Method(v, "items", {});
     if (f == "list" || f == "first" || f == "last" || f == "reverse" || f == "join") {
       Json list = Json::array();
-      if (j.is_array()) list = j;
-      else if (j.is_string()) for (char c : j.get<std::string>()) list.push_back(std::string(1, c));
-      else if (j.is_object()) for (auto it = j.begin(); it != j.end(); ++it) list.push_back(it.key());
-      else if (v.defined) Fail(f + " of " + TypeName(v));
+      if (j.is_array())
+        list = j;
+      else if (j.is_string())
+        for (char c : j.get<std::string>()) list.push_back(std::string(1, c));
+      else if (j.is_object())
+        for (auto it = j.begin(); it != j.end(); ++it) list.push_back(it.key());
+      else if (v.defined)
+        Fail(f + " of " + TypeName(v));
       if (f == "list") return Of(list);
       if (f == "first") return list.empty() ? Undefined() : Of(list.front());
       if (f == "last") return list.empty() ? Undefined() : Of(list.back());
       if (f == "reverse") {
-        if (j.is_string()) return Of(std::string(j.get<std::string>().rbegin(), j.get<std::string>().rend()));
+        if (j.is_string())
+          return Of(std::string(j.get<std::string>().rbegin(), j.get<std::string>().rend()));
         std::reverse(list.begin(), list.end());
         return Of(list);
       }
@@ -1072,7 +1124,8 @@ class Renderer {
     if (t == "false") return j.is_boolean() && !j.get<bool>();
     if (t == "mapping") return j.is_object();
     if (t == "sequence" || t == "iterable") return j.is_array() || j.is_string() || j.is_object();
-    if (t == "even" || t == "odd") return j.is_number_integer() && (j.get<int64_t>() % 2 == 0) == (t == "even");
+    if (t == "even" || t == "odd")
+      return j.is_number_integer() && (j.get<int64_t>() % 2 == 0) == (t == "even");
     Fail("unknown test '" + t + "'");
   }
 

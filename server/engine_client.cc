@@ -28,7 +28,8 @@ class LatencyTracker {
         metrics_->ObserveTimeToFirstToken(Seconds(start_, now));
       } else {
         const double gap = Seconds(it->second, now) / static_cast<double>(output.new_tokens.size());
-        for (size_t i = 0; i < output.new_tokens.size(); ++i) metrics_->ObserveInterTokenLatency(gap);
+        for (size_t i = 0; i < output.new_tokens.size(); ++i)
+          metrics_->ObserveInterTokenLatency(gap);
       }
       last_token_[output.index] = now;
     }
@@ -54,20 +55,22 @@ class LatencyTracker {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<EngineClient>> EngineClient::Create(engine::Engine* engine,
-                                                                  const Tokenizer* tokenizer,
-                                                                  std::string model_name,
-                                                                  int max_prompt_tokens,
-                                                                  Metrics* metrics) {
+                                                                   const Tokenizer* tokenizer,
+                                                                   std::string model_name,
+                                                                   int max_prompt_tokens,
+                                                                   Metrics* metrics) {
   std::string source(tokenizer->ChatTemplate());
-  LAIR_ASSIGN_OR_RETURN(ChatTemplate chat_template,
-                        ChatTemplate::Parse(source.empty() ? ChatTemplate::kFallbackSource : source));
+  LAIR_ASSIGN_OR_RETURN(
+      ChatTemplate chat_template,
+      ChatTemplate::Parse(source.empty() ? ChatTemplate::kFallbackSource : source));
   return std::unique_ptr<EngineClient>(new EngineClient(engine, tokenizer, std::move(model_name),
                                                         max_prompt_tokens, metrics,
                                                         std::move(chat_template)));
 }
 
-EngineClient::EngineClient(engine::Engine* engine, const Tokenizer* tokenizer, std::string model_name,
-                           int max_prompt_tokens, Metrics* metrics, ChatTemplate chat_template)
+EngineClient::EngineClient(engine::Engine* engine, const Tokenizer* tokenizer,
+                           std::string model_name, int max_prompt_tokens, Metrics* metrics,
+                           ChatTemplate chat_template)
     : engine_(engine),
       tokenizer_(tokenizer),
       model_name_(std::move(model_name)),
@@ -79,21 +82,22 @@ EngineClient::EngineClient(engine::Engine* engine, const Tokenizer* tokenizer, s
 
 absl::Status EngineClient::CheckModel(std::string_view requested) const {
   if (requested.empty() || requested == model_name_) return absl::OkStatus();
-  return absl::NotFoundError("The model `" + std::string(requested) + "` does not exist; this server serves `" +
-                             model_name_ + "`.");
+  return absl::NotFoundError("The model `" + std::string(requested) +
+                             "` does not exist; this server serves `" + model_name_ + "`.");
 }
 
 absl::StatusOr<std::vector<int32_t>> EngineClient::PromptTokens(const PromptInput& prompt,
-                                                               std::string_view param) const {
-  std::vector<int32_t> tokens = std::holds_alternative<std::string>(prompt)
-                                    ? Tokenize(std::get<std::string>(prompt), /*add_special_tokens=*/true)
-                                    : std::get<std::vector<int32_t>>(prompt);
+                                                                std::string_view param) const {
+  std::vector<int32_t> tokens =
+      std::holds_alternative<std::string>(prompt)
+          ? Tokenize(std::get<std::string>(prompt), /*add_special_tokens=*/true)
+          : std::get<std::vector<int32_t>>(prompt);
   LAIR_RETURN_IF_ERROR(CheckPrompt(tokens, param));
   return tokens;
 }
 
-absl::StatusOr<std::vector<int32_t>> EngineClient::ChatPromptTokens(const nlohmann::ordered_json& messages,
-                                                                   bool add_generation_prompt) const {
+absl::StatusOr<std::vector<int32_t>> EngineClient::ChatPromptTokens(
+    const nlohmann::ordered_json& messages, bool add_generation_prompt) const {
   nlohmann::ordered_json variables = {{"messages", messages},
                                       {"add_generation_prompt", add_generation_prompt},
                                       {"bos_token", bos_token_},
@@ -105,18 +109,20 @@ absl::StatusOr<std::vector<int32_t>> EngineClient::ChatPromptTokens(const nlohma
   return tokens;
 }
 
-absl::Status EngineClient::CheckPrompt(const std::vector<int32_t>& tokens, std::string_view param) const {
+absl::Status EngineClient::CheckPrompt(const std::vector<int32_t>& tokens,
+                                       std::string_view param) const {
   if (tokens.empty()) return ParamError(param, "the prompt is empty");
   const int vocab = tokenizer_->VocabSize();
   for (int32_t id : tokens) {
     if (id < 0 || id >= vocab) {
-      return ParamError(param, "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                                   std::to_string(vocab) + ")");
+      return ParamError(param, "token id " + std::to_string(id) +
+                                   " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
     }
   }
   if (static_cast<int64_t>(tokens.size()) > max_prompt_tokens_) {
-    return ParamError(param, "this model's maximum context length is " + std::to_string(max_prompt_tokens_) +
-                                 " tokens, but the prompt has " + std::to_string(tokens.size()) + " tokens");
+    return ParamError(
+        param, "this model's maximum context length is " + std::to_string(max_prompt_tokens_) +
+                   " tokens, but the prompt has " + std::to_string(tokens.size()) + " tokens");
   }
   return absl::OkStatus();
 }
@@ -143,7 +149,8 @@ absl::StatusOr<std::string> EngineClient::Submit(std::vector<int32_t> prompt_tok
   std::string id = request.request_id;
   auto tracker = std::make_shared<LatencyTracker>(metrics_);
   LAIR_RETURN_IF_ERROR(engine_->Submit(
-      std::move(request), [tracker, on_output = std::move(on_output)](const engine::RequestOutput& output) {
+      std::move(request),
+      [tracker, on_output = std::move(on_output)](const engine::RequestOutput& output) {
         tracker->Observe(output);
         on_output(output);
       }));

@@ -51,7 +51,8 @@ class EngineClient {
 
   // A completion prompt's tokens (text gets the tokenizer's special tokens,
   // ids are taken as they are), validated by CheckPrompt.
-  absl::StatusOr<std::vector<int32_t>> PromptTokens(const PromptInput& prompt, std::string_view param) const;
+  absl::StatusOr<std::vector<int32_t>> PromptTokens(const PromptInput& prompt,
+                                                    std::string_view param) const;
   // Renders `messages` (OpenAI chat messages, content already flattened to
   // strings) with the chat template and tokenizes the result without adding
   // special tokens (the template writes BOS itself).

@@ -33,8 +33,8 @@ void CopySampling(const v1::SamplingParams& in, engine::SamplingParams* out) {
 }
 
 // Validates a GenerateRequest and turns it into prompt tokens and sampling.
-absl::Status Prepare(const EngineClient& client, const v1::GenerateRequest& request, std::vector<int32_t>* prompt,
-                     engine::SamplingParams* sampling) {
+absl::Status Prepare(const EngineClient& client, const v1::GenerateRequest& request,
+                     std::vector<int32_t>* prompt, engine::SamplingParams* sampling) {
   LAIR_RETURN_IF_ERROR(client.CheckModel(request.model()));
   CopySampling(request.sampling(), sampling);
   if (sampling->n < 1) return absl::InvalidArgumentError("sampling.n: must be at least 1");
@@ -76,7 +76,8 @@ void FillLogprobs(const EngineClient& client, const std::vector<engine::TokenLog
 // How a finished generation ends the call: OK, CANCELLED when the engine
 // cancelled it (client gone, deadline, shutdown), or a completion's error.
 absl::Status CallStatus(const engine::RequestOutput& last) {
-  if (last.finish_reason == engine::FinishReason::kCancelled) return absl::CancelledError("request cancelled");
+  if (last.finish_reason == engine::FinishReason::kCancelled)
+    return absl::CancelledError("request cancelled");
   if (last.finish_reason == engine::FinishReason::kError) {
     return last.status.ok() ? absl::InternalError("generation failed") : last.status;
   }
@@ -89,7 +90,8 @@ absl::Status CallStatus(const engine::RequestOutput& last) {
 // Finish comes only after every completion's final output.
 class GenerateReactor final : public grpc::ServerUnaryReactor {
  public:
-  GenerateReactor(EngineClient& client, v1::GenerateResponse* response) : client_(client), response_(response) {}
+  GenerateReactor(EngineClient& client, v1::GenerateResponse* response)
+      : client_(client), response_(response) {}
 
   void Start(const absl::Status& auth, const v1::GenerateRequest& request) {
     std::vector<int32_t> prompt;
@@ -103,8 +105,8 @@ class GenerateReactor final : public grpc::ServerUnaryReactor {
       usage_.prompt_tokens = static_cast<int>(prompt.size());
       for (int i = 0; i < sampling.n; ++i) response_->add_completions()->set_index(i);
     }
-    absl::StatusOr<std::string> id =
-        client_.Submit(std::move(prompt), sampling, [this](const engine::RequestOutput& out) { OnOutput(out); });
+    absl::StatusOr<std::string> id = client_.Submit(
+        std::move(prompt), sampling, [this](const engine::RequestOutput& out) { OnOutput(out); });
     if (!id.ok()) return End(id.status());
     bool cancel = false, done = false;
     absl::Status finish;
@@ -171,10 +173,10 @@ class GenerateReactor final : public grpc::ServerUnaryReactor {
   EngineClient& client_;
   v1::GenerateResponse* const response_;  // owned by gRPC, valid until OnDone
   absl::Mutex mu_;
-  std::string request_id_ ABSL_GUARDED_BY(mu_);  // empty until Submit returned
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // OnCancel ran
-  bool submitting_ ABSL_GUARDED_BY(mu_) = false; // inside Start's Submit: Finish must wait for it
-  int unfinished_ ABSL_GUARDED_BY(mu_) = 0;      // completions without their final output
+  std::string request_id_ ABSL_GUARDED_BY(mu_);   // empty until Submit returned
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;   // OnCancel ran
+  bool submitting_ ABSL_GUARDED_BY(mu_) = false;  // inside Start's Submit: Finish must wait for it
+  int unfinished_ ABSL_GUARDED_BY(mu_) = 0;       // completions without their final output
   engine::Usage usage_ ABSL_GUARDED_BY(mu_);
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
 };
@@ -200,8 +202,8 @@ class GenerateStreamReactor final : public grpc::ServerWriteReactor<v1::Generate
       submitting_ = true;
       prompt_tokens_ = static_cast<int>(prompt.size());
     }
-    absl::StatusOr<std::string> id =
-        client_.Submit(std::move(prompt), sampling, [this](const engine::RequestOutput& out) { OnOutput(out); });
+    absl::StatusOr<std::string> id = client_.Submit(
+        std::move(prompt), sampling, [this](const engine::RequestOutput& out) { OnOutput(out); });
     if (!id.ok()) return End(id.status());
     bool cancel = false, ready = false;
     absl::Status finish;
@@ -264,7 +266,8 @@ class GenerateStreamReactor final : public grpc::ServerWriteReactor<v1::Generate
     End(finish);  // the last use of `this`
   }
 
-  v1::GenerateStreamResponse Message(const engine::RequestOutput& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  v1::GenerateStreamResponse Message(const engine::RequestOutput& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     v1::GenerateStreamResponse message;
     message.set_request_id(out.request_id);
     message.set_index(out.index);
@@ -308,12 +311,12 @@ class GenerateStreamReactor final : public grpc::ServerWriteReactor<v1::Generate
   absl::Mutex mu_;
   std::string request_id_ ABSL_GUARDED_BY(mu_);  // empty until Submit returned
   int prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
-  int unfinished_ ABSL_GUARDED_BY(mu_) = 0;      // completions without their final output
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // client gone: write nothing more
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;    // a StartWrite is in flight (of queue_.front())
-  bool submitting_ ABSL_GUARDED_BY(mu_) = false; // inside Start's Submit: Finish must wait for it
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;   // Finish was claimed
-  absl::Status status_ ABSL_GUARDED_BY(mu_);     // the call's final status
+  int unfinished_ ABSL_GUARDED_BY(mu_) = 0;       // completions without their final output
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;   // client gone: write nothing more
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;     // a StartWrite is in flight (of queue_.front())
+  bool submitting_ ABSL_GUARDED_BY(mu_) = false;  // inside Start's Submit: Finish must wait for it
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;    // Finish was claimed
+  absl::Status status_ ABSL_GUARDED_BY(mu_);      // the call's final status
   std::deque<v1::GenerateStreamResponse> queue_ ABSL_GUARDED_BY(mu_);  // front is being written
 };
 
@@ -328,12 +331,15 @@ absl::Status GrpcService::Authenticate(const grpc::CallbackServerContext& contex
   if (api_key_.empty()) return absl::OkStatus();
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
-  std::string_view value = it == metadata.end() ? std::string_view() : std::string_view(it->second.data(), it->second.size());
+  std::string_view value = it == metadata.end()
+                               ? std::string_view()
+                               : std::string_view(it->second.data(), it->second.size());
   if (BearerMatches(value, api_key_) && it != metadata.end()) return absl::OkStatus();
   return absl::UnauthenticatedError("missing or invalid API key (send authorization: Bearer KEY)");
 }
 
-grpc::ServerUnaryReactor* GrpcService::FinishNow(grpc::CallbackServerContext* context, const absl::Status& status) {
+grpc::ServerUnaryReactor* GrpcService::FinishNow(grpc::CallbackServerContext* context,
+                                                 const absl::Status& status) {
   RecordCall(*client_, status);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
@@ -341,7 +347,8 @@ grpc::ServerUnaryReactor* GrpcService::FinishNow(grpc::CallbackServerContext* co
 }
 
 grpc::ServerUnaryReactor* GrpcService::Generate(grpc::CallbackServerContext* context,
-                                                const v1::GenerateRequest* request, v1::GenerateResponse* response) {
+                                                const v1::GenerateRequest* request,
+                                                v1::GenerateResponse* response) {
   auto* reactor = new GenerateReactor(*client_, response);
   reactor->Start(Authenticate(*context), *request);
   return reactor;
@@ -355,7 +362,8 @@ grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GrpcService::GenerateStrea
 }
 
 grpc::ServerUnaryReactor* GrpcService::Tokenize(grpc::CallbackServerContext* context,
-                                                const v1::TokenizeRequest* request, v1::TokenizeResponse* response) {
+                                                const v1::TokenizeRequest* request,
+                                                v1::TokenizeResponse* response) {
   absl::Status status = Authenticate(*context);
   if (status.ok()) status = client_->CheckModel(request->model());
   if (status.ok()) {
@@ -375,7 +383,8 @@ grpc::ServerUnaryReactor* GrpcService::Detokenize(grpc::CallbackServerContext* c
   if (status.ok()) status = client_->CheckModel(request->model());
   for (int32_t id : request->token_ids()) {
     if (status.ok() && (id < 0 || id >= client_->vocab_size())) {
-      status = absl::InvalidArgumentError("token_ids: " + std::to_string(id) + " is outside the vocabulary");
+      status = absl::InvalidArgumentError("token_ids: " + std::to_string(id) +
+                                          " is outside the vocabulary");
     }
   }
   if (status.ok()) {
@@ -386,7 +395,8 @@ grpc::ServerUnaryReactor* GrpcService::Detokenize(grpc::CallbackServerContext* c
 }
 
 grpc::ServerUnaryReactor* GrpcService::ListModels(grpc::CallbackServerContext* context,
-                                                  const v1::ListModelsRequest*, v1::ListModelsResponse* response) {
+                                                  const v1::ListModelsRequest*,
+                                                  v1::ListModelsResponse* response) {
   absl::Status status = Authenticate(*context);
   if (status.ok()) {
     v1::ModelInfo* model = response->add_models();

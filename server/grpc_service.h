@@ -25,24 +25,30 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 class GrpcService final : public lair::v1::TextGeneration::CallbackService {
  public:
   // `client` must outlive the service. An empty `api_key` accepts every call.
-  GrpcService(EngineClient* client, std::string api_key) : client_(client), api_key_(std::move(api_key)) {}
+  GrpcService(EngineClient* client, std::string api_key)
+      : client_(client), api_key_(std::move(api_key)) {}
 
-  grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context, const v1::GenerateRequest* request,
+  grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
+                                     const v1::GenerateRequest* request,
                                      v1::GenerateResponse* response) override;
   grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerateStream(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
-  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context, const v1::TokenizeRequest* request,
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
                                      v1::TokenizeResponse* response) override;
-  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context, const v1::DetokenizeRequest* request,
+  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context,
+                                       const v1::DetokenizeRequest* request,
                                        v1::DetokenizeResponse* response) override;
-  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context, const v1::ListModelsRequest* request,
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const v1::ListModelsRequest* request,
                                        v1::ListModelsResponse* response) override;
 
  private:
   // OK, or Unauthenticated when the call lacks "authorization: Bearer KEY".
   absl::Status Authenticate(const grpc::CallbackServerContext& context) const;
   // Finishes a unary call through the default reactor, recording metrics.
-  grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, const absl::Status& status);
+  grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
+                                      const absl::Status& status);
 
   EngineClient* const client_;
   const std::string api_key_;

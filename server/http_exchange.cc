@@ -29,8 +29,8 @@ asio::awaitable<void> Notifier::Wait() const {
   state->pending = false;
 }
 
-HttpExchange::HttpExchange(beast::tcp_stream& stream, beast::flat_buffer& buffer, HttpRequest request,
-                           Metrics* metrics)
+HttpExchange::HttpExchange(beast::tcp_stream& stream, beast::flat_buffer& buffer,
+                           HttpRequest request, Metrics* metrics)
     : stream_(stream),
       buffer_(buffer),
       request_(std::move(request)),
@@ -60,7 +60,8 @@ void HttpExchange::Record(http::status status) {
 }
 
 template <class Message>
-void HttpExchange::Prepare(Message& message, http::status status, std::string_view content_type) const {
+void HttpExchange::Prepare(Message& message, http::status status,
+                           std::string_view content_type) const {
   message.result(status);
   message.version(request_.version());
   message.set(http::field::server, "lair");
@@ -68,7 +69,8 @@ void HttpExchange::Prepare(Message& message, http::status status, std::string_vi
   message.keep_alive(request_.keep_alive());
 }
 
-asio::awaitable<void> HttpExchange::Reply(http::status status, std::string body, std::string_view content_type) {
+asio::awaitable<void> HttpExchange::Reply(http::status status, std::string body,
+                                          std::string_view content_type) {
   http::response<http::string_body> response;
   Prepare(response, status, content_type);
   response.body() = std::move(body);
@@ -80,8 +82,8 @@ asio::awaitable<void> HttpExchange::Reply(http::status status, std::string body,
 }
 
 asio::awaitable<void> HttpExchange::ReplyError(const absl::Status& status) {
-  co_await Reply(static_cast<http::status>(HttpStatusFor(status)), DumpJson(OpenAiErrorBody(status)),
-                 "application/json");
+  co_await Reply(static_cast<http::status>(HttpStatusFor(status)),
+                 DumpJson(OpenAiErrorBody(status)), "application/json");
 }
 
 asio::awaitable<bool> HttpExchange::BeginStream() {
@@ -92,7 +94,8 @@ asio::awaitable<bool> HttpExchange::BeginStream() {
   Record(http::status::ok);
   http::response_serializer<http::empty_body> serializer(response);
   beast::error_code ec;
-  co_await http::async_write_header(stream_, serializer, asio::redirect_error(asio::use_awaitable, ec));
+  co_await http::async_write_header(stream_, serializer,
+                                    asio::redirect_error(asio::use_awaitable, ec));
   if (ec) client_gone_ = true;
   co_return !client_gone_;
 }
@@ -109,7 +112,8 @@ asio::awaitable<bool> HttpExchange::Send(std::string data) {
 asio::awaitable<void> HttpExchange::EndStream() {
   if (client_gone_) co_return;
   beast::error_code ec;
-  co_await asio::async_write(stream_, http::make_chunk_last(), asio::redirect_error(asio::use_awaitable, ec));
+  co_await asio::async_write(stream_, http::make_chunk_last(),
+                             asio::redirect_error(asio::use_awaitable, ec));
   if (ec) client_gone_ = true;
 }
 

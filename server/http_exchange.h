@@ -51,7 +51,8 @@ class Notifier {
 class HttpExchange {
  public:
   // `stream` and `buffer` are the connection's and outlive the exchange.
-  HttpExchange(beast::tcp_stream& stream, beast::flat_buffer& buffer, HttpRequest request, Metrics* metrics);
+  HttpExchange(beast::tcp_stream& stream, beast::flat_buffer& buffer, HttpRequest request,
+               Metrics* metrics);
   HttpExchange(const HttpExchange&) = delete;
   HttpExchange& operator=(const HttpExchange&) = delete;
 

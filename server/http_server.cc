@@ -15,13 +15,15 @@ namespace lair::server {
 
 using asio::ip::tcp;
 
-absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerConfig& config, Metrics* metrics,
-                                                             Handler handler) {
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const ServerConfig& config,
+                                                              Metrics* metrics, Handler handler) {
   std::unique_ptr<HttpServer> server(new HttpServer(config, metrics, std::move(handler)));
   beast::error_code ec;
   const std::string where = config.host + ":" + std::to_string(config.http_port);
-  tcp::endpoint endpoint(asio::ip::make_address(config.host, ec), static_cast<uint16_t>(config.http_port));
-  if (ec) return absl::InvalidArgumentError("http: bad host '" + config.host + "': " + ec.message());
+  tcp::endpoint endpoint(asio::ip::make_address(config.host, ec),
+                         static_cast<uint16_t>(config.http_port));
+  if (ec)
+    return absl::InvalidArgumentError("http: bad host '" + config.host + "': " + ec.message());
   tcp::acceptor& acceptor = server->acceptor_;
   acceptor.open(endpoint.protocol(), ec);
   if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
@@ -64,8 +66,8 @@ void HttpServer::Stop(absl::Duration grace) {
 asio::awaitable<void> HttpServer::Accept() {
   while (true) {
     beast::error_code ec;
-    tcp::socket socket = co_await acceptor_.async_accept(asio::make_strand(io_),
-                                                         asio::redirect_error(asio::use_awaitable, ec));
+    tcp::socket socket = co_await acceptor_.async_accept(
+        asio::make_strand(io_), asio::redirect_error(asio::use_awaitable, ec));
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
     if (ec) {
       // Out of file descriptors and the like: back off instead of spinning.
@@ -89,7 +91,8 @@ asio::awaitable<void> HttpServer::Drain(beast::tcp_stream& stream) {
   stream.expires_after(std::chrono::seconds(5));
   std::vector<char> scratch(64 << 10);
   for (size_t drained = 0; !ec && drained < kMaxDrainBytes;) {
-    drained += co_await stream.async_read_some(asio::buffer(scratch), asio::redirect_error(asio::use_awaitable, ec));
+    drained += co_await stream.async_read_some(asio::buffer(scratch),
+                                               asio::redirect_error(asio::use_awaitable, ec));
   }
 }
 
@@ -103,14 +106,17 @@ asio::awaitable<void> HttpServer::Serve(tcp::socket socket) {
     beast::error_code ec;
     stream.expires_after(idle);
     // A Content-Length over the limit fails already here, with body_limit.
-    co_await http::async_read_header(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
+    co_await http::async_read_header(stream, buffer, parser,
+                                     asio::redirect_error(asio::use_awaitable, ec));
     if (ec && ec != http::error::body_limit) break;
     if (!ec && parser.get()[http::field::expect] == "100-continue") {
       http::response<http::empty_body> go_on(http::status::continue_, parser.get().version());
       co_await http::async_write(stream, go_on, asio::redirect_error(asio::use_awaitable, ec));
       if (ec) break;
     }
-    if (!ec) co_await http::async_read(stream, buffer, parser, asio::redirect_error(asio::use_awaitable, ec));
+    if (!ec)
+      co_await http::async_read(stream, buffer, parser,
+                                asio::redirect_error(asio::use_awaitable, ec));
     stream.expires_never();
     in_flight_.fetch_add(1);
     HttpExchange exchange(stream, buffer, parser.release(), metrics_);

@@ -33,8 +33,8 @@ class HttpServer {
   // Binds config.host:config.http_port (Unavailable naming the address when
   // it cannot) and starts config.http_threads I/O threads. `metrics` must
   // outlive the server.
-  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const ServerConfig& config, Metrics* metrics,
-                                                           Handler handler);
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const ServerConfig& config,
+                                                           Metrics* metrics, Handler handler);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

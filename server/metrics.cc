@@ -39,7 +39,8 @@ void Histogram::Render(const std::string& name, const std::string& help, std::st
   int64_t cumulative = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     cumulative += counts_[i];
-    *out += name + "_bucket{le=\"" + Number(bounds_[i]) + "\"} " + std::to_string(cumulative) + "\n";
+    *out +=
+        name + "_bucket{le=\"" + Number(bounds_[i]) + "\"} " + std::to_string(cumulative) + "\n";
   }
   *out += name + "_bucket{le=\"+Inf\"} " + std::to_string(count_) + "\n";
   *out += name + "_sum " + Number(sum_) + "\n";
@@ -47,8 +48,10 @@ void Histogram::Render(const std::string& name, const std::string& help, std::st
 }
 
 Metrics::Metrics()
-    : time_to_first_token_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}),
-      inter_token_latency_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1}),
+    : time_to_first_token_(
+          {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}),
+      inter_token_latency_(
+          {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1}),
       end_to_end_({0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120}) {}
 
 void Metrics::RecordResponse(std::string_view protocol, std::string_view code) {
@@ -92,17 +95,24 @@ std::string Metrics::Render(const engine::EngineStats& stats) const {
          static_cast<double>(stats.prompt_tokens_total), &out);
   Scalar("lair_generation_tokens_total", "counter", "Tokens generated.",
          static_cast<double>(stats.generated_tokens_total), &out);
-  time_to_first_token_.Render("lair_time_to_first_token_seconds", "Submit to first generated token.", &out);
-  inter_token_latency_.Render("lair_inter_token_latency_seconds", "Time between generated tokens.", &out);
-  end_to_end_.Render("lair_e2e_request_latency_seconds", "Submit to the last output of a completion.", &out);
+  time_to_first_token_.Render("lair_time_to_first_token_seconds",
+                              "Submit to first generated token.", &out);
+  inter_token_latency_.Render("lair_inter_token_latency_seconds", "Time between generated tokens.",
+                              &out);
+  end_to_end_.Render("lair_e2e_request_latency_seconds",
+                     "Submit to the last output of a completion.", &out);
   Scalar("lair_requests_running", "gauge", "Requests being decoded.", stats.running, &out);
   Scalar("lair_requests_waiting", "gauge", "Requests queued.", stats.waiting, &out);
   Scalar("lair_state_slots_used", "gauge", "Recurrent-state slots in use.", stats.slots_used, &out);
-  Scalar("lair_state_slots_total", "gauge", "Recurrent-state slots in the pool.", stats.slots_total, &out);
-  Scalar("lair_state_slot_bytes", "gauge", "Bytes of one state slot.", static_cast<double>(stats.bytes_per_slot), &out);
+  Scalar("lair_state_slots_total", "gauge", "Recurrent-state slots in the pool.", stats.slots_total,
+         &out);
+  Scalar("lair_state_slot_bytes", "gauge", "Bytes of one state slot.",
+         static_cast<double>(stats.bytes_per_slot), &out);
   Scalar("lair_state_slot_usage_ratio", "gauge", "Fraction of state slots in use.",
-         stats.slots_total > 0 ? static_cast<double>(stats.slots_used) / stats.slots_total : 0.0, &out);
-  Scalar("lair_engine_steps_total", "counter", "Engine steps run.", static_cast<double>(stats.steps_total), &out);
+         stats.slots_total > 0 ? static_cast<double>(stats.slots_used) / stats.slots_total : 0.0,
+         &out);
+  Scalar("lair_engine_steps_total", "counter", "Engine steps run.",
+         static_cast<double>(stats.steps_total), &out);
   Scalar("lair_preemptions_total", "counter", "Requests preempted to free state slots.",
          static_cast<double>(stats.preemptions_total), &out);
   return out;

@@ -36,7 +36,7 @@ class Histogram {
   void Render(const std::string& name, const std::string& help, std::string* out) const;
 
  private:
-  std::vector<double> bounds_;  // ascending upper bounds
+  std::vector<double> bounds_;   // ascending upper bounds
   std::vector<int64_t> counts_;  // per bucket, not cumulative; last is +Inf
   double sum_ = 0;
   int64_t count_ = 0;

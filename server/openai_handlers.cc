@@ -34,14 +34,16 @@ class GenerationRun {
   }
 
   // Submits one prompt; its n completions become choices first_choice...
-  absl::Status Submit(std::vector<int32_t> prompt, const engine::SamplingParams& sampling, int first_choice) {
+  absl::Status Submit(std::vector<int32_t> prompt, const engine::SamplingParams& sampling,
+                      int first_choice) {
     {
       absl::MutexLock lock(&inbox_->mu);
       inbox_->unfinished += sampling.n;
     }
     // The callback holds only shared state, so it stays valid whatever
     // happens to this run and its connection.
-    auto on_output = [inbox = inbox_, notifier = notifier_, first_choice](const engine::RequestOutput& out) {
+    auto on_output = [inbox = inbox_, notifier = notifier_,
+                      first_choice](const engine::RequestOutput& out) {
       {
         absl::MutexLock lock(&inbox->mu);
         inbox->items.push_back({first_choice + out.index, out});
@@ -49,7 +51,8 @@ class GenerationRun {
       }
       notifier.Notify();
     };
-    absl::StatusOr<std::string> id = client_.Submit(std::move(prompt), sampling, std::move(on_output));
+    absl::StatusOr<std::string> id =
+        client_.Submit(std::move(prompt), sampling, std::move(on_output));
     if (!id.ok()) {
       absl::MutexLock lock(&inbox_->mu);
       inbox_->unfinished -= sampling.n;
@@ -98,8 +101,9 @@ absl::Status OutputError(const engine::RequestOutput& out) {
 }
 
 // Streams every choice as SSE chunks, then the usage chunk (when asked) and [DONE].
-asio::awaitable<void> StreamResponse(HttpExchange& exchange, GenerationRun& run, const OpenAiRequest& request,
-                                     const ResponseHeader& header, engine::Usage usage, int num_choices,
+asio::awaitable<void> StreamResponse(HttpExchange& exchange, GenerationRun& run,
+                                     const OpenAiRequest& request, const ResponseHeader& header,
+                                     engine::Usage usage, int num_choices,
                                      const TokenTextFn& token_text) {
   if (!co_await exchange.BeginStream()) co_return;
   std::vector<bool> started(num_choices, false);
@@ -115,10 +119,11 @@ asio::awaitable<void> StreamResponse(HttpExchange& exchange, GenerationRun& run,
         frames += SseEvent(OpenAiErrorBody(OutputError(out)));
         continue;
       }
-      ChunkContent chunk{item.choice, std::move(out.text_delta), std::move(out.logprobs), out.finish_reason,
-                         !started[item.choice]};
+      ChunkContent chunk{item.choice, std::move(out.text_delta), std::move(out.logprobs),
+                         out.finish_reason, !started[item.choice]};
       started[item.choice] = true;
-      frames += SseEvent(StreamChunk(header, chunk, with_logprobs, request.include_usage, token_text));
+      frames +=
+          SseEvent(StreamChunk(header, chunk, with_logprobs, request.include_usage, token_text));
     }
     if (!co_await exchange.Send(std::move(frames))) co_return;
   }
@@ -130,8 +135,9 @@ asio::awaitable<void> StreamResponse(HttpExchange& exchange, GenerationRun& run,
 }
 
 // Collects every choice, then answers with one JSON body.
-asio::awaitable<void> WholeResponse(HttpExchange& exchange, GenerationRun& run, const OpenAiRequest& request,
-                                    const ResponseHeader& header, engine::Usage usage, int num_choices,
+asio::awaitable<void> WholeResponse(HttpExchange& exchange, GenerationRun& run,
+                                    const OpenAiRequest& request, const ResponseHeader& header,
+                                    engine::Usage usage, int num_choices,
                                     const TokenTextFn& token_text) {
   std::vector<Choice> choices(num_choices);
   for (int i = 0; i < num_choices; ++i) choices[i].index = i;
@@ -145,7 +151,8 @@ asio::awaitable<void> WholeResponse(HttpExchange& exchange, GenerationRun& run, 
       for (auto& lp : item.output.logprobs) choice.logprobs.push_back(std::move(lp));
       usage.completion_tokens += static_cast<int>(item.output.new_tokens.size());
       choice.finish_reason = item.output.finish_reason;
-      if (item.output.finish_reason == engine::FinishReason::kError) error = OutputError(item.output);
+      if (item.output.finish_reason == engine::FinishReason::kError)
+        error = OutputError(item.output);
     }
   }
   if (exchange.client_gone()) co_return;
@@ -159,7 +166,8 @@ asio::awaitable<void> WholeResponse(HttpExchange& exchange, GenerationRun& run, 
 
 asio::awaitable<void> HandleGenerate(HttpExchange& exchange, EngineClient& client, ApiKind kind,
                                      int chat_default_max_tokens) {
-  absl::StatusOr<OpenAiRequest> parsed = ParseOpenAiRequest(kind, exchange.request().body(), chat_default_max_tokens);
+  absl::StatusOr<OpenAiRequest> parsed =
+      ParseOpenAiRequest(kind, exchange.request().body(), chat_default_max_tokens);
   absl::Status status = parsed.status();
   std::vector<std::vector<int32_t>> prompts;
   if (status.ok()) status = client.CheckModel(parsed->model);
@@ -169,7 +177,8 @@ asio::awaitable<void> HandleGenerate(HttpExchange& exchange, EngineClient& clien
     status = tokens.status();
     if (status.ok()) prompts.push_back(std::move(*tokens));
   }
-  for (size_t i = 0; status.ok() && kind == ApiKind::kCompletion && i < parsed->prompts.size(); ++i) {
+  for (size_t i = 0; status.ok() && kind == ApiKind::kCompletion && i < parsed->prompts.size();
+       ++i) {
     absl::StatusOr<std::vector<int32_t>> tokens = client.PromptTokens(parsed->prompts[i], "prompt");
     status = tokens.status();
     if (status.ok()) prompts.push_back(std::move(*tokens));
@@ -178,7 +187,8 @@ asio::awaitable<void> HandleGenerate(HttpExchange& exchange, EngineClient& clien
   engine::Usage usage;
   for (size_t i = 0; status.ok() && i < prompts.size(); ++i) {
     usage.prompt_tokens += static_cast<int>(prompts[i].size());
-    status = run.Submit(std::move(prompts[i]), parsed->sampling, static_cast<int>(i) * parsed->sampling.n);
+    status = run.Submit(std::move(prompts[i]), parsed->sampling,
+                        static_cast<int>(i) * parsed->sampling.n);
   }
   if (!status.ok()) {
     co_await exchange.ReplyError(status);
@@ -205,8 +215,8 @@ asio::awaitable<void> HandleModels(HttpExchange& exchange, EngineClient& client)
   co_await exchange.Reply(http::status::ok, DumpJson(body), "application/json");
 }
 
-asio::awaitable<void> Route(HttpExchange& exchange, EngineClient& client, const std::string& api_key,
-                            int chat_default_max_tokens) {
+asio::awaitable<void> Route(HttpExchange& exchange, EngineClient& client,
+                            const std::string& api_key, int chat_default_max_tokens) {
   const std::string_view path = exchange.path();
   const http::verb method = exchange.request().method();
   if (path == "/health") {
@@ -218,7 +228,8 @@ asio::awaitable<void> Route(HttpExchange& exchange, EngineClient& client, const 
                             "text/plain; version=0.0.4; charset=utf-8");
     co_return;
   }
-  const bool known = path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions";
+  const bool known =
+      path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions";
   if (!known) {
     co_await exchange.ReplyError(absl::NotFoundError("no route for " + std::string(path)));
     co_return;
@@ -235,9 +246,11 @@ asio::awaitable<void> Route(HttpExchange& exchange, EngineClient& client, const 
   } else if (path == "/v1/chat/completions" && method == http::verb::post) {
     co_await HandleGenerate(exchange, client, ApiKind::kChat, chat_default_max_tokens);
   } else {
-    absl::Status wrong = absl::InvalidArgumentError(std::string(exchange.request().method_string()) +
-                                                    " is not allowed on " + std::string(path));
-    co_await exchange.Reply(http::status::method_not_allowed, DumpJson(OpenAiErrorBody(wrong)), "application/json");
+    absl::Status wrong =
+        absl::InvalidArgumentError(std::string(exchange.request().method_string()) +
+                                   " is not allowed on " + std::string(path));
+    co_await exchange.Reply(http::status::method_not_allowed, DumpJson(OpenAiErrorBody(wrong)),
+                            "application/json");
   }
 }
 
@@ -251,12 +264,14 @@ bool BearerMatches(std::string_view authorization, const std::string& api_key) {
   // Constant time in the key's length, so timing does not reveal a prefix.
   unsigned diff = given.size() == api_key.size() ? 0 : 1;
   for (size_t i = 0; i < api_key.size(); ++i) {
-    diff |= static_cast<unsigned char>(api_key[i]) ^ static_cast<unsigned char>(i < given.size() ? given[i] : 0);
+    diff |= static_cast<unsigned char>(api_key[i]) ^
+            static_cast<unsigned char>(i < given.size() ? given[i] : 0);
   }
   return diff == 0;
 }
 
-HttpServer::Handler MakeOpenAiHandler(EngineClient* client, std::string api_key, int chat_default_max_tokens) {
+HttpServer::Handler MakeOpenAiHandler(EngineClient* client, std::string api_key,
+                                      int chat_default_max_tokens) {
   return [client, api_key = std::move(api_key), chat_default_max_tokens](HttpExchange& exchange) {
     return Route(exchange, *client, api_key, chat_default_max_tokens);
   };

@@ -17,7 +17,8 @@
 namespace lair::server {
 
 // `client` must outlive the handler.
-HttpServer::Handler MakeOpenAiHandler(EngineClient* client, std::string api_key, int chat_default_max_tokens);
+HttpServer::Handler MakeOpenAiHandler(EngineClient* client, std::string api_key,
+                                      int chat_default_max_tokens);
 
 // True when `authorization` is "Bearer KEY" (or `api_key` is empty).
 bool BearerMatches(std::string_view authorization, const std::string& api_key);

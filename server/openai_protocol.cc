@@ -33,10 +33,11 @@ class Fields {
     if (!v) return absl::OkStatus();
     if (!v->is_number_integer()) return ParamError(name, "must be an integer");
     int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
-                    ? INT64_MAX : v->get<int64_t>();
+                    ? INT64_MAX
+                    : v->get<int64_t>();
     if (x < lo || x > hi) {
-      return ParamError(name, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
-                                  std::to_string(x));
+      return ParamError(name, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                                  "], got " + std::to_string(x));
     }
     *out = x;
     return absl::OkStatus();
@@ -54,8 +55,8 @@ class Fields {
     if (!v->is_number()) return ParamError(name, "must be a number");
     double x = v->get<double>();
     if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
-      return ParamError(name, std::string("must be in ") + (lo_open ? "(" : "[") + Num(lo) + ", " + Num(hi) +
-                                  "], got " + Num(x));
+      return ParamError(name, std::string("must be in ") + (lo_open ? "(" : "[") + Num(lo) + ", " +
+                                  Num(hi) + "], got " + Num(x));
     }
     *out = static_cast<float>(x);
     return absl::OkStatus();
@@ -107,7 +108,8 @@ absl::StatusOr<std::vector<PromptInput>> ParsePrompts(const Json* prompt) {
     return prompts;
   }
   if (!prompt->is_array() || prompt->empty()) {
-    return ParamError(kParam, "must be a string, a list of strings, or a non-empty list of token ids");
+    return ParamError(kParam,
+                      "must be a string, a list of strings, or a non-empty list of token ids");
   }
   if ((*prompt)[0].is_number_integer()) {
     LAIR_ASSIGN_OR_RETURN(std::vector<int32_t> ids, TokenIds(*prompt, kParam));
@@ -132,12 +134,14 @@ absl::StatusOr<std::vector<PromptInput>> ParsePrompts(const Json* prompt) {
 absl::StatusOr<nlohmann::ordered_json> ParseMessages(const Json* messages) {
   const char* kParam = "messages";
   if (!messages) return ParamError(kParam, "is required");
-  if (!messages->is_array() || messages->empty()) return ParamError(kParam, "must be a non-empty list");
+  if (!messages->is_array() || messages->empty())
+    return ParamError(kParam, "must be a non-empty list");
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (const Json& message : *messages) {
     if (!message.is_object()) return ParamError(kParam, "each message must be an object");
     auto role = message.find("role");
-    if (role == message.end() || !role->is_string()) return ParamError(kParam, "each message needs a string role");
+    if (role == message.end() || !role->is_string())
+      return ParamError(kParam, "each message needs a string role");
     nlohmann::ordered_json copy = nlohmann::ordered_json::parse(message.dump());
     auto content = message.find("content");
     std::string text;
@@ -162,7 +166,8 @@ absl::StatusOr<nlohmann::ordered_json> ParseMessages(const Json* messages) {
 
 absl::Status ParseSampling(ApiKind kind, const Fields& f, engine::SamplingParams* s) {
   LAIR_RETURN_IF_ERROR(f.Int("max_tokens", 1, INT32_MAX, &s->max_tokens));
-  if (kind == ApiKind::kChat) LAIR_RETURN_IF_ERROR(f.Int("max_completion_tokens", 1, INT32_MAX, &s->max_tokens));
+  if (kind == ApiKind::kChat)
+    LAIR_RETURN_IF_ERROR(f.Int("max_completion_tokens", 1, INT32_MAX, &s->max_tokens));
   LAIR_RETURN_IF_ERROR(f.Int("n", 1, kMaxN, &s->n));
   LAIR_RETURN_IF_ERROR(f.Float("temperature", 0, 2, false, &s->temperature));
   LAIR_RETURN_IF_ERROR(f.Float("top_p", 0, 1, true, &s->top_p));
@@ -176,7 +181,8 @@ absl::Status ParseSampling(ApiKind kind, const Fields& f, engine::SamplingParams
   LAIR_RETURN_IF_ERROR(f.Bool("include_stop_str_in_output", &s->include_stop_str_in_output));
   if (const Json* seed = f.Get("seed")) {
     if (!seed->is_number_integer()) return ParamError("seed", "must be an integer");
-    s->seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : static_cast<uint64_t>(seed->get<int64_t>());
+    s->seed = seed->is_number_unsigned() ? seed->get<uint64_t>()
+                                         : static_cast<uint64_t>(seed->get<int64_t>());
   }
   if (const Json* stop = f.Get("stop")) {
     if (stop->is_string()) {
@@ -187,7 +193,8 @@ absl::Status ParseSampling(ApiKind kind, const Fields& f, engine::SamplingParams
         s->stop.push_back(item.get<std::string>());
       }
     } else {
-      return ParamError("stop", "must be a string or a list of at most " + std::to_string(kMaxStops) + " strings");
+      return ParamError("stop", "must be a string or a list of at most " +
+                                    std::to_string(kMaxStops) + " strings");
     }
     for (const std::string& str : s->stop) {
       if (str.empty()) return ParamError("stop", "stop strings must not be empty");
@@ -198,7 +205,8 @@ absl::Status ParseSampling(ApiKind kind, const Fields& f, engine::SamplingParams
     LAIR_ASSIGN_OR_RETURN(s->stop_token_ids, TokenIds(*ids, "stop_token_ids"));
   }
   if (const Json* bias = f.Get("logit_bias")) {
-    if (!bias->is_object()) return ParamError("logit_bias", "must be an object mapping token ids to numbers");
+    if (!bias->is_object())
+      return ParamError("logit_bias", "must be an object mapping token ids to numbers");
     for (auto it = bias->begin(); it != bias->end(); ++it) {
       int64_t id = -1;
       try {
@@ -208,7 +216,8 @@ absl::Status ParseSampling(ApiKind kind, const Fields& f, engine::SamplingParams
       } catch (const std::exception&) {
         id = -1;
       }
-      if (id < 0 || id > INT32_MAX) return ParamError("logit_bias", "key '" + it.key() + "' is not a token id");
+      if (id < 0 || id > INT32_MAX)
+        return ParamError("logit_bias", "key '" + it.key() + "' is not a token id");
       if (!it->is_number() || std::fabs(it->get<double>()) > 100) {
         return ParamError("logit_bias", "values must be numbers in [-100, 100]");
       }
@@ -233,7 +242,8 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
                                                  int chat_default_max_tokens) {
   Json json = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
-  if (!json.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
+  if (!json.is_object())
+    return absl::InvalidArgumentError("the request body must be a JSON object");
   Fields f(json);
   OpenAiRequest request;
   request.kind = kind;
@@ -274,7 +284,8 @@ ResponseHeader NewResponseHeader(ApiKind kind, std::string model) {
   header.kind = kind;
   header.id = std::string(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + hex;
   header.created = std::chrono::duration_cast<std::chrono::seconds>(
-                       std::chrono::system_clock::now().time_since_epoch()).count();
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count();
   header.model = std::move(model);
   return header;
 }
@@ -289,7 +300,8 @@ Json Bytes(const std::string& s) {
 
 // Chat shape: {"content": [{token, logprob, bytes, top_logprobs: [...]}]};
 // completions shape: {tokens, token_logprobs, top_logprobs: [{text: lp}]}.
-Json LogprobsJson(ApiKind kind, const std::vector<engine::TokenLogprob>& logprobs, const TokenTextFn& token_text) {
+Json LogprobsJson(ApiKind kind, const std::vector<engine::TokenLogprob>& logprobs,
+                  const TokenTextFn& token_text) {
   if (kind == ApiKind::kChat) {
     Json content = Json::array();
     for (const auto& lp : logprobs) {
@@ -299,7 +311,10 @@ Json LogprobsJson(ApiKind kind, const std::vector<engine::TokenLogprob>& logprob
         std::string alt = token_text(id);
         top.push_back({{"token", alt}, {"logprob", value}, {"bytes", Bytes(alt)}});
       }
-      content.push_back({{"token", text}, {"logprob", lp.logprob}, {"bytes", Bytes(text)}, {"top_logprobs", top}});
+      content.push_back({{"token", text},
+                         {"logprob", lp.logprob},
+                         {"bytes", Bytes(text)},
+                         {"top_logprobs", top}});
     }
     return {{"content", content}};
   }
@@ -315,7 +330,8 @@ Json LogprobsJson(ApiKind kind, const std::vector<engine::TokenLogprob>& logprob
 }
 
 Json FinishJson(engine::FinishReason reason) {
-  return reason == engine::FinishReason::kNone ? Json(nullptr) : Json(engine::FinishReasonName(reason));
+  return reason == engine::FinishReason::kNone ? Json(nullptr)
+                                               : Json(engine::FinishReasonName(reason));
 }
 
 Json UsageJson(const engine::Usage& usage) {
@@ -325,19 +341,21 @@ Json UsageJson(const engine::Usage& usage) {
 }
 
 Json Envelope(const ResponseHeader& header, const char* object) {
-  return {{"id", header.id}, {"object", object}, {"created", header.created}, {"model", header.model}};
+  return {
+      {"id", header.id}, {"object", object}, {"created", header.created}, {"model", header.model}};
 }
 
 }  // namespace
 
-Json FullResponse(const ResponseHeader& header, const std::vector<Choice>& choices, const engine::Usage& usage,
-                  bool with_logprobs, const TokenTextFn& token_text) {
+Json FullResponse(const ResponseHeader& header, const std::vector<Choice>& choices,
+                  const engine::Usage& usage, bool with_logprobs, const TokenTextFn& token_text) {
   const bool chat = header.kind == ApiKind::kChat;
   Json out = Envelope(header, chat ? "chat.completion" : "text_completion");
   Json list = Json::array();
   for (const Choice& c : choices) {
     Json choice = {{"index", c.index},
-                   {"logprobs", with_logprobs ? LogprobsJson(header.kind, c.logprobs, token_text) : Json(nullptr)},
+                   {"logprobs", with_logprobs ? LogprobsJson(header.kind, c.logprobs, token_text)
+                                              : Json(nullptr)},
                    {"finish_reason", FinishJson(c.finish_reason)}};
     if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
@@ -351,13 +369,15 @@ Json FullResponse(const ResponseHeader& header, const std::vector<Choice>& choic
   return out;
 }
 
-Json StreamChunk(const ResponseHeader& header, const ChunkContent& content, bool with_logprobs, bool usage_null,
-                 const TokenTextFn& token_text) {
+Json StreamChunk(const ResponseHeader& header, const ChunkContent& content, bool with_logprobs,
+                 bool usage_null, const TokenTextFn& token_text) {
   const bool chat = header.kind == ApiKind::kChat;
   Json out = Envelope(header, chat ? "chat.completion.chunk" : "text_completion");
-  Json choice = {{"index", content.index},
-                 {"logprobs", with_logprobs ? LogprobsJson(header.kind, content.logprobs, token_text) : Json(nullptr)},
-                 {"finish_reason", FinishJson(content.finish_reason)}};
+  Json choice = {
+      {"index", content.index},
+      {"logprobs",
+       with_logprobs ? LogprobsJson(header.kind, content.logprobs, token_text) : Json(nullptr)},
+      {"finish_reason", FinishJson(content.finish_reason)}};
   if (chat) {
     Json delta = Json::object();
     if (content.first) delta["role"] = "assistant";
@@ -372,7 +392,8 @@ Json StreamChunk(const ResponseHeader& header, const ChunkContent& content, bool
 }
 
 Json UsageChunk(const ResponseHeader& header, const engine::Usage& usage) {
-  Json out = Envelope(header, header.kind == ApiKind::kChat ? "chat.completion.chunk" : "text_completion");
+  Json out =
+      Envelope(header, header.kind == ApiKind::kChat ? "chat.completion.chunk" : "text_completion");
   out["choices"] = Json::array();
   out["usage"] = UsageJson(usage);
   return out;

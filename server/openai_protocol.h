@@ -30,13 +30,13 @@ enum class ApiKind { kCompletion, kChat };
 
 struct OpenAiRequest {
   ApiKind kind = ApiKind::kCompletion;
-  std::string model;                   // may be empty: the served model
-  std::vector<PromptInput> prompts;    // completions: one engine request each
-  nlohmann::ordered_json messages;     // chat: messages with string content
-  bool add_generation_prompt = true;   // chat
-  engine::SamplingParams sampling;     // logprobs: -1 none, else top alternatives wanted
+  std::string model;                  // may be empty: the served model
+  std::vector<PromptInput> prompts;   // completions: one engine request each
+  nlohmann::ordered_json messages;    // chat: messages with string content
+  bool add_generation_prompt = true;  // chat
+  engine::SamplingParams sampling;    // logprobs: -1 none, else top alternatives wanted
   bool stream = false;
-  bool include_usage = false;          // stream_options.include_usage
+  bool include_usage = false;  // stream_options.include_usage
 };
 
 // Parses a request body. Malformed JSON or a body that is not an object is
@@ -69,7 +69,8 @@ struct Choice {
 // The non-streaming response body. `with_logprobs` says whether the client
 // asked for logprobs (else "logprobs": null).
 nlohmann::json FullResponse(const ResponseHeader& header, const std::vector<Choice>& choices,
-                            const engine::Usage& usage, bool with_logprobs, const TokenTextFn& token_text);
+                            const engine::Usage& usage, bool with_logprobs,
+                            const TokenTextFn& token_text);
 
 // One stream chunk for choice `index`: `text` and `logprobs` new since the
 // last chunk, the finish reason once finished. `first` adds the chat role
@@ -81,8 +82,8 @@ struct ChunkContent {
   engine::FinishReason finish_reason = engine::FinishReason::kNone;
   bool first = false;
 };
-nlohmann::json StreamChunk(const ResponseHeader& header, const ChunkContent& content, bool with_logprobs,
-                           bool usage_null, const TokenTextFn& token_text);
+nlohmann::json StreamChunk(const ResponseHeader& header, const ChunkContent& content,
+                           bool with_logprobs, bool usage_null, const TokenTextFn& token_text);
 // The last chunk when include_usage: no choices, the totals.
 nlohmann::json UsageChunk(const ResponseHeader& header, const engine::Usage& usage);
 

@@ -10,11 +10,13 @@
 namespace lair::server {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config,
-                                                     const engine::EngineConfig& engine_config,
-                                                     engine::Engine* engine, const Tokenizer* tokenizer) {
+                                                      const engine::EngineConfig& engine_config,
+                                                      engine::Engine* engine,
+                                                      const Tokenizer* tokenizer) {
   std::unique_ptr<Server> server(new Server(config, engine));
-  LAIR_ASSIGN_OR_RETURN(server->client_, EngineClient::Create(engine, tokenizer, config.served_model_name,
-                                                              engine_config.max_prompt_tokens, &server->metrics_));
+  LAIR_ASSIGN_OR_RETURN(server->client_,
+                        EngineClient::Create(engine, tokenizer, config.served_model_name,
+                                             engine_config.max_prompt_tokens, &server->metrics_));
 
   server->grpc_service_ = std::make_unique<GrpcService>(server->client_.get(), config.api_key);
   grpc::EnableDefaultHealthCheckService(true);
@@ -31,9 +33,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config
   }
 
   const int chat_default = std::min(config.chat_default_max_tokens, engine_config.max_new_tokens);
-  LAIR_ASSIGN_OR_RETURN(server->http_,
-                        HttpServer::Start(config, &server->metrics_,
-                                          MakeOpenAiHandler(server->client_.get(), config.api_key, chat_default)));
+  LAIR_ASSIGN_OR_RETURN(
+      server->http_,
+      HttpServer::Start(config, &server->metrics_,
+                        MakeOpenAiHandler(server->client_.get(), config.api_key, chat_default)));
   return server;
 }
 
@@ -47,9 +50,10 @@ void Server::Shutdown() {
   // until the deadline; it blocks, so it runs beside the engine's shutdown.
   std::thread grpc_stop;
   if (grpc_server_) {
-    const auto deadline = std::chrono::system_clock::now() +
-                          std::chrono::milliseconds(absl::ToInt64Milliseconds(config_.shutdown_grace)) +
-                          std::chrono::seconds(1);
+    const auto deadline =
+        std::chrono::system_clock::now() +
+        std::chrono::milliseconds(absl::ToInt64Milliseconds(config_.shutdown_grace)) +
+        std::chrono::seconds(1);
     grpc_stop = std::thread([this, deadline] { grpc_server_->Shutdown(deadline); });
   }
   engine_->Shutdown(config_.shutdown_grace);

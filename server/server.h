@@ -27,7 +27,8 @@ class Server {
   // and generation limits the front ends enforce.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerConfig& config,
                                                        const engine::EngineConfig& engine_config,
-                                                       engine::Engine* engine, const Tokenizer* tokenizer);
+                                                       engine::Engine* engine,
+                                                       const Tokenizer* tokenizer);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;

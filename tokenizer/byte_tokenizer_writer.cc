@@ -35,8 +35,8 @@ std::string ByteCharacter(int byte) {
 }
 
 Json AddedToken(int id, const char* content) {
-  return {{"id", id},          {"content", content}, {"single_word", false}, {"lstrip", false},
-          {"rstrip", false},   {"normalized", false}, {"special", true}};
+  return {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", false}, {"special", true}};
 }
 
 absl::Status WriteJson(const std::filesystem::path& path, const Json& json) {
@@ -62,7 +62,11 @@ absl::Status WriteByteTokenizer(const std::string& dir) {
       {"padding", nullptr},
       {"added_tokens", Json::array({AddedToken(256, "<|bos|>"), AddedToken(257, "<|eos|>")})},
       {"normalizer", nullptr},
-      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"pre_tokenizer",
+       {{"type", "ByteLevel"},
+        {"add_prefix_space", false},
+        {"trim_offsets", true},
+        {"use_regex", true}}},
       {"post_processor",
        {{"type", "TemplateProcessing"},
         {"single", Json::array({{{"SpecialToken", {{"id", "<|bos|>"}, {"type_id", 0}}}},
@@ -71,8 +75,16 @@ absl::Status WriteByteTokenizer(const std::string& dir) {
                               {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
                               {{"SpecialToken", {{"id", "<|bos|>"}, {"type_id", 1}}}},
                               {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}})},
-        {"special_tokens", {{"<|bos|>", {{"id", "<|bos|>"}, {"ids", Json::array({256})}, {"tokens", Json::array({"<|bos|>"})}}}}}}},
-      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+        {"special_tokens",
+         {{"<|bos|>",
+           {{"id", "<|bos|>"},
+            {"ids", Json::array({256})},
+            {"tokens", Json::array({"<|bos|>"})}}}}}}},
+      {"decoder",
+       {{"type", "ByteLevel"},
+        {"add_prefix_space", true},
+        {"trim_offsets", true},
+        {"use_regex", true}}},
       {"model",
        {{"type", "BPE"},
         {"dropout", nullptr},
@@ -84,15 +96,16 @@ absl::Status WriteByteTokenizer(const std::string& dir) {
         {"ignore_merges", false},
         {"vocab", vocab},
         {"merges", Json::array()}}}};
-  Json config = {
-      {"tokenizer_class", "PreTrainedTokenizerFast"},
-      {"bos_token", "<|bos|>"},
-      {"eos_token", "<|eos|>"},
-      {"add_bos_token", true},
-      {"model_max_length", 32768},
-      {"chat_template",
-       "{{ bos_token }}{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + "
-       "eos_token + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"}};
+  Json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                 {"bos_token", "<|bos|>"},
+                 {"eos_token", "<|eos|>"},
+                 {"add_bos_token", true},
+                 {"model_max_length", 32768},
+                 {"chat_template",
+                  "{{ bos_token }}{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' "
+                  "+ message['content'] + "
+                  "eos_token + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ "
+                  "'<|assistant|>\\n' }}{% endif %}"}};
   const std::filesystem::path base(dir);
   LAIR_RETURN_IF_ERROR(WriteJson(base / "tokenizer.json", tokenizer));
   return WriteJson(base / "tokenizer_config.json", config);

@@ -44,7 +44,8 @@ bool ParseArgs(int argc, char** argv, Options* options) {
 }
 
 int Fail(const grpc::Status& status) {
-  std::fprintf(stderr, "error: %d: %s\n", static_cast<int>(status.error_code()), status.error_message().c_str());
+  std::fprintf(stderr, "error: %d: %s\n", static_cast<int>(status.error_code()),
+               status.error_message().c_str());
   return 1;
 }
 
@@ -53,8 +54,10 @@ int Fail(const grpc::Status& status) {
 int main(int argc, char** argv) {
   Options options;
   if (!ParseArgs(argc, argv, &options)) {
-    std::fprintf(stderr, "usage: %s [--target HOST:PORT] [--api-key KEY] [--max-tokens N] [--stream] PROMPT\n",
-                 argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s [--target HOST:PORT] [--api-key KEY] [--max-tokens N] [--stream] PROMPT\n",
+        argv[0]);
     return 2;
   }
   auto stub = lair::v1::TextGeneration::NewStub(

@@ -33,8 +33,8 @@ namespace {
 
 // Checks what the forward and backward both read; `distinct_slots` when the
 // call writes the slots.
-absl::Status CheckGsaInputs(const SequenceBatch& batch, const GsaForwardArgs& a, const std::string& prefix,
-                            bool distinct_slots) {
+absl::Status CheckGsaInputs(const SequenceBatch& batch, const GsaForwardArgs& a,
+                            const std::string& prefix, bool distinct_slots) {
   LAIR_RETURN_IF_ERROR(CheckPositive(a.heads, prefix + "heads"));
   LAIR_RETURN_IF_ERROR(CheckPositive(a.key_dim, prefix + "key_dim"));
   LAIR_RETURN_IF_ERROR(CheckPositive(a.value_dim, prefix + "value_dim"));
@@ -58,7 +58,8 @@ absl::Status CheckGsaInputs(const SequenceBatch& batch, const GsaForwardArgs& a,
 // (gv in pass 1), so say which GSA input it is.
 absl::Status InPass(const absl::Status& status, const std::string& prefix, int pass) {
   if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(prefix, "g (decay pass ", pass, "): ", std::string(status.message())));
+  return absl::Status(status.code(), absl::StrCat(prefix, "g (decay pass ", pass,
+                                                  "): ", std::string(status.message())));
 }
 
 // Rows of M logits become softmax probabilities, in place.
@@ -78,15 +79,18 @@ void SoftmaxRows(const Tensor& z, int64_t m) {
 
 }  // namespace
 
-absl::Status GsaForwardCpu(const SequenceBatch& batch, const GsaForwardArgs& args, MixerForm form, int threads) {
+absl::Status GsaForwardCpu(const SequenceBatch& batch, const GsaForwardArgs& args, MixerForm form,
+                           int threads) {
   const std::string prefix = "GsaForwardArgs.";
   LAIR_RETURN_IF_ERROR(CheckGsaInputs(batch, args, prefix, /*distinct_slots=*/true));
   const int64_t n = args.q.dim(0), h = args.heads, m = args.num_slots_m;
-  LAIR_RETURN_IF_ERROR(CheckTensor(args.o, prefix + "o", {n, h, int64_t{args.value_dim}}, Floats::kF32));
+  LAIR_RETURN_IF_ERROR(
+      CheckTensor(args.o, prefix + "o", {n, h, int64_t{args.value_dim}}, Floats::kF32));
 
   // 1. Slot logits Z (a g > 0 is refused here, before any state is written).
   Tensor z = Tensor::Zeros(DType::kF32, {n, h, m});
-  DecayForwardArgs pass1 = GsaKeyPass(args, Tensor::Zeros(DType::kF32, args.q.shape()), args.state_k);
+  DecayForwardArgs pass1 =
+      GsaKeyPass(args, Tensor::Zeros(DType::kF32, args.q.shape()), args.state_k);
   pass1.o = z;
   LAIR_RETURN_IF_ERROR(InPass(DecayForwardCpu(batch, pass1, form, threads), prefix, 1));
   // 2. P = softmax(Z).
@@ -105,15 +109,19 @@ absl::Status GsaBackwardCpu(const SequenceBatch& batch, const GsaBackwardArgs& a
   const int64_t k = fwd.key_dim, v = fwd.value_dim, m = fwd.num_slots_m;
   const Shape slot_shape = {n, h, m};
   LAIR_RETURN_IF_ERROR(CheckTensor(args.d_o, "GsaBackwardArgs.d_o", {n, h, v}, Floats::kF32));
-  LAIR_RETURN_IF_ERROR(CheckOptionalTensor(args.d_hkt, "GsaBackwardArgs.d_hkt", {seqs, h, k, m}, Floats::kF32));
-  LAIR_RETURN_IF_ERROR(CheckOptionalTensor(args.d_hvt, "GsaBackwardArgs.d_hvt", {seqs, h, m, v}, Floats::kF32));
+  LAIR_RETURN_IF_ERROR(
+      CheckOptionalTensor(args.d_hkt, "GsaBackwardArgs.d_hkt", {seqs, h, k, m}, Floats::kF32));
+  LAIR_RETURN_IF_ERROR(
+      CheckOptionalTensor(args.d_hvt, "GsaBackwardArgs.d_hvt", {seqs, h, m, v}, Floats::kF32));
   LAIR_RETURN_IF_ERROR(CheckTensor(args.dq, "GsaBackwardArgs.dq", {n, h, k}, Floats::kF32));
   LAIR_RETURN_IF_ERROR(CheckTensor(args.dk, "GsaBackwardArgs.dk", {n, h, k}, Floats::kF32));
   LAIR_RETURN_IF_ERROR(CheckTensor(args.dv, "GsaBackwardArgs.dv", {n, h, v}, Floats::kF32));
   LAIR_RETURN_IF_ERROR(CheckTensor(args.ds, "GsaBackwardArgs.ds", slot_shape, Floats::kF32));
   LAIR_RETURN_IF_ERROR(CheckTensor(args.dg, "GsaBackwardArgs.dg", slot_shape, Floats::kF32));
-  LAIR_RETURN_IF_ERROR(CheckOptionalTensor(args.d_hk0, "GsaBackwardArgs.d_hk0", {seqs, h, k, m}, Floats::kF32));
-  LAIR_RETURN_IF_ERROR(CheckOptionalTensor(args.d_hv0, "GsaBackwardArgs.d_hv0", {seqs, h, m, v}, Floats::kF32));
+  LAIR_RETURN_IF_ERROR(
+      CheckOptionalTensor(args.d_hk0, "GsaBackwardArgs.d_hk0", {seqs, h, k, m}, Floats::kF32));
+  LAIR_RETURN_IF_ERROR(
+      CheckOptionalTensor(args.d_hv0, "GsaBackwardArgs.d_hv0", {seqs, h, m, v}, Floats::kF32));
 
   // 1. P from pass 1, run on a private copy of the initial Hk (one slot per
   //    sequence) so the pool stays untouched.
@@ -122,7 +130,8 @@ absl::Status GsaBackwardCpu(const SequenceBatch& batch, const GsaBackwardArgs& a
   if (!batch.zero_initial_state) {
     const int64_t per_slot = h * k * m;
     for (int64_t s = 0; s < seqs; ++s) {
-      std::memcpy(hk.f32() + s * per_slot, fwd.state_k.f32() + int64_t{batch.state_slot[s]} * per_slot,
+      std::memcpy(hk.f32() + s * per_slot,
+                  fwd.state_k.f32() + int64_t{batch.state_slot[s]} * per_slot,
                   per_slot * sizeof(float));
     }
   }
@@ -150,7 +159,8 @@ absl::Status GsaBackwardCpu(const SequenceBatch& batch, const GsaBackwardArgs& a
   back2.dv = args.dv;
   back2.dgk = args.dg;
   back2.dh0 = args.d_hv0;
-  LAIR_RETURN_IF_ERROR(InPass(DecayBackwardCpu(batch, back2, MixerForm::kAuto, threads), prefix, 2));
+  LAIR_RETURN_IF_ERROR(
+      InPass(DecayBackwardCpu(batch, back2, MixerForm::kAuto, threads), prefix, 2));
 
   // 3. dZ = P ⊙ (dP − <P, dP>), in place of dP.
   for (int64_t row = 0; row < n * h; ++row) {
@@ -173,7 +183,8 @@ absl::Status GsaBackwardCpu(const SequenceBatch& batch, const GsaBackwardArgs& a
   back1.dv = ds_value;
   back1.dgv = dg_value;
   back1.dh0 = args.d_hk0;
-  LAIR_RETURN_IF_ERROR(InPass(DecayBackwardCpu(batch, back1, MixerForm::kAuto, threads), prefix, 1));
+  LAIR_RETURN_IF_ERROR(
+      InPass(DecayBackwardCpu(batch, back1, MixerForm::kAuto, threads), prefix, 1));
 
   // 5. Both passes read s and g.
   for (int64_t e = 0; e < n * h * m; ++e) {

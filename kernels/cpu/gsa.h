@@ -38,6 +38,7 @@ absl::Status GsaForwardCpu(const SequenceBatch& batch, const GsaForwardArgs& arg
 // both passes. The initial states are read from the pools, which are left
 // unchanged; d_hkt, d_hvt, d_hk0 and d_hv0 may be undefined. Same errors as
 // the forward, except that slots may repeat.
-absl::Status GsaBackwardCpu(const SequenceBatch& batch, const GsaBackwardArgs& args, int threads = 0);
+absl::Status GsaBackwardCpu(const SequenceBatch& batch, const GsaBackwardArgs& args,
+                            int threads = 0);
 
 }  // namespace lair::kernels::cpu

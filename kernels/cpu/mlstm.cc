@@ -65,7 +65,8 @@ absl::Status CheckForwardArgs(const SequenceBatch& batch, const MlstmForwardArgs
   LAIR_RETURN_IF_ERROR(CheckTensor(args.v, prefix + "v", {n, h, v}, Floats::kF32));
   LAIR_RETURN_IF_ERROR(CheckTensor(args.i, prefix + "i", {n, h}, Floats::kF32));
   LAIR_RETURN_IF_ERROR(CheckTensor(args.f, prefix + "f", {n, h}, Floats::kF32));
-  LAIR_RETURN_IF_ERROR(CheckTensor(args.state_c, prefix + "state_c", {slots, h, k, v}, Floats::kF32));
+  LAIR_RETURN_IF_ERROR(
+      CheckTensor(args.state_c, prefix + "state_c", {slots, h, k, v}, Floats::kF32));
   LAIR_RETURN_IF_ERROR(CheckTensor(args.state_n, prefix + "state_n", {slots, h, k}, Floats::kF32));
   if (args.kind == MlstmKind::kExp) {
     LAIR_RETURN_IF_ERROR(CheckTensor(args.state_m, prefix + "state_m", {slots, h}, Floats::kF32));
@@ -104,8 +105,8 @@ struct HeadInputs {
   const float* f = nullptr;
 };
 
-HeadInputs InputsOf(const Dims& d, const SequenceBatch& batch, const MlstmForwardArgs& args, int64_t seq,
-                    int64_t head) {
+HeadInputs InputsOf(const Dims& d, const SequenceBatch& batch, const MlstmForwardArgs& args,
+                    int64_t seq, int64_t head) {
   const int64_t begin = batch.cu_seqlens[seq];
   HeadInputs in;
   in.len = batch.cu_seqlens[seq + 1] - begin;
@@ -134,7 +135,8 @@ StepGates GatesOf(MlstmKind kind, float i, float f, float m_prev) {
   return {std::exp(lf), Sigmoid(i), 0.0f, true};
 }
 
-void UpdateState(const Dims& d, const StepGates& gates, const float* k, const float* v, float* c, float* n) {
+void UpdateState(const Dims& d, const StepGates& gates, const float* k, const float* v, float* c,
+                 float* n) {
   for (int64_t r = 0; r < d.key_dim; ++r) {
     float* row = c + r * d.value_dim;
     const float w = gates.ia * k[r];
@@ -183,7 +185,12 @@ void RecurrentForward(const Dims& d, const HeadInputs& in, float* h, float* c, f
 struct ChunkScratch {
   std::vector<float> b, a, li, m_comb, s, q_bar, k_bar;
   ChunkScratch(int64_t chunk, int64_t key_dim)
-      : b(chunk), a(chunk), li(chunk), m_comb(chunk), s(chunk * chunk), q_bar(chunk * key_dim),
+      : b(chunk),
+        a(chunk),
+        li(chunk),
+        m_comb(chunk),
+        s(chunk * chunk),
+        q_bar(chunk * key_dim),
         k_bar(chunk * key_dim) {}
 };
 
@@ -223,8 +230,8 @@ void ChunkedForward(const Dims& d, const HeadInputs& in, float* h, float* c, flo
     }
 
     // 3. Intra: S = (q'Kᵀ) ⊙ D, causal.
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, len, len, kd, d.scale, q, ldk, k, ldk, 0.0f,
-                x.s.data(), len);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, len, len, kd, d.scale, q, ldk, k, ldk,
+                0.0f, x.s.data(), len);
     for (int64_t r = 0; r < len; ++r) {
       float* row = x.s.data() + r * len;
       for (int64_t j = 0; j <= r; ++j) row[j] *= std::exp(x.b[r] - x.b[j] + x.li[j] - x.m_comb[r]);
@@ -236,10 +243,10 @@ void ChunkedForward(const Dims& d, const HeadInputs& in, float* h, float* c, flo
       const float w = d.scale * std::exp(x.b[r] + m_in - x.m_comb[r]);
       for (int64_t col = 0; col < kd; ++col) x.q_bar[r * kd + col] = w * q[r * ldk + col];
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, len, vd, kd, 1.0f, x.q_bar.data(), kd, c, vd, 0.0f,
-                out, ldv);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, len, vd, len, 1.0f, x.s.data(), len, v, ldv, 1.0f,
-                out, ldv);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, len, vd, kd, 1.0f, x.q_bar.data(), kd, c,
+                vd, 0.0f, out, ldv);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, len, vd, len, 1.0f, x.s.data(), len, v,
+                ldv, 1.0f, out, ldv);
     for (int64_t r = 0; r < len; ++r) {
       float qn = 0.0f;
       for (int64_t col = 0; col < kd; ++col) qn += x.q_bar[r * kd + col] * n[col];
@@ -257,8 +264,8 @@ void ChunkedForward(const Dims& d, const HeadInputs& in, float* h, float* c, flo
       const float w = std::exp(x.a[j] - m_out);
       for (int64_t col = 0; col < kd; ++col) x.k_bar[j * kd + col] = w * k[j * ldk + col];
     }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kd, vd, len, 1.0f, x.k_bar.data(), kd, v, ldv, decay, c,
-                vd);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kd, vd, len, 1.0f, x.k_bar.data(), kd, v,
+                ldv, decay, c, vd);
     for (int64_t col = 0; col < kd; ++col) {
       float sum = 0.0f;
       for (int64_t j = 0; j < len; ++j) sum += x.k_bar[j * kd + col];
@@ -273,17 +280,18 @@ struct HeadGrads {
   const float* dh = nullptr;  // row stride ldv
   float* dq = nullptr;        // row stride ldk
   float* dk = nullptr;
-  float* dv = nullptr;        // row stride ldv
-  float* di = nullptr;        // row stride heads
+  float* dv = nullptr;  // row stride ldv
+  float* di = nullptr;  // row stride heads
   float* df = nullptr;
 };
 
 // Reverse of one step t. c_prev/n_prev/m_prev hold the state before the step,
 // c/n/m after it; dc, dn, dm arrive as the cotangents of (C_t, n_t, m_t) and
 // leave as those of (C_{t-1}, n_{t-1}, m_{t-1}).
-void ReverseStep(const Dims& d, const HeadInputs& in, const HeadGrads& out, int64_t t, const StepGates& gates,
-                 const float* c_prev, const float* n_prev, const float* c, const float* n,
-                 float* dc, float* dn, double* dm, std::vector<float>& num, std::vector<float>& dnum) {
+void ReverseStep(const Dims& d, const HeadInputs& in, const HeadGrads& out, int64_t t,
+                 const StepGates& gates, const float* c_prev, const float* n_prev, const float* c,
+                 const float* n, float* dc, float* dn, double* dm, std::vector<float>& num,
+                 std::vector<float>& dnum) {
   const int64_t kd = d.key_dim, vd = d.value_dim;
   const float* q = in.q + t * d.ldk();
   const float* k = in.k + t * d.ldk();
@@ -372,8 +380,8 @@ void ReverseStep(const Dims& d, const HeadInputs& in, const HeadGrads& out, int6
 
 }  // namespace
 
-absl::Status MlstmForwardCpu(const SequenceBatch& batch, const MlstmForwardArgs& args, MixerForm form,
-                             int threads) {
+absl::Status MlstmForwardCpu(const SequenceBatch& batch, const MlstmForwardArgs& args,
+                             MixerForm form, int threads) {
   LAIR_RETURN_IF_ERROR(CheckForwardArgs(batch, args, "MlstmForwardArgs."));
   LAIR_RETURN_IF_ERROR(CheckTensor(args.h, "MlstmForwardArgs.h", args.v.shape(), Floats::kF32));
   const Dims d(args);
@@ -403,7 +411,8 @@ absl::Status MlstmForwardCpu(const SequenceBatch& batch, const MlstmForwardArgs&
   return absl::OkStatus();
 }
 
-absl::Status MlstmBackwardCpu(const SequenceBatch& batch, const MlstmBackwardArgs& args, int threads) {
+absl::Status MlstmBackwardCpu(const SequenceBatch& batch, const MlstmBackwardArgs& args,
+                              int threads) {
   const MlstmForwardArgs& fwd = args.fwd;
   LAIR_RETURN_IF_ERROR(CheckForwardArgs(batch, fwd, "MlstmBackwardArgs.fwd."));
   const Dims d(fwd);
@@ -413,15 +422,19 @@ absl::Status MlstmBackwardCpu(const SequenceBatch& batch, const MlstmBackwardArg
   const Shape c_shape = {seqs, d.heads, d.key_dim, d.value_dim};
   const Shape n_shape = {seqs, d.heads, d.key_dim};
   LAIR_RETURN_IF_ERROR(CheckTensor(args.d_h, "MlstmBackwardArgs.d_h", fwd.v.shape(), Floats::kF32));
-  LAIR_RETURN_IF_ERROR(CheckOptionalTensor(args.d_ct, "MlstmBackwardArgs.d_ct", c_shape, Floats::kF32));
-  LAIR_RETURN_IF_ERROR(CheckOptionalTensor(args.d_nt, "MlstmBackwardArgs.d_nt", n_shape, Floats::kF32));
+  LAIR_RETURN_IF_ERROR(
+      CheckOptionalTensor(args.d_ct, "MlstmBackwardArgs.d_ct", c_shape, Floats::kF32));
+  LAIR_RETURN_IF_ERROR(
+      CheckOptionalTensor(args.d_nt, "MlstmBackwardArgs.d_nt", n_shape, Floats::kF32));
   LAIR_RETURN_IF_ERROR(CheckTensor(args.dq, "MlstmBackwardArgs.dq", qk_shape, Floats::kF32));
   LAIR_RETURN_IF_ERROR(CheckTensor(args.dk, "MlstmBackwardArgs.dk", qk_shape, Floats::kF32));
   LAIR_RETURN_IF_ERROR(CheckTensor(args.dv, "MlstmBackwardArgs.dv", fwd.v.shape(), Floats::kF32));
   LAIR_RETURN_IF_ERROR(CheckTensor(args.di, "MlstmBackwardArgs.di", gate_shape, Floats::kF32));
   LAIR_RETURN_IF_ERROR(CheckTensor(args.df, "MlstmBackwardArgs.df", gate_shape, Floats::kF32));
-  LAIR_RETURN_IF_ERROR(CheckOptionalTensor(args.d_c0, "MlstmBackwardArgs.d_c0", c_shape, Floats::kF32));
-  LAIR_RETURN_IF_ERROR(CheckOptionalTensor(args.d_n0, "MlstmBackwardArgs.d_n0", n_shape, Floats::kF32));
+  LAIR_RETURN_IF_ERROR(
+      CheckOptionalTensor(args.d_c0, "MlstmBackwardArgs.d_c0", c_shape, Floats::kF32));
+  LAIR_RETURN_IF_ERROR(
+      CheckOptionalTensor(args.d_n0, "MlstmBackwardArgs.d_n0", n_shape, Floats::kF32));
 
   const int64_t kv = d.state_size(), kd = d.key_dim;
   ParallelFor(seqs * d.heads, threads, [&](int64_t task) {
@@ -460,8 +473,10 @@ absl::Status MlstmBackwardCpu(const SequenceBatch& batch, const MlstmBackwardArg
 
     // Cotangents of the final state.
     std::vector<float> dc(kv, 0.0f), dn(kd, 0.0f);
-    if (args.d_ct.defined()) std::memcpy(dc.data(), args.d_ct.f32() + task * kv, kv * sizeof(float));
-    if (args.d_nt.defined()) std::memcpy(dn.data(), args.d_nt.f32() + task * kd, kd * sizeof(float));
+    if (args.d_ct.defined())
+      std::memcpy(dc.data(), args.d_ct.f32() + task * kv, kv * sizeof(float));
+    if (args.d_nt.defined())
+      std::memcpy(dn.data(), args.d_nt.f32() + task * kd, kd * sizeof(float));
     double dm = 0.0;
 
     // Walk the chunks backwards, recomputing each one's per-step states.
@@ -484,13 +499,15 @@ absl::Status MlstmBackwardCpu(const SequenceBatch& batch, const MlstmBackwardArg
         m = step_gates[j].m;
       }
       for (int64_t j = len - 1; j >= 0; --j) {
-        ReverseStep(d, in, out, t0 + j, step_gates[j], step_c.data() + j * kv, step_n.data() + j * kd,
-                    step_c.data() + (j + 1) * kv, step_n.data() + (j + 1) * kd, dc.data(), dn.data(), &dm, num,
-                    dnum);
+        ReverseStep(d, in, out, t0 + j, step_gates[j], step_c.data() + j * kv,
+                    step_n.data() + j * kd, step_c.data() + (j + 1) * kv,
+                    step_n.data() + (j + 1) * kd, dc.data(), dn.data(), &dm, num, dnum);
       }
     }
-    if (args.d_c0.defined()) std::memcpy(args.d_c0.f32() + task * kv, dc.data(), kv * sizeof(float));
-    if (args.d_n0.defined()) std::memcpy(args.d_n0.f32() + task * kd, dn.data(), kd * sizeof(float));
+    if (args.d_c0.defined())
+      std::memcpy(args.d_c0.f32() + task * kv, dc.data(), kv * sizeof(float));
+    if (args.d_n0.defined())
+      std::memcpy(args.d_n0.f32() + task * kd, dn.data(), kd * sizeof(float));
   });
   return absl::OkStatus();
 }

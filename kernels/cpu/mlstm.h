@@ -2,8 +2,8 @@
 // MlstmKinds of kernels/mixer.h, per head, with q' = q / sqrt(K):
 //
 //   kExp      m_t = max(logσ(f_t) + m_{t-1}, i_t)
-//             C_t = e^{logσ(f_t)+m_{t-1}-m_t} C_{t-1} + e^{i_t-m_t} k_t v_tᵀ,  n_t likewise with k_t
-//             h_t = C_tᵀq' / (max(|q'ᵀn_t|, e^{-m_t}) + eps)
+//             C_t = e^{logσ(f_t)+m_{t-1}-m_t} C_{t-1} + e^{i_t-m_t} k_t v_tᵀ,  n_t likewise with
+//             k_t h_t = C_tᵀq' / (max(|q'ᵀn_t|, e^{-m_t}) + eps)
 //   kSig      C_t = σ(f_t) C_{t-1} + σ(i_t) k_t v_tᵀ,  n_t likewise,  h_t = C_tᵀq'
 //   kSigNorm  as kSig,  h_t = C_tᵀq' / (max(|q'ᵀn_t|, 1) + eps)
 //

@@ -32,7 +32,8 @@ using cuda::StateRef;
 
 absl::Status CudaStatus(cudaError_t err, std::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("CUDA ", std::string(what), ": ", cudaGetErrorString(err)));
+  return absl::InternalError(
+      absl::StrCat("CUDA ", std::string(what), ": ", cudaGetErrorString(err)));
 }
 
 // The stream outlives every tensor allocated on it (deleters hold it).
@@ -195,13 +196,15 @@ class CudaStepGraph : public StepGraph {
 // A defined CUDA tensor of exactly `shape`, float dtype (F32 only when f32_only).
 absl::Status CheckTensor(const Tensor& t, const Shape& shape, std::string_view what,
                          bool f32_only) {
-  if (!t.defined()) return absl::InvalidArgumentError(absl::StrCat(std::string(what), " is undefined"));
+  if (!t.defined())
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), " is undefined"));
   if (t.device() != Device::kCuda)
-    return absl::InvalidArgumentError(absl::StrCat(std::string(what), " is not on the CUDA device"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), " is not on the CUDA device"));
   LAIR_RETURN_IF_ERROR(ExpectShape(t, shape, what));
   if (f32_only ? t.dtype() != DType::kF32 : !IsFloat(t.dtype()))
-    return absl::InvalidArgumentError(absl::StrCat(std::string(what), " has dtype ",
-                                                   std::string(DTypeName(t.dtype()))));
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), " has dtype ", std::string(DTypeName(t.dtype()))));
   return absl::OkStatus();
 }
 
@@ -249,7 +252,8 @@ class CudaBackend : public Backend {
   }
 
   absl::StatusOr<Tensor> Upload(const Tensor& host, DType dtype) override {
-    if (host.device() != Device::kCpu) return absl::InvalidArgumentError("Upload needs a host tensor");
+    if (host.device() != Device::kCpu)
+      return absl::InvalidArgumentError("Upload needs a host tensor");
     Tensor src = host;
     if (host.dtype() != dtype) {
       if (!IsFloat(host.dtype()) || !IsFloat(dtype))
@@ -278,12 +282,12 @@ class CudaBackend : public Backend {
   }
 
   absl::Status Copy(const Tensor& src, const Tensor& dst) override {
-    if (src.device() != Device::kCuda || dst.device() != Device::kCuda || src.dtype() != dst.dtype() ||
-        src.numel() != dst.numel())
+    if (src.device() != Device::kCuda || dst.device() != Device::kCuda ||
+        src.dtype() != dst.dtype() || src.numel() != dst.numel())
       return absl::InvalidArgumentError(
           absl::StrCat("Copy ", src.DebugString(), " to ", dst.DebugString()));
-    return CudaStatus(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, s()),
-                      "copy");
+    return CudaStatus(
+        cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, s()), "copy");
   }
 
   // Also reports device-side index faults of the dense ops since the last call.
@@ -407,7 +411,8 @@ class CudaBackend : public Backend {
     const int H = a.heads, K = a.key_dim, V = a.value_dim, S = batch.num_seqs;
     // The dq pass scans with value_dim in the key role (the ULA permutation).
     if (K > kMaxScanKeyDim || V > kMaxScanKeyDim)
-      return absl::InvalidArgumentError("the CUDA decay backward needs key_dim and value_dim ≤ 256");
+      return absl::InvalidArgumentError(
+          "the CUDA decay backward needs key_dim and value_dim ≤ 256");
     LAIR_RETURN_IF_ERROR(CheckTensor(b.d_o, {n, H, V}, "d_o", false));
     LAIR_RETURN_IF_ERROR(CheckTensor(b.dq, {n, H, K}, "dq", false));
     LAIR_RETURN_IF_ERROR(CheckTensor(b.dk, {n, H, K}, "dk", false));
@@ -509,10 +514,10 @@ class CudaBackend : public Backend {
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(p, s()), "decay backward dk"));
     }
     if (b.dh0.defined()) {
-      LAIR_RETURN_IF_ERROR(CudaStatus(
-          cuda::LaunchScaleByFirstDecay(g1.f32(), S, H, K, V, db.cu_seqlens, L, left_vec, R,
-                                        b.dh0.f32(), s()),
-          "decay backward dh0"));
+      LAIR_RETURN_IF_ERROR(
+          CudaStatus(cuda::LaunchScaleByFirstDecay(g1.f32(), S, H, K, V, db.cu_seqlens, L, left_vec,
+                                                   R, b.dh0.f32(), s()),
+                     "decay backward dh0"));
     }
     // Decay gradients: reverse cumsums of q⊙dq − k⊙dk (and o⊙do − v⊙dv).
     if (want_left || want_right) {
@@ -584,7 +589,8 @@ class CudaBackend : public Backend {
       p.o = z.raw();
       LAIR_RETURN_IF_ERROR(Run(p, db, batch, form, "gsa pass 1"));
     }
-    LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchSoftmaxRows(z.f32(), n * H, M, s()), "gsa softmax"));
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchSoftmaxRows(z.f32(), n * H, M, s()), "gsa softmax"));
     // Pass 2: Hv_t = diag(e^{g_t}) Hv_{t-1} + s_t v_tᵀ, o_t = Hv_tᵀ p_t.
     ScanParams p = Base(db, batch, H, M, V);
     p.q = Operand{z.raw(), ElemType::kF32};
@@ -609,7 +615,8 @@ class CudaBackend : public Backend {
     const int H = a.heads, K = a.key_dim, V = a.value_dim, M = a.num_slots_m, S = batch.num_seqs;
     if (V > 128 || V % 4 != 0 || K > 128 || M > 128)
       return absl::InvalidArgumentError(
-          "GSA backward on CUDA needs key_dim, value_dim and num_slots_m ≤ 128, value_dim a multiple of 4");
+          "GSA backward on CUDA needs key_dim, value_dim and num_slots_m ≤ 128, value_dim a "
+          "multiple of 4");
     LAIR_RETURN_IF_ERROR(CheckTensor(b.d_o, {n, H, V}, "d_o", false));
     if (b.d_hkt.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_hkt, {S, H, K, M}, "d_hkt", true));
     if (b.d_hvt.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_hvt, {S, H, M, V}, "d_hvt", true));
@@ -626,10 +633,11 @@ class CudaBackend : public Backend {
     LAIR_ASSIGN_OR_RETURN(Tensor hk, Uninitialized(DType::kF32, {S, H, K, M}));
     if (!batch.zero_initial_state) {
       for (int seq = 0; seq < S; ++seq) {
-        LAIR_RETURN_IF_ERROR(CudaStatus(
-            cudaMemcpyAsync(hk.f32() + seq * per_slot, a.state_k.f32() + batch.state_slot[seq] * per_slot,
-                            per_slot * sizeof(float), cudaMemcpyDeviceToDevice, s()),
-            "gsa backward state copy"));
+        LAIR_RETURN_IF_ERROR(
+            CudaStatus(cudaMemcpyAsync(hk.f32() + seq * per_slot,
+                                       a.state_k.f32() + batch.state_slot[seq] * per_slot,
+                                       per_slot * sizeof(float), cudaMemcpyDeviceToDevice, s()),
+                       "gsa backward state copy"));
       }
     }
     std::vector<int32_t> own_slots(static_cast<size_t>(S));
@@ -642,7 +650,8 @@ class CudaBackend : public Backend {
     DecayForwardArgs pass1 = GsaKeyPass(a, zero_gk, hk);
     pass1.o = p;
     LAIR_RETURN_IF_ERROR(DecayForward(own, pass1, MixerForm::kChunked));
-    LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchSoftmaxRows(p.f32(), n * H, M, s()), "gsa backward softmax"));
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchSoftmaxRows(p.f32(), n * H, M, s()), "gsa backward softmax"));
 
     // 2. Pass 2 backward: dP, ds (key side), dv, dg, dHv_0.
     LAIR_ASSIGN_OR_RETURN(Tensor dp, Uninitialized(DType::kF32, {n, H, M}));
@@ -659,8 +668,8 @@ class CudaBackend : public Backend {
     LAIR_RETURN_IF_ERROR(DecayBackward(batch, back2));
 
     // 3. dZ = P ⊙ (dP − <P, dP>), in place of dP.
-    LAIR_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchSoftmaxBackward(p.f32(), dp.f32(), n * H, M, s()), "gsa backward softmax jacobian"));
+    LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchSoftmaxBackward(p.f32(), dp.f32(), n * H, M, s()),
+                                    "gsa backward softmax jacobian"));
 
     // 4. Pass 1 backward: dq, dk, ds (value side), dg, dHk_0.
     LAIR_ASSIGN_OR_RETURN(Tensor ds_value, Uninitialized(DType::kF32, {n, H, M}));
@@ -677,11 +686,12 @@ class CudaBackend : public Backend {
     LAIR_RETURN_IF_ERROR(DecayBackward(batch, back1));
 
     // 5. Both passes read s and g.
-    LAIR_RETURN_IF_ERROR(CudaStatus(
-        cuda::LaunchAdd(ds_key.f32(), ds_value.f32(), b.ds.raw(), Elem(b.ds.dtype()), n * H * M, s()),
-        "gsa backward ds"));
-    return CudaStatus(cuda::LaunchAdd(b.dg.f32(), dg_value.f32(), b.dg.raw(), ElemType::kF32, n * H * M, s()),
-                      "gsa backward dg");
+    LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchAdd(ds_key.f32(), ds_value.f32(), b.ds.raw(),
+                                                    Elem(b.ds.dtype()), n * H * M, s()),
+                                    "gsa backward ds"));
+    return CudaStatus(
+        cuda::LaunchAdd(b.dg.f32(), dg_value.f32(), b.dg.raw(), ElemType::kF32, n * H * M, s()),
+        "gsa backward dg");
   }
 
   absl::Status MlstmForward(const SequenceBatch& batch, const MlstmForwardArgs& a,
@@ -705,7 +715,7 @@ class CudaBackend : public Backend {
     p.key_weight = Gate(a.i, H, 1);
     p.key_weight.fn = exp_gate ? cuda::GateFn::kIdentity : cuda::GateFn::kLogSigmoid;
     p.stabilize = exp_gate;
-    p.norm = a.kind == MlstmKind::kExp      ? cuda::NormKind::kMlstmExp
+    p.norm = a.kind == MlstmKind::kExp       ? cuda::NormKind::kMlstmExp
              : a.kind == MlstmKind::kSigNorm ? cuda::NormKind::kSigNorm
                                              : cuda::NormKind::kNone;
     p.eps = a.eps;
@@ -738,9 +748,9 @@ class CudaBackend : public Backend {
     const int64_t n = db.tokens;
     const int H = a.heads, K = a.key_dim, V = a.value_dim, S = batch.num_seqs;
     if (K < 1 || V < 1 || K > cuda::kMlstmBackwardMaxDim || V > cuda::kMlstmBackwardMaxDim)
-      return absl::InvalidArgumentError(absl::StrCat("mLSTM backward on CUDA needs key_dim and value_dim in [1, ",
-                                                     cuda::kMlstmBackwardMaxDim, "], got key_dim ", K,
-                                                     ", value_dim ", V));
+      return absl::InvalidArgumentError(
+          absl::StrCat("mLSTM backward on CUDA needs key_dim and value_dim in [1, ",
+                       cuda::kMlstmBackwardMaxDim, "], got key_dim ", K, ", value_dim ", V));
     LAIR_RETURN_IF_ERROR(CheckTensor(b.d_h, {n, H, V}, "d_h", false));
     if (b.d_ct.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_ct, {S, H, K, V}, "d_ct", true));
     if (b.d_nt.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_nt, {S, H, K}, "d_nt", true));
@@ -790,7 +800,8 @@ class CudaBackend : public Backend {
     p.df = b.df.f32();
     p.d_c0 = b.d_c0.defined() ? b.d_c0.f32() : nullptr;
     p.d_n0 = b.d_n0.defined() ? b.d_n0.f32() : nullptr;
-    LAIR_ASSIGN_OR_RETURN(Tensor scratch, Uninitialized(DType::kF32, {cuda::MlstmBackwardScratchFloats(p)}));
+    LAIR_ASSIGN_OR_RETURN(Tensor scratch,
+                          Uninitialized(DType::kF32, {cuda::MlstmBackwardScratchFloats(p)}));
     p.scratch = scratch.f32();
     return CudaStatus(cuda::LaunchMlstmBackward(p, s()), "mlstm backward");
   }
@@ -798,19 +809,32 @@ class CudaBackend : public Backend {
   // --- Dense operations: kernels/cuda/dense_ops.h on the same stream -------
   absl::Status Gemm(const GemmArgs& a) override { return dense_->Gemm(a); }
   absl::Status Embedding(const EmbeddingArgs& a) override { return dense_->Embedding(a); }
-  absl::Status EmbeddingBackward(const EmbeddingBackwardArgs& a) override { return dense_->EmbeddingBackward(a); }
+  absl::Status EmbeddingBackward(const EmbeddingBackwardArgs& a) override {
+    return dense_->EmbeddingBackward(a);
+  }
   absl::Status Norm(const NormArgs& a) override { return dense_->Norm(a); }
   absl::Status NormBackward(const NormBackwardArgs& a) override { return dense_->NormBackward(a); }
   absl::Status Unary(const UnaryArgs& a) override { return dense_->Unary(a); }
-  absl::Status UnaryBackward(const UnaryBackwardArgs& a) override { return dense_->UnaryBackward(a); }
+  absl::Status UnaryBackward(const UnaryBackwardArgs& a) override {
+    return dense_->UnaryBackward(a);
+  }
   absl::Status Binary(const BinaryArgs& a) override { return dense_->Binary(a); }
   absl::Status ReduceSum(const ReduceSumArgs& a) override { return dense_->ReduceSum(a); }
   absl::Status CopyColumns(const CopyColumnsArgs& a) override { return dense_->CopyColumns(a); }
-  absl::Status Conv1d(const SequenceBatch& batch, const Conv1dArgs& a) override { return dense_->Conv1d(batch, a); }
-  absl::Status Conv1dBackward(const SequenceBatch& batch, const Conv1dBackwardArgs& a) override { return dense_->Conv1dBackward(batch, a); }
+  absl::Status Conv1d(const SequenceBatch& batch, const Conv1dArgs& a) override {
+    return dense_->Conv1d(batch, a);
+  }
+  absl::Status Conv1dBackward(const SequenceBatch& batch, const Conv1dBackwardArgs& a) override {
+    return dense_->Conv1dBackward(batch, a);
+  }
   absl::Status Rotary(const RotaryArgs& a) override { return dense_->Rotary(a); }
-  absl::Status Attention(const SequenceBatch& batch, const AttentionArgs& a) override { return dense_->Attention(batch, a); }
-  absl::Status AttentionBackward(const SequenceBatch& batch, const AttentionBackwardArgs& a) override { return dense_->AttentionBackward(batch, a); }
+  absl::Status Attention(const SequenceBatch& batch, const AttentionArgs& a) override {
+    return dense_->Attention(batch, a);
+  }
+  absl::Status AttentionBackward(const SequenceBatch& batch,
+                                 const AttentionBackwardArgs& a) override {
+    return dense_->AttentionBackward(batch, a);
+  }
   absl::Status CrossEntropy(const CrossEntropyArgs& a) override { return dense_->CrossEntropy(a); }
 
  private:
@@ -840,8 +864,8 @@ class CudaBackend : public Backend {
   }
 
   absl::Status ConvertInto(const Tensor& src, const Tensor& dst) {
-    return CudaStatus(cuda::LaunchConvert(src.raw(), Elem(src.dtype()), dst.raw(), Elem(dst.dtype()),
-                                          src.numel(), s()),
+    return CudaStatus(cuda::LaunchConvert(src.raw(), Elem(src.dtype()), dst.raw(),
+                                          Elem(dst.dtype()), src.numel(), s()),
                       "convert");
   }
 
@@ -851,7 +875,8 @@ class CudaBackend : public Backend {
     const int S = batch.num_seqs;
     if (S < 0 || batch.cu_seqlens.size() != static_cast<size_t>(S) + 1 ||
         batch.state_slot.size() != static_cast<size_t>(S))
-      return absl::InvalidArgumentError("cu_seqlens needs num_seqs + 1 entries, state_slot num_seqs");
+      return absl::InvalidArgumentError(
+          "cu_seqlens needs num_seqs + 1 entries, state_slot num_seqs");
     if (q.rank() != 3) return absl::InvalidArgumentError(absl::StrCat("q is ", q.DebugString()));
     if (batch.cu_seqlens[0] != 0) return absl::InvalidArgumentError("cu_seqlens[0] must be 0");
     for (int i = 0; i < S; ++i) {
@@ -891,7 +916,8 @@ class CudaBackend : public Backend {
     LAIR_RETURN_IF_ERROR(CheckTensor(pool, {pool.dim(0), H, d1, d2}, what, true));
     for (int32_t slot : batch.state_slot)
       if (slot < 0 || slot >= pool.dim(0))
-        return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": slot ", slot, " out of range"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(std::string(what), ": slot ", slot, " out of range"));
     return absl::OkStatus();
   }
 
@@ -921,7 +947,8 @@ class CudaBackend : public Backend {
     }
     // Keys wider than a scan's state tile run in row blocks (RunKeyBlocks).
     if (K % 4 != 0 || V % 4 != 0)
-      return absl::InvalidArgumentError("the CUDA decay kernels need key_dim and value_dim multiples of 4");
+      return absl::InvalidArgumentError(
+          "the CUDA decay kernels need key_dim and value_dim multiples of 4");
     return db;
   }
 
@@ -957,7 +984,8 @@ class CudaBackend : public Backend {
     LAIR_RETURN_IF_ERROR(CheckPool(a.state_c, H, K, V, batch, "state_c"));
     const int64_t slots = a.state_c.dim(0);
     LAIR_RETURN_IF_ERROR(CheckTensor(a.state_n, {slots, H, K}, "state_n", true));
-    if (a.kind == MlstmKind::kExp) LAIR_RETURN_IF_ERROR(CheckTensor(a.state_m, {slots, H}, "state_m", true));
+    if (a.kind == MlstmKind::kExp)
+      LAIR_RETURN_IF_ERROR(CheckTensor(a.state_m, {slots, H}, "state_m", true));
     return db;
   }
 
@@ -1038,8 +1066,8 @@ class CudaBackend : public Backend {
   // Temporaries are freed in stream order when their last handle goes, and
   // the next allocation may reuse them at once: every one lives in `keep`
   // until the launches that read it are queued.
-  absl::Status Run(ScanParams p, const DeviceBatch& db, const SequenceBatch& batch,
-                   MixerForm form, std::string_view what) {
+  absl::Status Run(ScanParams p, const DeviceBatch& db, const SequenceBatch& batch, MixerForm form,
+                   std::string_view what) {
     const bool one_token = db.tokens == batch.num_seqs && db.max_len <= 1;
     const bool step = form != MixerForm::kChunked && one_token && p.dv % 32 == 0;
     std::vector<Tensor> keep;
@@ -1057,9 +1085,11 @@ class CudaBackend : public Backend {
   absl::Status RoundForTensorCores(ScanParams& p, int64_t tokens, std::vector<Tensor>& keep) {
     const bool all_f32 =
         p.q.type == ElemType::kF32 && p.k.type == ElemType::kF32 && p.v.type == ElemType::kF32;
-    if (!all_f32 || p.right.ptr || p.dk % 16 != 0 || p.dv % 16 != 0 || tokens == 0) return absl::OkStatus();
+    if (!all_f32 || p.right.ptr || p.dk % 16 != 0 || p.dv % 16 != 0 || tokens == 0)
+      return absl::OkStatus();
     const int64_t rows = tokens * p.heads;
-    for (auto [operand, width] : {std::pair{&p.q, p.dk}, std::pair{&p.k, p.dk}, std::pair{&p.v, p.dv}}) {
+    for (auto [operand, width] :
+         {std::pair{&p.q, p.dk}, std::pair{&p.k, p.dk}, std::pair{&p.v, p.dv}}) {
       LAIR_ASSIGN_OR_RETURN(Tensor half, Temporary(DType::kBF16, {rows, width}));
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchConvert(operand->ptr, ElemType::kF32, half.raw(),
                                                           ElemType::kBF16, rows * width, s()),
@@ -1079,10 +1109,11 @@ class CudaBackend : public Backend {
   absl::Status RunKeyBlocks(const ScanParams& p, int64_t tokens, bool step, std::string_view what,
                             std::vector<Tensor>& keep) {
     if (p.norm != cuda::NormKind::kNone || p.stabilize || p.key_weight.ptr || p.n_final || p.n_init)
-      return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": key_dim ", p.dk,
-                                                     " > ", kMaxScanKeyDim, " with a normalizer"));
+      return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": key_dim ", p.dk, " > ",
+                                                     kMaxScanKeyDim, " with a normalizer"));
     if (p.q.type != p.k.type)
-      return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": q and k of different types"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(what), ": q and k of different types"));
     const int64_t rows = tokens * p.heads;
     const DType key_type = p.q.type == ElemType::kF32    ? DType::kF32
                            : p.q.type == ElemType::kBF16 ? DType::kBF16
@@ -1101,10 +1132,12 @@ class CudaBackend : public Backend {
       b.dk = width;
       for (Operand* operand : {&b.q, &b.k}) {
         LAIR_ASSIGN_OR_RETURN(Tensor slice, Temporary(key_type, {rows, width}));
-        LAIR_RETURN_IF_ERROR(CudaStatus(
-            cudaMemcpy2DAsync(slice.raw(), width * elem, static_cast<const char*>(operand->ptr) + a0 * elem,
-                              static_cast<size_t>(p.dk) * elem, width * elem, rows, cudaMemcpyDeviceToDevice, s()),
-            "key block"));
+        LAIR_RETURN_IF_ERROR(
+            CudaStatus(cudaMemcpy2DAsync(slice.raw(), width * elem,
+                                         static_cast<const char*>(operand->ptr) + a0 * elem,
+                                         static_cast<size_t>(p.dk) * elem, width * elem, rows,
+                                         cudaMemcpyDeviceToDevice, s()),
+                       "key block"));
         operand->ptr = slice.raw();
         keep.push_back(std::move(slice));
       }
@@ -1119,13 +1152,16 @@ class CudaBackend : public Backend {
       }
       b.o = part.raw();
       b.o_type = ElemType::kF32;
-      LAIR_RETURN_IF_ERROR(CudaStatus(step ? cuda::LaunchStep(b, s()) : cuda::LaunchScan(b, s()), what));
+      LAIR_RETURN_IF_ERROR(
+          CudaStatus(step ? cuda::LaunchStep(b, s()) : cuda::LaunchScan(b, s()), what));
       if (a0 > 0)
         LAIR_RETURN_IF_ERROR(CudaStatus(
-            cuda::LaunchAdd(sum.f32(), part.f32(), sum.raw(), ElemType::kF32, rows * p.dv, s()), what));
+            cuda::LaunchAdd(sum.f32(), part.f32(), sum.raw(), ElemType::kF32, rows * p.dv, s()),
+            what));
     }
     if (p.o_type == ElemType::kF32) return absl::OkStatus();
-    return CudaStatus(cuda::LaunchConvert(sum.raw(), ElemType::kF32, p.o, p.o_type, rows * p.dv, s()), what);
+    return CudaStatus(
+        cuda::LaunchConvert(sum.raw(), ElemType::kF32, p.o, p.o_type, rows * p.dv, s()), what);
   }
 
   std::shared_ptr<StreamHolder> stream_;
@@ -1148,10 +1184,12 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device_index,
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
     return absl::UnavailableError("no CUDA device is present");
   if (device_index < 0 || device_index >= count)
-    return absl::UnavailableError(absl::StrCat("no CUDA device ", device_index, " (", count, " present)"));
+    return absl::UnavailableError(
+        absl::StrCat("no CUDA device ", device_index, " (", count, " present)"));
   LAIR_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_index), "set device"));
   cudaDeviceProp prop{};
-  LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, device_index), "device properties"));
+  LAIR_RETURN_IF_ERROR(
+      CudaStatus(cudaGetDeviceProperties(&prop, device_index), "device properties"));
   auto holder = std::make_shared<StreamHolder>();
   holder->device = device_index;
   LAIR_RETURN_IF_ERROR(
@@ -1161,9 +1199,9 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device_index,
       cuda::CudaDenseOps::Create(holder->stream, options.gemm == GemmMode::kFast
                                                      ? cuda::GemmPrecision::kFast
                                                      : cuda::GemmPrecision::kExact));
-  return std::unique_ptr<Backend>(new CudaBackend(std::move(holder),
-                                                  absl::StrCat("cuda:", device_index, " (", prop.name, ")"),
-                                                  std::move(dense), options.gemm));
+  return std::unique_ptr<Backend>(
+      new CudaBackend(std::move(holder), absl::StrCat("cuda:", device_index, " (", prop.name, ")"),
+                      std::move(dense), options.gemm));
 }
 
 }  // namespace lair::kernels

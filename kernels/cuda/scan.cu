@@ -22,15 +22,15 @@ namespace {
 
 // Tile sizes and the shared-memory plan of one CTA.
 struct ScanTraits {
-  static constexpr int kChunk = 32;    // C, tokens per chunk
-  static constexpr int kTileV = 64;    // dv columns per CTA
+  static constexpr int kChunk = 32;  // C, tokens per chunk
+  static constexpr int kTileV = 64;  // dv columns per CTA
   static constexpr int kThreads = 256;
   static constexpr int kMaxDk = 256;
   static constexpr int kTileVP = kTileV + 1;  // padded row (bank conflicts)
   static constexpr int kChunkP = kChunk + 1;
-  static constexpr int kRowsA = kChunk * kChunk / kThreads;   // A entries per thread
-  static constexpr int kRowsO = kChunk * kTileV / kThreads;   // o entries per thread
-  static constexpr int kRowsS = kMaxDk * kTileV / kThreads;   // S entries per thread (max)
+  static constexpr int kRowsA = kChunk * kChunk / kThreads;  // A entries per thread
+  static constexpr int kRowsO = kChunk * kTileV / kThreads;  // o entries per thread
+  static constexpr int kRowsS = kMaxDk * kTileV / kThreads;  // S entries per thread (max)
   static_assert(kThreads == 8 * kChunk, "A phase maps one warp lane per column j");
   static_assert(kThreads % kTileV == 0, "o and S phases map threads to dv columns");
 
@@ -62,40 +62,39 @@ __global__ void __launch_bounds__(ScanTraits::kThreads) ScanKernel(const ScanPar
   const bool has_right = p.right.ptr != nullptr;
   const bool carry_n = p.n_final != nullptr;
 
-  float* qs = smem;                                        // [C][dkp]  q̂
-  float* ks = qs + C * dkp;                                // [C][dkp]  k̂
-  float* bl = ks + C * dkp;                                // [C][dkp] vector, [C] scalar: b
-  float* vs = bl + (kLeftVector ? C * dkp : C);            // [C][TVP]  v̂
-  float* cr = vs + C * TVP;                                // [C][TVP]  c
-  float* A = cr + C * TVP;                                 // [C][C+1]
-  float* S = A + C * T::kChunkP;                           // [dk][TV]
-  float* eb = S + dk * TV;                                 // [dk] e^{b_r}
-  float* kf = eb + dk;                                     // [dk] e^{b_C − b_r}
-  float* sdec = kf + dk;                                   // [dk] e^{b_C}
-  float* bref = sdec + dk;                                 // [dk] b_r
-  float* nn = bref + dk;                                   // [dk] normalizer n
-  float* cref = nn + dk;                                   // [TV] c_r
-  float* vf = cref + TV;                                   // [TV] e^{c_C − c_r}
-  float* ecc = vf + TV;                                    // [TV] e^{c_C}
-  float* lws = ecc + TV;                                 // [C] lw (scalar mode)
-  float* ms = lws + C;                                     // [C] m_i
-  float* coef = ms + C;                                    // [C] e^{b_i + m_prev − m_i}
-  float* wj = coef + C;                                    // [C] e^{b_C − b_j + lw_j − m_C}
-  float* den = wj + C;                                     // [C] q'ᵀn
-  float* bsc = den + C;                                    // [C] scalar cumsum b
+  float* qs = smem;                              // [C][dkp]  q̂
+  float* ks = qs + C * dkp;                      // [C][dkp]  k̂
+  float* bl = ks + C * dkp;                      // [C][dkp] vector, [C] scalar: b
+  float* vs = bl + (kLeftVector ? C * dkp : C);  // [C][TVP]  v̂
+  float* cr = vs + C * TVP;                      // [C][TVP]  c
+  float* A = cr + C * TVP;                       // [C][C+1]
+  float* S = A + C * T::kChunkP;                 // [dk][TV]
+  float* eb = S + dk * TV;                       // [dk] e^{b_r}
+  float* kf = eb + dk;                           // [dk] e^{b_C − b_r}
+  float* sdec = kf + dk;                         // [dk] e^{b_C}
+  float* bref = sdec + dk;                       // [dk] b_r
+  float* nn = bref + dk;                         // [dk] normalizer n
+  float* cref = nn + dk;                         // [TV] c_r
+  float* vf = cref + TV;                         // [TV] e^{c_C − c_r}
+  float* ecc = vf + TV;                          // [TV] e^{c_C}
+  float* lws = ecc + TV;                         // [C] lw (scalar mode)
+  float* ms = lws + C;                           // [C] m_i
+  float* coef = ms + C;                          // [C] e^{b_i + m_prev − m_i}
+  float* wj = coef + C;                          // [C] e^{b_C − b_j + lw_j − m_C}
+  float* den = wj + C;                           // [C] q'ᵀn
+  float* bsc = den + C;                          // [C] scalar cumsum b
 
   // Initial state tile (zero when absent).
   const int64_t head_off = StateHeadOffset(p, h);
   {
     const int slot = p.s_init.slot ? p.s_init.slot[seq] : seq;
-    const float* base = p.s_init.ptr ? p.s_init.ptr + slot * p.s_init.slot_stride + head_off
-                                     : nullptr;
+    const float* base =
+        p.s_init.ptr ? p.s_init.ptr + slot * p.s_init.slot_stride + head_off : nullptr;
     for (int idx = tid; idx < dk * TV; idx += T::kThreads) {
       const int a = idx / TV, e = idx % TV;
-      S[idx] = (base && e < tv)
-                   ? base[static_cast<int64_t>(a) * p.s_init.stride_a +
-                          static_cast<int64_t>(e0 + e) * p.s_init.stride_b]
-                   : 0.0f;
+      S[idx] = (base && e < tv) ? base[static_cast<int64_t>(a) * p.s_init.stride_a +
+                                       static_cast<int64_t>(e0 + e) * p.s_init.stride_b]
+                                : 0.0f;
     }
     if (carry_n) {
       for (int a = tid; a < dk; a += T::kThreads)
@@ -144,8 +143,7 @@ __global__ void __launch_bounds__(ScanTraits::kThreads) ScanKernel(const ScanPar
       for (int i = tid; i < C; i += T::kThreads) {
         const bool live = i < lc;
         bl[i] = live ? GateAt(p.left, bos, len, token(i), h, 0) : 0.0f;
-        lws[i] = (live && p.key_weight.ptr) ? GateAt(p.key_weight, bos, len, token(i), h, 0)
-                                            : 0.0f;
+        lws[i] = (live && p.key_weight.ptr) ? GateAt(p.key_weight, bos, len, token(i), h, 0) : 0.0f;
       }
     }
     __syncthreads();
@@ -347,9 +345,9 @@ __global__ void __launch_bounds__(ScanTraits::kThreads) ScanKernel(const ScanPar
 template <bool kLeftVector>
 cudaError_t LaunchScanInstance(const ScanParams& p, cudaStream_t stream) {
   const size_t bytes = ScanTraits::Floats(p.dk, kLeftVector) * sizeof(float);
-  cudaError_t err = cudaFuncSetAttribute(ScanKernel<kLeftVector>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(bytes));
+  cudaError_t err =
+      cudaFuncSetAttribute(ScanKernel<kLeftVector>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bytes));
   if (err != cudaSuccess) return err;
   const dim3 grid((p.dv + ScanTraits::kTileV - 1) / ScanTraits::kTileV, p.heads, p.num_seqs);
   ScanKernel<kLeftVector><<<grid, ScanTraits::kThreads, bytes, stream>>>(p);

@@ -14,9 +14,9 @@
 // a·stride_a + b·stride_b, so a transposed state is a stride swap.
 #pragma once
 
-#include <cstdint>
-
 #include <cuda_runtime_api.h>
+
+#include <cstdint>
 
 namespace lair::kernels::cuda {
 
@@ -53,26 +53,26 @@ struct StateRef {
 };
 
 enum class NormKind : int {
-  kNone = 0,     // o = s'ᵀ q'
-  kMlstmExp = 1, // o = num / (max(|q'ᵀn|, e^{−m}) + eps)
-  kSigNorm = 2,  // o = num / (max(|q'ᵀn|, 1) + eps)
+  kNone = 0,      // o = s'ᵀ q'
+  kMlstmExp = 1,  // o = num / (max(|q'ᵀn|, e^{−m}) + eps)
+  kSigNorm = 2,   // o = num / (max(|q'ᵀn|, 1) + eps)
 };
 
 struct ScanParams {
   int num_seqs = 0, heads = 0;
-  int dk = 0, dv = 0;                 // dims of Q'/K' and of V'/O' (dk ≤ 256, multiple of 4)
+  int dk = 0, dv = 0;                   // dims of Q'/K' and of V'/O' (dk ≤ 256, multiple of 4)
   const int32_t* cu_seqlens = nullptr;  // device [num_seqs + 1]
-  bool reverse = false;               // iterate from the last token to the first
+  bool reverse = false;                 // iterate from the last token to the first
   Operand q, k, v;
   float q_scale = 1.0f, k_scale = 1.0f;
-  LogGate left;                       // on the dk side
-  bool left_vector = false;           // left.ptr is [N,H,dk] (else one value per token)
-  LogGate right;                      // on the dv side, [N,H,dv] or null
-  LogGate key_weight;                 // log w_t per token (mLSTM input gate) or null
-  bool stabilize = false;             // mLSTM max stabilizer m (needs m_init/m_final)
+  LogGate left;              // on the dk side
+  bool left_vector = false;  // left.ptr is [N,H,dk] (else one value per token)
+  LogGate right;             // on the dv side, [N,H,dv] or null
+  LogGate key_weight;        // log w_t per token (mLSTM input gate) or null
+  bool stabilize = false;    // mLSTM max stabilizer m (needs m_init/m_final)
   NormKind norm = NormKind::kNone;
   float eps = 0.0f;
-  StateRef s_init, s_final;           // s_init.ptr null → zero state
+  StateRef s_init, s_final;  // s_init.ptr null → zero state
   // Floats between the heads of s_init and s_final; 0: one dk·dv tile. A
   // scan over a row block of wider tiles (key blocks) sets it.
   int64_t state_head_stride = 0;
@@ -82,7 +82,7 @@ struct ScanParams {
   float* n_final = nullptr;
   const float* m_init = nullptr;
   float* m_final = nullptr;
-  void* o = nullptr;                  // [N, H, dv]
+  void* o = nullptr;  // [N, H, dv]
   ElemType o_type = ElemType::kF32;
 };
 

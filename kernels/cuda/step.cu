@@ -10,12 +10,12 @@ namespace lair::kernels::cuda {
 namespace {
 
 struct StepTraits {
-  static constexpr int kCols = 32;                     // dv columns per CTA
+  static constexpr int kCols = 32;  // dv columns per CTA
   static constexpr int kThreads = 256;
-  static constexpr int kVec = 4;                       // floats per 16-byte access
-  static constexpr int kColThreads = kCols / kVec;     // 8
+  static constexpr int kVec = 4;                             // floats per 16-byte access
+  static constexpr int kColThreads = kCols / kVec;           // 8
   static constexpr int kRowGroups = kThreads / kColThreads;  // 32
-  static constexpr int kUnroll = 4;                    // rows in flight per thread
+  static constexpr int kUnroll = 4;                          // rows in flight per thread
   static constexpr int kMaxDk = 256;
   static_assert(kRowGroups == 32, "the reduction uses one warp over the row groups");
 };
@@ -70,8 +70,7 @@ __global__ void __launch_bounds__(StepTraits::kThreads) StepKernel(const ScanPar
   // The state pass: read, decay, add the outer product, accumulate sᵀq'.
   const int cv = tid % T::kColThreads, rg = tid / T::kColThreads;
   const int col = cv * T::kVec;
-  float* base = p.s_final.ptr + slot * p.s_final.slot_stride + StateHeadOffset(p, h) +
-                e0 + col;
+  float* base = p.s_final.ptr + slot * p.s_final.slot_stride + StateHeadOffset(p, h) + e0 + col;
   const bool zero_init = p.s_init.ptr == nullptr;
   const float4 vv = make_float4(v[col], v[col + 1], v[col + 2], v[col + 3]);
   const float4 ee = make_float4(er[col], er[col + 1], er[col + 2], er[col + 3]);

@@ -43,7 +43,9 @@ struct Harness {
     EXPECT_TRUE(created.ok()) << created.status();
     engine = std::move(*created);
   }
-  absl::Status Submit(EngineRequest r) { return engine->Submit(std::move(r), collector.Callback()); }
+  absl::Status Submit(EngineRequest r) {
+    return engine->Submit(std::move(r), collector.Callback());
+  }
 
   FakeTokenizer tokenizer;
   Collector collector;

@@ -88,7 +88,8 @@ TEST_P(RealModelTest, BatchingPreemptionAndForkingDoNotChangeOutputs) {
   std::vector<EngineRequest> requests;
   for (int i = 0; i < 6; ++i) {
     requests.push_back(Greedy(absl::StrCat("g", i),
-                              std::vector<int32_t>(base.begin() + i * 7, base.begin() + 30 + i * 9), 8));
+                              std::vector<int32_t>(base.begin() + i * 7, base.begin() + 30 + i * 9),
+                              8));
   }
   EngineRequest sampled = Greedy("s", std::vector<int32_t>(base.begin(), base.begin() + 20), 8);
   sampled.sampling.temperature = 0.8f;
@@ -131,8 +132,9 @@ TEST(RealModelContextTest, LlamaStopsAtItsContextAndRefusesLongerPrompts) {
   absl::Status too_long =
       (*engine)->Submit(Greedy("long", std::vector<int32_t>(64, 3), 4), collector.Callback());
   EXPECT_EQ(too_long.code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE((*engine)->Submit(Greedy("fits", std::vector<int32_t>(60, 3), 10),
-                                collector.Callback()).ok());
+  ASSERT_TRUE((*engine)
+                  ->Submit(Greedy("fits", std::vector<int32_t>(60, 3), 10), collector.Callback())
+                  .ok());
   ASSERT_TRUE(collector.WaitFinished(1));
   const testing::Completion c = collector.Get("fits");
   EXPECT_EQ(c.reason, FinishReason::kLength);

@@ -14,7 +14,8 @@ using testing::FakeTokenizer;
 // Token ids spelling `text` two letters at a time (FakeTokenizer's code).
 std::vector<int32_t> Spell(const std::string& text) {
   std::vector<int32_t> ids;
-  for (size_t i = 0; i + 1 < text.size(); i += 2) ids.push_back((text[i] - 'a') + 26 * (text[i + 1] - 'a'));
+  for (size_t i = 0; i + 1 < text.size(); i += 2)
+    ids.push_back((text[i] - 'a') + 26 * (text[i + 1] - 'a'));
   return ids;
 }
 

@@ -55,7 +55,8 @@ class CudaVsCpu : public ::testing::Test {
     EXPECT_TRUE(t.ok()) << t.status();
     return *t;
   }
-  void Expect(const Tensor& gpu_tensor, const Tensor& cpu_tensor, double tol, const std::string& what) {
+  void Expect(const Tensor& gpu_tensor, const Tensor& cpu_tensor, double tol,
+              const std::string& what) {
     const double err = RelativeError(Down(gpu_tensor).ToF32(), cpu_tensor);
     EXPECT_LE(err, tol) << what;
     EXPECT_FALSE(std::isnan(err)) << what;
@@ -66,7 +67,8 @@ class CudaVsCpu : public ::testing::Test {
     offsets_ = {0};
     for (int len : lens) offsets_.push_back(offsets_.back() + len);
     slots_.clear();
-    for (size_t s = 0; s < lens.size(); ++s) slots_.push_back(static_cast<int32_t>(lens.size() - s));
+    for (size_t s = 0; s < lens.size(); ++s)
+      slots_.push_back(static_cast<int32_t>(lens.size() - s));
     batch_.num_seqs = static_cast<int>(lens.size());
     batch_.cu_seqlens = offsets_;
     batch_.state_slot = slots_;
@@ -86,77 +88,80 @@ constexpr DecayKind kKinds[] = {DecayKind::kNone, DecayKind::kConstant, DecayKin
 TEST_F(CudaVsCpu, DecayForwardAndBackward) {
   // Head shapes of the tiny models and of the GLA 1.3B layout (key_dim 256).
   for (const auto& [K, V] : {std::pair{64, 96}, std::pair{256, 192}})
-  for (DType dt : {DType::kF32, DType::kBF16}) {
-    const double tol = dt == DType::kF32 ? kF32Tol : kBf16Tol;
-    for (DecayKind kind : kKinds) {
-      for (bool step : {false, true}) {
-        MakeBatch(step ? std::vector<int>{1, 1, 1} : std::vector<int>{70, 1, 0, 33});
-        const int64_t n = offsets_.back();
-        const int H = 2, S = batch_.num_seqs;
-        const std::string what = "K=" + std::to_string(K) + " " + std::string(DTypeName(dt)) + " kind " +
-                                 std::to_string(static_cast<int>(kind)) + (step ? " step" : " chunked");
-        const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
-        const Tensor lg = Rand({H}, -0.5f, -0.01f), g = Rand({n, H}, -1, -0.01f);
-        const Tensor gk = Rand({n, H, K}, -1, -0.01f), gv = Rand({n, H, V}, -1, -0.01f);
-        const Tensor h0 = Rand({S + 1, H, K, V}, -1, 1), d_o = Rand({n, H, V}, -1, 1);
-        const Tensor d_ht = Rand({S, H, K, V}, -1, 1);
-        DecayForwardArgs c, d;
-        for (DecayForwardArgs* a : {&c, &d}) {
-          a->kind = kind;
-          a->heads = H, a->key_dim = K, a->value_dim = V, a->scale = 0.125f;
-        }
-        c.q = Cpu(q, dt), c.k = Cpu(k, dt), c.v = Cpu(v, dt);
-        d.q = Gpu(q, dt), d.k = Gpu(k, dt), d.v = Gpu(v, dt);
-        c.log_gamma = lg.Clone(), c.g = g.Clone(), c.gk = gk.Clone(), c.gv = gv.Clone();
-        d.log_gamma = Gpu(lg, DType::kF32), d.g = Gpu(g, DType::kF32);
-        d.gk = Gpu(gk, DType::kF32), d.gv = Gpu(gv, DType::kF32);
-        c.o = Tensor::Zeros(DType::kF32, {n, H, V});
-        d.o = Gpu(Rand({n, H, V}, 7, 8), dt);  // poisoned: every element must be written
-        c.state = h0.Clone();
-        d.state = Gpu(h0, DType::kF32);
-        const Tensor h0_gpu = Gpu(h0, DType::kF32);
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      const double tol = dt == DType::kF32 ? kF32Tol : kBf16Tol;
+      for (DecayKind kind : kKinds) {
+        for (bool step : {false, true}) {
+          MakeBatch(step ? std::vector<int>{1, 1, 1} : std::vector<int>{70, 1, 0, 33});
+          const int64_t n = offsets_.back();
+          const int H = 2, S = batch_.num_seqs;
+          const std::string what = "K=" + std::to_string(K) + " " + std::string(DTypeName(dt)) +
+                                   " kind " + std::to_string(static_cast<int>(kind)) +
+                                   (step ? " step" : " chunked");
+          const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1),
+                       v = Rand({n, H, V}, -1, 1);
+          const Tensor lg = Rand({H}, -0.5f, -0.01f), g = Rand({n, H}, -1, -0.01f);
+          const Tensor gk = Rand({n, H, K}, -1, -0.01f), gv = Rand({n, H, V}, -1, -0.01f);
+          const Tensor h0 = Rand({S + 1, H, K, V}, -1, 1), d_o = Rand({n, H, V}, -1, 1);
+          const Tensor d_ht = Rand({S, H, K, V}, -1, 1);
+          DecayForwardArgs c, d;
+          for (DecayForwardArgs* a : {&c, &d}) {
+            a->kind = kind;
+            a->heads = H, a->key_dim = K, a->value_dim = V, a->scale = 0.125f;
+          }
+          c.q = Cpu(q, dt), c.k = Cpu(k, dt), c.v = Cpu(v, dt);
+          d.q = Gpu(q, dt), d.k = Gpu(k, dt), d.v = Gpu(v, dt);
+          c.log_gamma = lg.Clone(), c.g = g.Clone(), c.gk = gk.Clone(), c.gv = gv.Clone();
+          d.log_gamma = Gpu(lg, DType::kF32), d.g = Gpu(g, DType::kF32);
+          d.gk = Gpu(gk, DType::kF32), d.gv = Gpu(gv, DType::kF32);
+          c.o = Tensor::Zeros(DType::kF32, {n, H, V});
+          d.o = Gpu(Rand({n, H, V}, 7, 8), dt);  // poisoned: every element must be written
+          c.state = h0.Clone();
+          d.state = Gpu(h0, DType::kF32);
+          const Tensor h0_gpu = Gpu(h0, DType::kF32);
 
-        ASSERT_TRUE(cpu_->DecayForward(batch_, c, MixerForm::kChunked).ok());
-        const MixerForm form = step ? MixerForm::kRecurrent : MixerForm::kChunked;
-        ASSERT_TRUE(gpu_->DecayForward(batch_, d, form).ok()) << what;
-        Expect(d.o, c.o, tol, what + " o");
-        Expect(d.state, c.state, tol, what + " final state");
-        if (step) continue;
+          ASSERT_TRUE(cpu_->DecayForward(batch_, c, MixerForm::kChunked).ok());
+          const MixerForm form = step ? MixerForm::kRecurrent : MixerForm::kChunked;
+          ASSERT_TRUE(gpu_->DecayForward(batch_, d, form).ok()) << what;
+          Expect(d.o, c.o, tol, what + " o");
+          Expect(d.state, c.state, tol, what + " final state");
+          if (step) continue;
 
-        // Backward from the initial states.
-        DecayBackwardArgs cb, db;
-        cb.fwd = c, db.fwd = d;
-        cb.fwd.state = h0.Clone();
-        db.fwd.state = h0_gpu;
-        cb.d_o = Cpu(d_o, dt), db.d_o = Gpu(d_o, dt);
-        cb.d_ht = d_ht.Clone(), db.d_ht = Gpu(d_ht, DType::kF32);
-        auto outs = [&](DecayBackwardArgs& b, bool on_gpu) {
-          auto make = [&](Shape s, DType t) {
-            return on_gpu ? Gpu(Rand(s, 7, 8), t) : Tensor::Zeros(DType::kF32, s);
+          // Backward from the initial states.
+          DecayBackwardArgs cb, db;
+          cb.fwd = c, db.fwd = d;
+          cb.fwd.state = h0.Clone();
+          db.fwd.state = h0_gpu;
+          cb.d_o = Cpu(d_o, dt), db.d_o = Gpu(d_o, dt);
+          cb.d_ht = d_ht.Clone(), db.d_ht = Gpu(d_ht, DType::kF32);
+          auto outs = [&](DecayBackwardArgs& b, bool on_gpu) {
+            auto make = [&](Shape s, DType t) {
+              return on_gpu ? Gpu(Rand(s, 7, 8), t) : Tensor::Zeros(DType::kF32, s);
+            };
+            b.dq = make({n, H, K}, dt), b.dk = make({n, H, K}, dt), b.dv = make({n, H, V}, dt);
+            b.d_log_gamma = make({H}, DType::kF32), b.dg = make({n, H}, DType::kF32);
+            b.dgk = make({n, H, K}, DType::kF32), b.dgv = make({n, H, V}, DType::kF32);
+            b.dh0 = make({S, H, K, V}, DType::kF32);
           };
-          b.dq = make({n, H, K}, dt), b.dk = make({n, H, K}, dt), b.dv = make({n, H, V}, dt);
-          b.d_log_gamma = make({H}, DType::kF32), b.dg = make({n, H}, DType::kF32);
-          b.dgk = make({n, H, K}, DType::kF32), b.dgv = make({n, H, V}, DType::kF32);
-          b.dh0 = make({S, H, K, V}, DType::kF32);
-        };
-        outs(cb, false);
-        outs(db, true);
-        ASSERT_TRUE(cpu_->DecayBackward(batch_, cb).ok());
-        const absl::Status st = gpu_->DecayBackward(batch_, db);
-        ASSERT_TRUE(st.ok()) << what << ": " << st;
-        const double gtol = dt == DType::kF32 ? 1e-3 : 5e-2;
-        Expect(db.dq, cb.dq, gtol, what + " dq");
-        Expect(db.dk, cb.dk, gtol, what + " dk");
-        Expect(db.dv, cb.dv, gtol, what + " dv");
-        Expect(db.dh0, cb.dh0, gtol, what + " dh0");
-        if (kind == DecayKind::kConstant) Expect(db.d_log_gamma, cb.d_log_gamma, gtol, what + " dlg");
-        if (kind == DecayKind::kScalar) Expect(db.dg, cb.dg, gtol, what + " dg");
-        if (kind == DecayKind::kVector || kind == DecayKind::kLeftRight)
-          Expect(db.dgk, cb.dgk, gtol, what + " dgk");
-        if (kind == DecayKind::kLeftRight) Expect(db.dgv, cb.dgv, gtol, what + " dgv");
+          outs(cb, false);
+          outs(db, true);
+          ASSERT_TRUE(cpu_->DecayBackward(batch_, cb).ok());
+          const absl::Status st = gpu_->DecayBackward(batch_, db);
+          ASSERT_TRUE(st.ok()) << what << ": " << st;
+          const double gtol = dt == DType::kF32 ? 1e-3 : 5e-2;
+          Expect(db.dq, cb.dq, gtol, what + " dq");
+          Expect(db.dk, cb.dk, gtol, what + " dk");
+          Expect(db.dv, cb.dv, gtol, what + " dv");
+          Expect(db.dh0, cb.dh0, gtol, what + " dh0");
+          if (kind == DecayKind::kConstant)
+            Expect(db.d_log_gamma, cb.d_log_gamma, gtol, what + " dlg");
+          if (kind == DecayKind::kScalar) Expect(db.dg, cb.dg, gtol, what + " dg");
+          if (kind == DecayKind::kVector || kind == DecayKind::kLeftRight)
+            Expect(db.dgk, cb.dgk, gtol, what + " dgk");
+          if (kind == DecayKind::kLeftRight) Expect(db.dgv, cb.dgv, gtol, what + " dgv");
+        }
       }
     }
-  }
 }
 
 TEST_F(CudaVsCpu, GsaForward) {
@@ -168,9 +173,11 @@ TEST_F(CudaVsCpu, GsaForward) {
     const Tensor g = Rand({n, H, M}, -1, -0.01f), s = Rand({n, H, M}, 0, 1);
     const Tensor hk = Rand({S + 1, H, K, M}, -1, 1), hv = Rand({S + 1, H, M, V}, -1, 1);
     GsaForwardArgs c, d;
-    for (GsaForwardArgs* a : {&c, &d}) a->heads = H, a->key_dim = K, a->value_dim = V, a->num_slots_m = M, a->scale = 0.125f;
+    for (GsaForwardArgs* a : {&c, &d})
+      a->heads = H, a->key_dim = K, a->value_dim = V, a->num_slots_m = M, a->scale = 0.125f;
     c.q = Cpu(q, dt), c.k = Cpu(k, dt), c.v = Cpu(v, dt), c.s = Cpu(s, dt), c.g = g.Clone();
-    d.q = Gpu(q, dt), d.k = Gpu(k, dt), d.v = Gpu(v, dt), d.s = Gpu(s, dt), d.g = Gpu(g, DType::kF32);
+    d.q = Gpu(q, dt), d.k = Gpu(k, dt), d.v = Gpu(v, dt), d.s = Gpu(s, dt),
+    d.g = Gpu(g, DType::kF32);
     c.o = Tensor::Zeros(DType::kF32, {n, H, V});
     d.o = Gpu(Rand({n, H, V}, 7, 8), dt);
     c.state_k = hk.Clone(), c.state_v = hv.Clone();
@@ -193,8 +200,10 @@ TEST_F(CudaVsCpu, GsaBackward) {
       batch_.zero_initial_state = zero_init;
       const int64_t n = offsets_.back();
       const int H = 2, K = 64, V = 64, M = 16, S = batch_.num_seqs;
-      const std::string what = "gsa backward " + std::string(DTypeName(dt)) + (zero_init ? " zero h0" : "");
-      const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
+      const std::string what =
+          "gsa backward " + std::string(DTypeName(dt)) + (zero_init ? " zero h0" : "");
+      const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1),
+                   v = Rand({n, H, V}, -1, 1);
       const Tensor g = Rand({n, H, M}, -1, -0.01f), s = Rand({n, H, M}, 0, 1);
       const Tensor hk = Rand({S + 1, H, K, M}, -1, 1), hv = Rand({S + 1, H, M, V}, -1, 1);
       const Tensor d_o = Rand({n, H, V}, -1, 1);
@@ -204,7 +213,8 @@ TEST_F(CudaVsCpu, GsaBackward) {
         b->fwd.heads = H, b->fwd.key_dim = K, b->fwd.value_dim = V, b->fwd.num_slots_m = M;
         b->fwd.scale = 0.125f;
       }
-      c.fwd.q = Cpu(q, dt), c.fwd.k = Cpu(k, dt), c.fwd.v = Cpu(v, dt), c.fwd.s = Cpu(s, dt), c.fwd.g = g.Clone();
+      c.fwd.q = Cpu(q, dt), c.fwd.k = Cpu(k, dt), c.fwd.v = Cpu(v, dt), c.fwd.s = Cpu(s, dt),
+      c.fwd.g = g.Clone();
       d.fwd.q = Gpu(q, dt), d.fwd.k = Gpu(k, dt), d.fwd.v = Gpu(v, dt), d.fwd.s = Gpu(s, dt);
       d.fwd.g = Gpu(g, DType::kF32);
       c.fwd.state_k = hk.Clone(), c.fwd.state_v = hv.Clone();
@@ -215,12 +225,14 @@ TEST_F(CudaVsCpu, GsaBackward) {
       c.dq = Tensor::Zeros(DType::kF32, {n, H, K}), c.dk = Tensor::Zeros(DType::kF32, {n, H, K});
       c.dv = Tensor::Zeros(DType::kF32, {n, H, V});
       c.ds = Tensor::Zeros(DType::kF32, {n, H, M}), c.dg = Tensor::Zeros(DType::kF32, {n, H, M});
-      c.d_hk0 = Tensor::Zeros(DType::kF32, {S, H, K, M}), c.d_hv0 = Tensor::Zeros(DType::kF32, {S, H, M, V});
+      c.d_hk0 = Tensor::Zeros(DType::kF32, {S, H, K, M}),
+      c.d_hv0 = Tensor::Zeros(DType::kF32, {S, H, M, V});
       // Poisoned: every element must be written.
       d.dq = Gpu(Rand({n, H, K}, 7, 8), dt), d.dk = Gpu(Rand({n, H, K}, 7, 8), dt);
       d.dv = Gpu(Rand({n, H, V}, 7, 8), dt), d.ds = Gpu(Rand({n, H, M}, 7, 8), dt);
       d.dg = Gpu(Rand({n, H, M}, 7, 8), DType::kF32);
-      d.d_hk0 = Gpu(Rand({S, H, K, M}, 7, 8), DType::kF32), d.d_hv0 = Gpu(Rand({S, H, M, V}, 7, 8), DType::kF32);
+      d.d_hk0 = Gpu(Rand({S, H, K, M}, 7, 8), DType::kF32),
+      d.d_hv0 = Gpu(Rand({S, H, M, V}, 7, 8), DType::kF32);
       const Tensor hk_before = Down(d.fwd.state_k), hv_before = Down(d.fwd.state_v);
       ASSERT_TRUE(cpu_->GsaBackward(batch_, c).ok());
       const absl::Status st = gpu_->GsaBackward(batch_, d);
@@ -249,20 +261,25 @@ TEST_F(CudaVsCpu, MlstmForward) {
         const int H = 2, K = 64, V = 64, S = batch_.num_seqs;
         const std::string what = "mlstm kind " + std::to_string(static_cast<int>(kind)) +
                                  (step ? " step " : " chunked ") + std::string(DTypeName(dt));
-        const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
+        const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1),
+                     v = Rand({n, H, V}, -1, 1);
         const Tensor ig = Rand({n, H}, -3, 3), fg = Rand({n, H}, -1, 5);
         const Tensor c0 = Rand({S + 1, H, K, V}, -1, 1), n0 = Rand({S + 1, H, K}, -1, 1);
         const Tensor m0 = Rand({S + 1, H}, -1, 1);
         MlstmForwardArgs c, d;
-        for (MlstmForwardArgs* a : {&c, &d}) a->kind = kind, a->heads = H, a->key_dim = K, a->value_dim = V;
+        for (MlstmForwardArgs* a : {&c, &d})
+          a->kind = kind, a->heads = H, a->key_dim = K, a->value_dim = V;
         c.q = Cpu(q, dt), c.k = Cpu(k, dt), c.v = Cpu(v, dt), c.i = ig.Clone(), c.f = fg.Clone();
-        d.q = Gpu(q, dt), d.k = Gpu(k, dt), d.v = Gpu(v, dt), d.i = Gpu(ig, DType::kF32), d.f = Gpu(fg, DType::kF32);
+        d.q = Gpu(q, dt), d.k = Gpu(k, dt), d.v = Gpu(v, dt), d.i = Gpu(ig, DType::kF32),
+        d.f = Gpu(fg, DType::kF32);
         c.h = Tensor::Zeros(DType::kF32, {n, H, V});
         d.h = Gpu(Rand({n, H, V}, 7, 8), dt);
         c.state_c = c0.Clone(), c.state_n = n0.Clone(), c.state_m = m0.Clone();
-        d.state_c = Gpu(c0, DType::kF32), d.state_n = Gpu(n0, DType::kF32), d.state_m = Gpu(m0, DType::kF32);
+        d.state_c = Gpu(c0, DType::kF32), d.state_n = Gpu(n0, DType::kF32),
+        d.state_m = Gpu(m0, DType::kF32);
         ASSERT_TRUE(cpu_->MlstmForward(batch_, c, MixerForm::kChunked).ok());
-        const absl::Status st = gpu_->MlstmForward(batch_, d, step ? MixerForm::kRecurrent : MixerForm::kChunked);
+        const absl::Status st =
+            gpu_->MlstmForward(batch_, d, step ? MixerForm::kRecurrent : MixerForm::kChunked);
         ASSERT_TRUE(st.ok()) << what << ": " << st;
         const double tol = dt == DType::kF32 ? kF32Tol : kBf16Tol;
         Expect(d.h, c.h, tol, what + " h");
@@ -288,10 +305,11 @@ TEST_F(CudaVsCpu, MlstmBackward) {
           batch_.zero_initial_state = zero_init;
           const int64_t n = offsets_.back();
           const int H = 2, K = dims.key_dim, V = dims.value_dim, S = batch_.num_seqs;
-          const std::string what = "mlstm backward kind " + std::to_string(static_cast<int>(kind)) + " K" +
-                                   std::to_string(K) + " V" + std::to_string(V) + " " +
+          const std::string what = "mlstm backward kind " + std::to_string(static_cast<int>(kind)) +
+                                   " K" + std::to_string(K) + " V" + std::to_string(V) + " " +
                                    std::string(DTypeName(dt)) + (zero_init ? " zero h0" : "");
-          const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
+          const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1),
+                       v = Rand({n, H, V}, -1, 1);
           const Tensor ig = Rand({n, H}, -3, 3), fg = Rand({n, H}, -1, 5);
           const Tensor c0 = Rand({S + 1, H, K, V}, -1, 1), n0 = Rand({S + 1, H, K}, -1, 1);
           const Tensor m0 = Rand({S + 1, H}, -1, 1);
@@ -311,15 +329,18 @@ TEST_F(CudaVsCpu, MlstmBackward) {
           c.d_h = Cpu(d_h, dt), d.d_h = Gpu(d_h, dt);
           c.d_ct = d_ct.Clone(), c.d_nt = d_nt.Clone();
           d.d_ct = Gpu(d_ct, DType::kF32), d.d_nt = Gpu(d_nt, DType::kF32);
-          c.dq = Tensor::Zeros(DType::kF32, {n, H, K}), c.dk = Tensor::Zeros(DType::kF32, {n, H, K});
+          c.dq = Tensor::Zeros(DType::kF32, {n, H, K}),
+          c.dk = Tensor::Zeros(DType::kF32, {n, H, K});
           c.dv = Tensor::Zeros(DType::kF32, {n, H, V});
           c.di = Tensor::Zeros(DType::kF32, {n, H}), c.df = Tensor::Zeros(DType::kF32, {n, H});
-          c.d_c0 = Tensor::Zeros(DType::kF32, {S, H, K, V}), c.d_n0 = Tensor::Zeros(DType::kF32, {S, H, K});
+          c.d_c0 = Tensor::Zeros(DType::kF32, {S, H, K, V}),
+          c.d_n0 = Tensor::Zeros(DType::kF32, {S, H, K});
           // Poisoned: every element must be written.
           d.dq = Gpu(Rand({n, H, K}, 7, 8), dt), d.dk = Gpu(Rand({n, H, K}, 7, 8), dt);
           d.dv = Gpu(Rand({n, H, V}, 7, 8), dt);
           d.di = Gpu(Rand({n, H}, 7, 8), DType::kF32), d.df = Gpu(Rand({n, H}, 7, 8), DType::kF32);
-          d.d_c0 = Gpu(Rand({S, H, K, V}, 7, 8), DType::kF32), d.d_n0 = Gpu(Rand({S, H, K}, 7, 8), DType::kF32);
+          d.d_c0 = Gpu(Rand({S, H, K, V}, 7, 8), DType::kF32),
+          d.d_n0 = Gpu(Rand({S, H, K}, 7, 8), DType::kF32);
           ASSERT_TRUE(cpu_->MlstmBackward(batch_, c).ok());
           const absl::Status st = gpu_->MlstmBackward(batch_, d);
           ASSERT_TRUE(st.ok()) << what << ": " << st;
@@ -346,9 +367,11 @@ TEST_F(CudaVsCpu, MlstmBackwardLongPacked) {
       MakeBatch({3000, 65, 1, 0, 517});
       const int64_t n = offsets_.back();
       const int H = 2, K = 64, V = 64, S = batch_.num_seqs;
-      const std::string what = "long mlstm backward kind " + std::to_string(static_cast<int>(kind)) + " " +
+      const std::string what = "long mlstm backward kind " +
+                               std::to_string(static_cast<int>(kind)) + " " +
                                std::string(DTypeName(dt));
-      const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
+      const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1),
+                   v = Rand({n, H, V}, -1, 1);
       const Tensor ig = Rand({n, H}, -3, 3), fg = Rand({n, H}, 0, 6);
       const Tensor c0 = Rand({S + 1, H, K, V}, -1, 1), n0 = Rand({S + 1, H, K}, -1, 1);
       const Tensor m0 = Rand({S + 1, H}, -1, 1), d_h = Rand({n, H, V}, -1, 1);
@@ -370,11 +393,13 @@ TEST_F(CudaVsCpu, MlstmBackwardLongPacked) {
       c.dq = Tensor::Zeros(DType::kF32, {n, H, K}), c.dk = Tensor::Zeros(DType::kF32, {n, H, K});
       c.dv = Tensor::Zeros(DType::kF32, {n, H, V});
       c.di = Tensor::Zeros(DType::kF32, {n, H}), c.df = Tensor::Zeros(DType::kF32, {n, H});
-      c.d_c0 = Tensor::Zeros(DType::kF32, {S, H, K, V}), c.d_n0 = Tensor::Zeros(DType::kF32, {S, H, K});
+      c.d_c0 = Tensor::Zeros(DType::kF32, {S, H, K, V}),
+      c.d_n0 = Tensor::Zeros(DType::kF32, {S, H, K});
       d.dq = Gpu(Rand({n, H, K}, 7, 8), dt), d.dk = Gpu(Rand({n, H, K}, 7, 8), dt);
       d.dv = Gpu(Rand({n, H, V}, 7, 8), dt);
       d.di = Gpu(Rand({n, H}, 7, 8), DType::kF32), d.df = Gpu(Rand({n, H}, 7, 8), DType::kF32);
-      d.d_c0 = Gpu(Rand({S, H, K, V}, 7, 8), DType::kF32), d.d_n0 = Gpu(Rand({S, H, K}, 7, 8), DType::kF32);
+      d.d_c0 = Gpu(Rand({S, H, K, V}, 7, 8), DType::kF32),
+      d.d_n0 = Gpu(Rand({S, H, K}, 7, 8), DType::kF32);
       ASSERT_TRUE(cpu_->MlstmBackward(batch_, c).ok());
       const absl::Status st = gpu_->MlstmBackward(batch_, d);
       ASSERT_TRUE(st.ok()) << what << ": " << st;
@@ -397,7 +422,8 @@ TEST_F(CudaVsCpu, MlstmBackwardRejectsWideHeads) {
   const int H = 1, K = 64, V = 160;
   MlstmBackwardArgs d;
   d.fwd.kind = MlstmKind::kSig, d.fwd.heads = H, d.fwd.key_dim = K, d.fwd.value_dim = V;
-  d.fwd.q = Gpu(Rand({n, H, K}, -1, 1), DType::kF32), d.fwd.k = Gpu(Rand({n, H, K}, -1, 1), DType::kF32);
+  d.fwd.q = Gpu(Rand({n, H, K}, -1, 1), DType::kF32),
+  d.fwd.k = Gpu(Rand({n, H, K}, -1, 1), DType::kF32);
   d.fwd.v = Gpu(Rand({n, H, V}, -1, 1), DType::kF32);
   d.fwd.i = Gpu(Rand({n, H}, -1, 1), DType::kF32), d.fwd.f = Gpu(Rand({n, H}, -1, 1), DType::kF32);
   d.fwd.state_c = Gpu(Rand({2, H, K, V}, -1, 1), DType::kF32);
@@ -423,8 +449,10 @@ TEST_F(CudaVsCpu, DecayForwardWideKeys) {
         const int64_t n = offsets_.back();
         const int S = batch_.num_seqs;
         const std::string what = std::string(DTypeName(dt)) + " kind " +
-                                 std::to_string(static_cast<int>(kind)) + (step ? " step" : " chunked");
-        const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
+                                 std::to_string(static_cast<int>(kind)) +
+                                 (step ? " step" : " chunked");
+        const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1),
+                     v = Rand({n, H, V}, -1, 1);
         const Tensor lg = Rand({H}, -0.5f, -0.01f), g = Rand({n, H}, -1, -0.01f);
         const Tensor gk = Rand({n, H, K}, -1, -0.01f), gv = Rand({n, H, V}, -1, -0.01f);
         const Tensor h0 = Rand({S + 1, H, K, V}, -1, 1);
@@ -481,7 +509,8 @@ TEST_F(CudaVsCpu, GsaForwardWideKeys) {
     c.state_k = hk.Clone(), c.state_v = hv.Clone();
     d.state_k = Gpu(hk, DType::kF32), d.state_v = Gpu(hv, DType::kF32);
     ASSERT_TRUE(cpu_->GsaForward(batch_, c, MixerForm::kChunked).ok());
-    const absl::Status st = gpu_->GsaForward(batch_, d, step ? MixerForm::kRecurrent : MixerForm::kChunked);
+    const absl::Status st =
+        gpu_->GsaForward(batch_, d, step ? MixerForm::kRecurrent : MixerForm::kChunked);
     ASSERT_TRUE(st.ok()) << st;
     const std::string what = step ? "gsa wide step" : "gsa wide chunked";
     Expect(d.o, c.o, kF32Tol, what + " o");
@@ -515,7 +544,8 @@ TEST_F(CudaVsCpu, FastModeScansRoundForTensorCores) {
     const int S = batch_.num_seqs;
     const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
     const Tensor gk = Rand({n, H, K}, -1, -0.01f), h0 = Rand({S + 1, H, K, V}, -1, 1);
-    const Tensor ig = Rand({n, H}, -3, 3), fg = Rand({n, H}, -1, 5), n0 = Rand({S + 1, H, K}, -1, 1);
+    const Tensor ig = Rand({n, H}, -3, 3), fg = Rand({n, H}, -1, 5),
+                 n0 = Rand({S + 1, H, K}, -1, 1);
     const Tensor m0 = Rand({S + 1, H}, -1, 1);
     const MixerForm form = step ? MixerForm::kRecurrent : MixerForm::kChunked;
     const double tol = step ? kF32Tol : kBf16Tol;
@@ -523,10 +553,12 @@ TEST_F(CudaVsCpu, FastModeScansRoundForTensorCores) {
 
     DecayForwardArgs c, d;
     for (DecayForwardArgs* a : {&c, &d})
-      a->kind = DecayKind::kVector, a->heads = H, a->key_dim = K, a->value_dim = V, a->scale = 0.09f;
+      a->kind = DecayKind::kVector, a->heads = H, a->key_dim = K, a->value_dim = V,
+      a->scale = 0.09f;
     c.q = q.Clone(), c.k = k.Clone(), c.v = v.Clone(), c.gk = gk.Clone(), c.state = h0.Clone();
     c.o = Tensor::Zeros(DType::kF32, {n, H, V});
-    d.q = up(q), d.k = up(k), d.v = up(v), d.gk = up(gk), d.state = up(h0), d.o = up(Rand({n, H, V}, 7, 8));
+    d.q = up(q), d.k = up(k), d.v = up(v), d.gk = up(gk), d.state = up(h0),
+    d.o = up(Rand({n, H, V}, 7, 8));
     ASSERT_TRUE(cpu_->DecayForward(batch_, c, MixerForm::kChunked).ok());
     ASSERT_TRUE((*fast)->DecayForward(batch_, d, form).ok());
     EXPECT_LE(err(d.o, c.o), tol) << what << " decay o";
@@ -538,7 +570,8 @@ TEST_F(CudaVsCpu, FastModeScansRoundForTensorCores) {
     mc.q = q.Clone(), mc.k = k.Clone(), mc.v = v.Clone(), mc.i = ig.Clone(), mc.f = fg.Clone();
     mc.h = Tensor::Zeros(DType::kF32, {n, H, V});
     mc.state_c = h0.Clone(), mc.state_n = n0.Clone(), mc.state_m = m0.Clone();
-    md.q = up(q), md.k = up(k), md.v = up(v), md.i = up(ig), md.f = up(fg), md.h = up(Rand({n, H, V}, 7, 8));
+    md.q = up(q), md.k = up(k), md.v = up(v), md.i = up(ig), md.f = up(fg),
+    md.h = up(Rand({n, H, V}, 7, 8));
     md.state_c = up(h0), md.state_n = up(n0), md.state_m = up(m0);
     ASSERT_TRUE(cpu_->MlstmForward(batch_, mc, MixerForm::kChunked).ok());
     ASSERT_TRUE((*fast)->MlstmForward(batch_, md, form).ok());

@@ -1,12 +1,13 @@
 // Every fixture model against its goldens: prefill and one-token logits,
 // greedy tokens and logits, and (where the fixture has them) the loss and
 // every parameter gradient, at the tolerances of fixtures/README.md.
+#include "tests/support/fixtures.h"
+
 #include <string>
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "models/verify.h"
-#include "tests/support/fixtures.h"
 
 namespace lair::models {
 namespace {
@@ -28,8 +29,8 @@ TEST_P(FixtureModelTest, MatchesGoldens) {
 
 INSTANTIATE_TEST_SUITE_P(AllFamilies, FixtureModelTest,
                          ::testing::Values("llama-tiny", "gla-tiny", "gla-tiny-bf16", "gsa-tiny",
-                                           "linear_attn-tiny", "retnet-tiny", "hgrn2-tiny", "mamba2-tiny",
-                                           "xlstm-tiny"),
+                                           "linear_attn-tiny", "retnet-tiny", "hgrn2-tiny",
+                                           "mamba2-tiny", "xlstm-tiny"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            for (char& c : name) {

@@ -56,7 +56,8 @@ ForwardBatch Single(const std::vector<int32_t>& tokens, int slot, int start) {
 class HeldOutTest : public ::testing::TestWithParam<HeldOut> {
  protected:
   void SetUp() override {
-    dir_ = (std::filesystem::path(::testing::TempDir()) / ("lair_heldout_" + GetParam().family)).string();
+    dir_ = (std::filesystem::path(::testing::TempDir()) / ("lair_heldout_" + GetParam().family))
+               .string();
     options_.family = GetParam().family;
     options_.preset = "tiny";
     options_.seed = 11;
@@ -64,7 +65,8 @@ class HeldOutTest : public ::testing::TestWithParam<HeldOut> {
     // paths (and the short convolutions) carry real weight in the logits
     // and gradients.
     options_.overrides = {{"initializer_range", "0.1"}};
-    options_.overrides.insert(options_.overrides.end(), GetParam().overrides.begin(), GetParam().overrides.end());
+    options_.overrides.insert(options_.overrides.end(), GetParam().overrides.begin(),
+                              GetParam().overrides.end());
     auto params = InitModel(options_, dir_);
     ASSERT_TRUE(params.ok()) << params.status();
     backend_ = kernels::MakeCpuBackend(2);
@@ -118,16 +120,19 @@ TEST_P(HeldOutTest, SplitPrefillAndBatchMatchAlone) {
   Tensor full = Run(Single(prompt_, 0, 0));
   for (int split : {1, 63, 64, 150}) {
     ASSERT_TRUE(pool_->Zero(1).ok());
-    std::vector<int32_t> head(prompt_.begin(), prompt_.begin() + split), tail(prompt_.begin() + split, prompt_.end());
+    std::vector<int32_t> head(prompt_.begin(), prompt_.begin() + split),
+        tail(prompt_.begin() + split, prompt_.end());
     Tensor first = Run(Single(head, 1, 0));
     Tensor second = Run(Single(tail, 1, split));
     EXPECT_LT(RelativeError(first, full.Rows(0, split).Clone()), 1e-5) << "split " << split;
-    EXPECT_LT(RelativeError(second, full.Rows(split, kPromptLength).Clone()), 1e-5) << "split " << split;
+    EXPECT_LT(RelativeError(second, full.Rows(split, kPromptLength).Clone()), 1e-5)
+        << "split " << split;
   }
   // The whole prompt packed with a 70-token continuation of another slot
   // that already holds 30 tokens.
   std::vector<int32_t> other = RandomTokens(100, model_->vocab_size(), 9);
-  std::vector<int32_t> cached(other.begin(), other.begin() + 30), more(other.begin() + 30, other.end());
+  std::vector<int32_t> cached(other.begin(), other.begin() + 30),
+      more(other.begin() + 30, other.end());
   ASSERT_TRUE(pool_->Zero(2).ok());
   Run(Single(cached, 2, 0));
   Tensor alone = Run(Single(more, 2, 30));
@@ -162,7 +167,8 @@ TEST_P(HeldOutTest, GradientsMatchFiniteDifferences) {
   auto checkpoint = Checkpoint::Open(dir_);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const std::string& name : checkpoint->Names()) tensors.emplace_back(name, checkpoint->Get(name)->Clone());
+  for (const std::string& name : checkpoint->Names())
+    tensors.emplace_back(name, checkpoint->Get(name)->Clone());
 
   const std::string perturbed = dir_ + "_perturbed";
   std::filesystem::create_directories(perturbed);
@@ -170,7 +176,8 @@ TEST_P(HeldOutTest, GradientsMatchFiniteDifferences) {
                              std::filesystem::copy_options::overwrite_existing);
   auto loss_at = [&](size_t index, const Tensor& direction, double t) -> double {
     Tensor original = tensors[index].second.Clone();
-    for (int64_t i = 0; i < direction.numel(); ++i) tensors[index].second.f32()[i] += t * direction.f32()[i];
+    for (int64_t i = 0; i < direction.numel(); ++i)
+      tensors[index].second.f32()[i] += t * direction.f32()[i];
     EXPECT_TRUE(WriteSafetensors(perturbed + "/model.safetensors", tensors).ok());
     tensors[index].second = original;
     std::unique_ptr<Model> model = Load(perturbed);
@@ -202,7 +209,8 @@ TEST_P(HeldOutTest, GradientsMatchFiniteDifferences) {
     const double wide = (loss_at(index, u, t) - loss_at(index, u, -t)) / (2 * t);
     const double narrow = (loss_at(index, u, t / 2) - loss_at(index, u, -t / 2)) / t;
     const double numeric = (4 * narrow - wide) / 3;
-    EXPECT_NEAR(numeric, g_norm, 5e-3 * g_norm) << name << ": ‖g‖ " << g_norm << ", finite differences " << numeric;
+    EXPECT_NEAR(numeric, g_norm, 5e-3 * g_norm)
+        << name << ": ‖g‖ " << g_norm << ", finite differences " << numeric;
     ++checked;
   }
   EXPECT_GE(checked, 6);
@@ -211,10 +219,16 @@ TEST_P(HeldOutTest, GradientsMatchFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(
     AllFamilies, HeldOutTest,
     ::testing::Values(
-        HeldOut{"gla", {{"num_kv_heads", "1"}, {"use_short_conv", "true"}, {"tie_word_embeddings", "true"}}},
-        HeldOut{"gsa", {{"num_kv_heads", "1"}, {"use_short_conv", "true"}, {"tie_word_embeddings", "true"}}},
+        HeldOut{
+            "gla",
+            {{"num_kv_heads", "1"}, {"use_short_conv", "true"}, {"tie_word_embeddings", "true"}}},
+        HeldOut{
+            "gsa",
+            {{"num_kv_heads", "1"}, {"use_short_conv", "true"}, {"tie_word_embeddings", "true"}}},
         HeldOut{"linear_attn",
-                {{"num_kv_heads", "1"}, {"tie_feature_map_qk", "true"}, {"tie_word_embeddings", "true"}}},
+                {{"num_kv_heads", "1"},
+                 {"tie_feature_map_qk", "true"},
+                 {"tie_word_embeddings", "true"}}},
         HeldOut{"retnet", {{"num_kv_heads", "1"}, {"tie_word_embeddings", "true"}}},
         HeldOut{"hgrn2", {{"use_short_conv", "true"}, {"tie_word_embeddings", "true"}}},
         HeldOut{"mamba2", {{"n_groups", "2"}, {"tie_word_embeddings", "true"}}},

@@ -1,12 +1,13 @@
 // `lair init`'s engine: every family's tiny preset writes a checkpoint that
 // Model::Load reads back and runs; overrides go through the config parser.
+#include "models/init.h"
+
 #include <cmath>
 #include <filesystem>
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "models/config.h"
-#include "models/init.h"
 #include "models/model.h"
 #include "models/state_pool.h"
 
@@ -16,7 +17,8 @@ namespace {
 class InitFamilyTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(InitFamilyTest, TinyPresetLoadsRunsAndTrains) {
-  std::string dir = (std::filesystem::path(::testing::TempDir()) / ("lair_init_" + GetParam())).string();
+  std::string dir =
+      (std::filesystem::path(::testing::TempDir()) / ("lair_init_" + GetParam())).string();
   InitOptions options;
   options.family = GetParam();
   options.preset = "tiny";
@@ -56,8 +58,8 @@ TEST_P(InitFamilyTest, TinyPresetLoadsRunsAndTrains) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFamilies, InitFamilyTest,
-                         ::testing::Values("gla", "gsa", "linear_attn", "retnet", "hgrn2", "mamba2", "xlstm",
-                                           "llama"));
+                         ::testing::Values("gla", "gsa", "linear_attn", "retnet", "hgrn2", "mamba2",
+                                           "xlstm", "llama"));
 
 TEST(InitConfigTest, PresetsAndOverridesAreValidated) {
   auto gla = InitConfig({"", "gla-1.3b", {}, 0});
@@ -69,7 +71,8 @@ TEST(InitConfigTest, PresetsAndOverridesAreValidated) {
 
   auto bad_heads = InitConfig({"gla", "tiny", {{"num_heads", "3"}}, 0});
   ASSERT_FALSE(bad_heads.ok());
-  EXPECT_NE(bad_heads.status().message().find("num_heads"), std::string::npos) << bad_heads.status();
+  EXPECT_NE(bad_heads.status().message().find("num_heads"), std::string::npos)
+      << bad_heads.status();
 
   auto bad_type = InitConfig({"gla", "tiny", {{"use_short_conv", "maybe"}}, 0});
   ASSERT_FALSE(bad_type.ok());

@@ -1,6 +1,8 @@
 // Model behaviour beyond the goldens: prefill split anywhere, state slots
 // copied / saved / restored, mixed batches of prefill chunks and decode
 // steps, and load-time errors that name the bad field or tensor.
+#include "models/model.h"
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -8,7 +10,6 @@
 #include "checkpoint/safetensors.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "models/model.h"
 #include "models/state_pool.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/fixtures.h"
@@ -72,17 +73,20 @@ TEST_P(ModelBehaviourTest, PrefillSplitAnywhereGivesTheSameLogits) {
   Tensor full = Run(Single(prompt_, 0, 0, true));
   for (int split : {1, 17, 64, 99}) {
     ASSERT_TRUE(pool_->Zero(1).ok());
-    std::vector<int32_t> head(prompt_.begin(), prompt_.begin() + split), tail(prompt_.begin() + split, prompt_.end());
+    std::vector<int32_t> head(prompt_.begin(), prompt_.begin() + split),
+        tail(prompt_.begin() + split, prompt_.end());
     Tensor first = Run(Single(head, 1, 0, true));
     Tensor second = Run(Single(tail, 1, split, true));
     EXPECT_LT(RelativeError(first, full.Rows(0, split).Clone()), 1e-5) << "split " << split;
-    EXPECT_LT(RelativeError(second, full.Rows(split, full.dim(0)).Clone()), 1e-5) << "split " << split;
+    EXPECT_LT(RelativeError(second, full.Rows(split, full.dim(0)).Clone()), 1e-5)
+        << "split " << split;
   }
 }
 
 TEST_P(ModelBehaviourTest, CopiedSavedAndRestoredSlotsContinueIdentically) {
   const int split = 40;
-  std::vector<int32_t> head(prompt_.begin(), prompt_.begin() + split), tail(prompt_.begin() + split, prompt_.end());
+  std::vector<int32_t> head(prompt_.begin(), prompt_.begin() + split),
+      tail(prompt_.begin() + split, prompt_.end());
   Run(Single(head, 0, 0, false));
   auto saved = pool_->Save(0);
   ASSERT_TRUE(saved.ok()) << saved.status();
@@ -108,7 +112,8 @@ TEST_P(ModelBehaviourTest, MixedBatchEqualsEachSequenceAlone) {
   // Slot 0: a 30-token prefill; slot 1: a 5-token prefill after 20 cached
   // tokens; slot 2: one decode step after 50 cached tokens.
   std::vector<int32_t> p0(prompt_.begin(), prompt_.begin() + 30);
-  std::vector<int32_t> cached1(prompt_.begin(), prompt_.begin() + 20), p1(prompt_.begin() + 20, prompt_.begin() + 25);
+  std::vector<int32_t> cached1(prompt_.begin(), prompt_.begin() + 20),
+      p1(prompt_.begin() + 20, prompt_.begin() + 25);
   std::vector<int32_t> cached2(prompt_.begin() + 10, prompt_.begin() + 60), p2 = {prompt_[60]};
   auto prepare = [&] {
     for (int s = 0; s < 3; ++s) ASSERT_TRUE(pool_->Zero(s).ok());
@@ -155,7 +160,8 @@ TEST_P(ModelBehaviourTest, RejectsMalformedBatches) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelBehaviourTest,
-                         ::testing::Values("llama-tiny", "gla-tiny", "mamba2-tiny", "xlstm-tiny", "gsa-tiny"),
+                         ::testing::Values("llama-tiny", "gla-tiny", "mamba2-tiny", "xlstm-tiny",
+                                           "gsa-tiny"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param.substr(0, info.param.find('-'));
                          });
@@ -174,7 +180,8 @@ class LoadErrorTest : public ::testing::Test {
     config_ = nlohmann::json::parse(in);
     auto checkpoint = Checkpoint::Open(source_);
     ASSERT_TRUE(checkpoint.ok());
-    for (const std::string& name : checkpoint->Names()) tensors_.emplace_back(name, *checkpoint->Get(name));
+    for (const std::string& name : checkpoint->Names())
+      tensors_.emplace_back(name, *checkpoint->Get(name));
     backend_ = kernels::MakeCpuBackend(1);
   }
 
@@ -215,7 +222,8 @@ TEST_F(LoadErrorTest, MistypedFieldIsNamed) {
 }
 
 TEST_F(LoadErrorTest, MissingTensorIsNamed) {
-  std::erase_if(tensors_, [](const auto& t) { return t.first == "model.layers.1.attn.gk_proj.1.bias"; });
+  std::erase_if(tensors_,
+                [](const auto& t) { return t.first == "model.layers.1.attn.gk_proj.1.bias"; });
   EXPECT_NE(LoadError().find("model.layers.1.attn.gk_proj.1.bias"), std::string::npos);
 }
 

@@ -29,11 +29,14 @@ TEST(ChatTemplateTest, Llama3FixtureTemplate) {
       std::filesystem::path(LAIR_DEFAULT_FIXTURES_DIR) / "tokenizers/llama3/tokenizer_config.json";
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "fixture missing: " << path;
   Json config = Json::parse(std::ifstream(path));
-  Json variables = {{"messages", Messages()}, {"bos_token", "<|begin_of_text|>"}, {"add_generation_prompt", true}};
-  EXPECT_EQ(RenderOrDie(config["chat_template"].get<std::string>(), variables),
-            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are helpful.<|eot_id|>"
-            "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
-            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  Json variables = {{"messages", Messages()},
+                    {"bos_token", "<|begin_of_text|>"},
+                    {"add_generation_prompt", true}};
+  EXPECT_EQ(
+      RenderOrDie(config["chat_template"].get<std::string>(), variables),
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are helpful.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 TEST(ChatTemplateTest, ChatMlWithWhitespaceControlAndLoopVariables) {
@@ -65,25 +68,32 @@ TEST(ChatTemplateTest, SetNamespaceSliceAndFilters) {
       "{% if messages[0]['role'] == 'system' %}{% set ns.sys = messages[0]['content'] %}"
       "{% set rest = messages[1:] %}{% else %}{% set rest = messages %}{% endif %}"
       "[{{ ns.sys | upper }}]"
-      "{% for m in rest %}{{ loop.index0 }}:{{ m.content.strip() ~ '|' ~ (m.content | length) }}{% endfor %}"
-      "{{ (messages | length) * 2 }} {{ 7 // 2 }} {{ 7 % 4 }} {{ 'x' if missing is defined else 'y' }}"
+      "{% for m in rest %}{{ loop.index0 }}:{{ m.content.strip() ~ '|' ~ (m.content | length) }}{% "
+      "endfor %}"
+      "{{ (messages | length) * 2 }} {{ 7 // 2 }} {{ 7 % 4 }} {{ 'x' if missing is defined else "
+      "'y' }}"
       "{{ ['a', 'b'] | join('-') }}{{ missing | default('d') }}";
-  EXPECT_EQ(RenderOrDie(source, {{"messages", Messages()}}), "[YOU ARE HELPFUL.]0:Hi there|12" "4 3 3 ya-bd");
+  EXPECT_EQ(RenderOrDie(source, {{"messages", Messages()}}),
+            "[YOU ARE HELPFUL.]0:Hi there|12"
+            "4 3 3 ya-bd");
 }
 
 TEST(ChatTemplateTest, RaiseExceptionBecomesInvalidArgument) {
   absl::StatusOr<ChatTemplate> parsed = ChatTemplate::Parse(
       "{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}"
-      "{{ raise_exception('Conversation roles must be user or assistant') }}{% endif %}{% endfor %}");
+      "{{ raise_exception('Conversation roles must be user or assistant') }}{% endif %}{% endfor "
+      "%}");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   absl::StatusOr<std::string> text = parsed->Render({{"messages", Messages()}});
   ASSERT_FALSE(text.ok());
   EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(text.status().message().find("Conversation roles must be user or assistant"), std::string::npos);
+  EXPECT_NE(text.status().message().find("Conversation roles must be user or assistant"),
+            std::string::npos);
 }
 
 TEST(ChatTemplateTest, ParseErrorsNameTheProblem) {
-  EXPECT_NE(ChatTemplate::Parse("{% for m in messages %}x").status().message().find("endfor"), std::string::npos);
+  EXPECT_NE(ChatTemplate::Parse("{% for m in messages %}x").status().message().find("endfor"),
+            std::string::npos);
   EXPECT_NE(ChatTemplate::Parse("{% macro f() %}{% endmacro %}").status().message().find("macro"),
             std::string::npos);
   EXPECT_FALSE(ChatTemplate::Parse("{{ 'unterminated }}").ok());
@@ -92,11 +102,13 @@ TEST(ChatTemplateTest, ParseErrorsNameTheProblem) {
 TEST(ChatTemplateTest, UnknownFilterIsAnError) {
   absl::StatusOr<ChatTemplate> parsed = ChatTemplate::Parse("{{ 'x' | frobnicate }}");
   ASSERT_TRUE(parsed.ok());
-  EXPECT_NE(parsed->Render(Json::object()).status().message().find("frobnicate"), std::string::npos);
+  EXPECT_NE(parsed->Render(Json::object()).status().message().find("frobnicate"),
+            std::string::npos);
 }
 
 TEST(ChatTemplateTest, FallbackFormat) {
-  Json variables = {{"messages", Messages()}, {"bos_token", "<s>"}, {"add_generation_prompt", true}};
+  Json variables = {
+      {"messages", Messages()}, {"bos_token", "<s>"}, {"add_generation_prompt", true}};
   EXPECT_EQ(RenderOrDie(ChatTemplate::kFallbackSource, variables),
             "<s><|system|>\nYou are helpful.\n<|user|>\n  Hi there \n\n<|assistant|>\n");
 }

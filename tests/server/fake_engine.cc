@@ -32,20 +32,26 @@ size_t HeldBack(const std::string& text, const std::vector<std::string>& stops) 
 
 }  // namespace
 
-FakeEngine::FakeEngine(const Tokenizer* tokenizer, engine::EngineConfig config, absl::Duration step_delay)
-    : tokenizer_(tokenizer), config_(config), step_delay_(step_delay), thread_([this] { Loop(); }) {}
+FakeEngine::FakeEngine(const Tokenizer* tokenizer, engine::EngineConfig config,
+                       absl::Duration step_delay)
+    : tokenizer_(tokenizer),
+      config_(config),
+      step_delay_(step_delay),
+      thread_([this] { Loop(); }) {}
 
 FakeEngine::~FakeEngine() { Shutdown(absl::ZeroDuration()); }
 
 absl::Status FakeEngine::Submit(engine::EngineRequest request, engine::OutputCallback on_output) {
   const engine::SamplingParams& s = request.sampling;
-  if (request.prompt_tokens.empty()) return absl::InvalidArgumentError("prompt_tokens: empty prompt");
+  if (request.prompt_tokens.empty())
+    return absl::InvalidArgumentError("prompt_tokens: empty prompt");
   if (static_cast<int>(request.prompt_tokens.size()) > config_.max_prompt_tokens) {
     return absl::InvalidArgumentError("prompt_tokens: longer than max_prompt_tokens");
   }
   if (s.n < 1) return absl::InvalidArgumentError("n: must be at least 1");
   if (s.max_tokens < 1 || s.max_tokens > config_.max_new_tokens) {
-    return absl::InvalidArgumentError("max_tokens: must be in [1, " + std::to_string(config_.max_new_tokens) + "]");
+    return absl::InvalidArgumentError("max_tokens: must be in [1, " +
+                                      std::to_string(config_.max_new_tokens) + "]");
   }
   if (s.temperature < 0) return absl::InvalidArgumentError("temperature: must be >= 0");
   std::lock_guard<std::mutex> lock(mu_);
@@ -91,7 +97,8 @@ std::vector<FakeEngine::Delivery> FakeEngine::CancelLocked(const std::string& id
       out.request_id = id;
       out.index = static_cast<int>(i);
       out.finish_reason = engine::FinishReason::kCancelled;
-      out.usage = {static_cast<int>(live.request.prompt_tokens.size()), live.completions[i].generated};
+      out.usage = {static_cast<int>(live.request.prompt_tokens.size()),
+                   live.completions[i].generated};
       deliveries.emplace_back(live.on_output, std::move(out));
     }
     from.erase(it);
@@ -139,7 +146,9 @@ void FakeEngine::Loop() {
     bool stepped = false, stop = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [this] { return stop_ || !running_.empty() || !waiting_.empty() || !cancels_.empty(); });
+      wake_.wait(lock, [this] {
+        return stop_ || !running_.empty() || !waiting_.empty() || !cancels_.empty();
+      });
       for (const std::string& id : cancels_) {
         for (Delivery& d : CancelLocked(id)) deliveries.push_back(std::move(d));
       }
@@ -153,7 +162,9 @@ void FakeEngine::Loop() {
     Deliver(std::move(deliveries));
     wake_.notify_all();
     if (stop) return;
-    if (stepped) std::this_thread::sleep_for(std::chrono::microseconds(absl::ToInt64Microseconds(step_delay_)));
+    if (stepped)
+      std::this_thread::sleep_for(
+          std::chrono::microseconds(absl::ToInt64Microseconds(step_delay_)));
   }
 }
 
@@ -182,7 +193,8 @@ engine::RequestOutput FakeEngine::Advance(Live& live, int index) {
   const engine::SamplingParams& s = live.request.sampling;
   Completion& c = live.completions[index];
   const uint64_t last = static_cast<uint64_t>(c.context.back());
-  const uint64_t pick = s.temperature == 0 ? last * 31 + c.context.size() * 7 : SplitMix(c.rng) + last;
+  const uint64_t pick =
+      s.temperature == 0 ? last * 31 + c.context.size() * 7 : SplitMix(c.rng) + last;
   const int32_t token = static_cast<unsigned char>(kAlphabet[pick % kAlphabetSize]);
   c.context.push_back(token);
   ++c.generated;
@@ -217,7 +229,8 @@ engine::RequestOutput FakeEngine::Advance(Live& live, int index) {
       break;
     }
   }
-  if (std::find(s.stop_token_ids.begin(), s.stop_token_ids.end(), token) != s.stop_token_ids.end()) {
+  if (std::find(s.stop_token_ids.begin(), s.stop_token_ids.end(), token) !=
+      s.stop_token_ids.end()) {
     out.finish_reason = engine::FinishReason::kStop;
     out.stop_reason = tokenizer_->IdToToken(token);
   }

@@ -31,11 +31,13 @@ int main(int argc, char** argv) {
   app.add_option("--max-running", engine_config.max_running);
   app.add_option("--max-waiting", engine_config.max_waiting);
   app.add_option("--step-delay-ms", step_delay_ms);
-  app.add_option("--chat-template", chat_template, "chat template source (default: the fallback format)");
+  app.add_option("--chat-template", chat_template,
+                 "chat template source (default: the fallback format)");
   CLI11_PARSE(app, argc, argv);
 
   lair::server::testing::FakeByteTokenizer tokenizer(chat_template);
-  lair::server::testing::FakeEngine engine(&tokenizer, engine_config, absl::Milliseconds(step_delay_ms));
+  lair::server::testing::FakeEngine engine(&tokenizer, engine_config,
+                                           absl::Milliseconds(step_delay_ms));
   auto server = lair::server::Server::Start(config, engine_config, &engine, &tokenizer);
   if (!server.ok()) {
     std::fprintf(stderr, "%s\n", server.status().ToString().c_str());

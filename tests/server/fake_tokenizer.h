@@ -13,7 +13,8 @@ class FakeByteTokenizer final : public Tokenizer {
  public:
   static constexpr int32_t kBos = 256;
   static constexpr int32_t kEos = 257;
-  explicit FakeByteTokenizer(std::string chat_template = "") : chat_template_(std::move(chat_template)) {}
+  explicit FakeByteTokenizer(std::string chat_template = "")
+      : chat_template_(std::move(chat_template)) {}
 
   std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens) const override {
     std::vector<int32_t> ids;
@@ -24,8 +25,10 @@ class FakeByteTokenizer final : public Tokenizer {
   std::string Decode(std::span<const int32_t> ids, bool skip_special_tokens) const override {
     std::string text;
     for (int32_t id : ids) {
-      if (id < 256) text += static_cast<char>(id);
-      else if (!skip_special_tokens) text += IdToToken(id);
+      if (id < 256)
+        text += static_cast<char>(id);
+      else if (!skip_special_tokens)
+        text += IdToToken(id);
     }
     return text;
   }

@@ -18,7 +18,8 @@ TEST(OpenAiProtocolTest, ParsesCompletionParameters) {
       "top_k": -1, "min_p": 0.1, "n": 3, "stop": "x", "seed": 42, "logprobs": 2,
       "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2,
       "logit_bias": {"5": -100}, "stream": true, "stream_options": {"include_usage": true},
-      "user": "u", "echo": false, "unknown_field": {"ignored": true}})", 512);
+      "user": "u", "echo": false, "unknown_field": {"ignored": true}})",
+                                                       512);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->model, "m");
   ASSERT_EQ(r->prompts.size(), 2u);
@@ -46,13 +47,15 @@ TEST(OpenAiProtocolTest, ParsesChatMessagesAndLogprobs) {
   absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(ApiKind::kChat, R"({
       "messages": [{"role": "system", "content": "s"},
                    {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
-      "logprobs": true, "top_logprobs": 3, "max_completion_tokens": 9})", 512);
+      "logprobs": true, "top_logprobs": 3, "max_completion_tokens": 9})",
+                                                       512);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->messages.size(), 2u);
   EXPECT_EQ(r->messages[1]["content"], "ab");
   EXPECT_EQ(r->sampling.logprobs, 3);
   EXPECT_EQ(r->sampling.max_tokens, 9);
-  absl::StatusOr<OpenAiRequest> defaults = ParseOpenAiRequest(ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}]})", 77);
+  absl::StatusOr<OpenAiRequest> defaults =
+      ParseOpenAiRequest(ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}]})", 77);
   ASSERT_TRUE(defaults.ok());
   EXPECT_EQ(defaults->sampling.max_tokens, 77);
   EXPECT_EQ(defaults->sampling.logprobs, -1);
@@ -75,7 +78,8 @@ TEST(OpenAiProtocolTest, ErrorsNameTheParam) {
       {ApiKind::kCompletion, R"({"prompt": "x", "seed": 1.5})", "seed"},
       {ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 50})", "logprobs"},
       {ApiKind::kCompletion, R"({"prompt": "x", "logit_bias": {"abc": 1}})", "logit_bias"},
-      {ApiKind::kCompletion, R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "stream_options": {"include_usage": true}})",
+       "stream_options"},
       {ApiKind::kCompletion, R"({"prompt": 5})", "prompt"},
       {ApiKind::kCompletion, R"({"prompt": [-1]})", "prompt"},
       {ApiKind::kCompletion, R"({})", "prompt"},
@@ -83,8 +87,10 @@ TEST(OpenAiProtocolTest, ErrorsNameTheParam) {
       {ApiKind::kCompletion, R"({"prompt": "x", "stream": "yes"})", "stream"},
       {ApiKind::kChat, R"({"messages": "hi"})", "messages"},
       {ApiKind::kChat, R"({"messages": [{"content": "no role"}]})", "messages"},
-      {ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs"},
-      {ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 1})", "logprobs"},
+      {ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})",
+       "top_logprobs"},
+      {ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 1})",
+       "logprobs"},
   };
   for (const Case& c : cases) {
     absl::Status status = ParseStatus(c.kind, c.body);
@@ -149,14 +155,16 @@ TEST(OpenAiProtocolTest, SseFramingOfChunks) {
 TEST(OpenAiProtocolTest, LogprobShapes) {
   std::vector<engine::TokenLogprob> logprobs = {{'a', -0.5f, {{'a', -0.5f}, {'b', -1.5f}}}};
   ResponseHeader completion{ApiKind::kCompletion, "cmpl-1", 1, "m"};
-  Json c = FullResponse(completion, {{0, "a", logprobs, engine::FinishReason::kStop}}, {1, 1}, true, TokenText);
+  Json c = FullResponse(completion, {{0, "a", logprobs, engine::FinishReason::kStop}}, {1, 1}, true,
+                        TokenText);
   EXPECT_EQ(c["object"], "text_completion");
   EXPECT_EQ(c["choices"][0]["text"], "a");
   EXPECT_EQ(c["choices"][0]["logprobs"]["tokens"][0], "a");
   EXPECT_FLOAT_EQ(c["choices"][0]["logprobs"]["token_logprobs"][0].get<float>(), -0.5f);
   EXPECT_FLOAT_EQ(c["choices"][0]["logprobs"]["top_logprobs"][0]["b"].get<float>(), -1.5f);
   ResponseHeader chat{ApiKind::kChat, "chatcmpl-1", 1, "m"};
-  Json h = FullResponse(chat, {{0, "a", logprobs, engine::FinishReason::kStop}}, {1, 1}, true, TokenText);
+  Json h = FullResponse(chat, {{0, "a", logprobs, engine::FinishReason::kStop}}, {1, 1}, true,
+                        TokenText);
   EXPECT_EQ(h["choices"][0]["message"]["content"], "a");
   const Json& entry = h["choices"][0]["logprobs"]["content"][0];
   EXPECT_EQ(entry["token"], "a");

@@ -24,9 +24,9 @@ inline std::string CorpusDir() {
 
 // Skips the current test, saying why, when `relative` is not under the
 // fixtures folder. Declares `path` (std::string) for the test body.
-#define LAIR_FIXTURE_OR_SKIP(path, relative)                                          \
-  const std::string path = ::lair::testing::FixturesDir() + "/" + (relative);         \
-  if (!std::filesystem::exists(path)) {                                               \
-    GTEST_SKIP() << "fixture " << path << " is absent (set LAIR_FIXTURES to the "     \
-                 << "shared/fixtures folder to run this test)";                       \
+#define LAIR_FIXTURE_OR_SKIP(path, relative)                                      \
+  const std::string path = ::lair::testing::FixturesDir() + "/" + (relative);     \
+  if (!std::filesystem::exists(path)) {                                           \
+    GTEST_SKIP() << "fixture " << path << " is absent (set LAIR_FIXTURES to the " \
+                 << "shared/fixtures folder to run this test)";                   \
   }
