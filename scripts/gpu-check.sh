@@ -8,7 +8,7 @@
 # scripts/make-gpu-carry.sh prepares what the call carries (.carry, .whl).
 # Logs go to $OUT (or ./gpu-check-out).
 #
-# STAGES (default all): build test verify models bench ref model hf
+# STAGES (default all): build test verify models bench ref model profile hf
 #   build   configure (server off) and build lair and the CUDA test binaries
 #   test    the CUDA unit tests (scan, decay gradient, backend vs CPU and the
 #           op fixtures, dense ops, decode-step machinery, every family's tiny
@@ -20,12 +20,13 @@
 #           REF_SEQ_LENS and REF_MODES, each under REF_TIMEOUT seconds
 #   model   `lair bench decode|prefill` on random bf16 checkpoints of each
 #           MODEL_PRESETS shape (BENCH_ARGS adds flags, e.g. "--no-graphs")
+#   profile one decode step's kernels under Nsight Compute (PROFILE_PRESET, PROFILE_BATCHES)
 #   hf      scripts/bench_hf_baseline.py: HF generate + fla, GLA 1.3B shape
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"build test verify models bench ref model hf"}
+STAGES=${STAGES:-"build test verify models bench ref model profile hf"}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 ROOT=/tmp/debroot
 LIB=$ROOT/usr/lib/x86_64-linux-gnu
@@ -158,12 +159,32 @@ if has model && [ -x $LAIR ]; then
   done
 fi
 
+if has profile && [ -x $LAIR ]; then
+  # Where a decode step's time goes: three op-by-op steps of PROFILE_PRESET at
+  # each of PROFILE_BATCHES under Nsight Compute (kernel durations only), the last step
+  # summed per kernel name (scripts/ncu_step_table.py).
+  status profile
+  MODEL_DIR=$(mktemp -d)
+  $LAIR init --preset ${PROFILE_PRESET:-gla-1.3b} --dtype bf16 --out "$MODEL_DIR" >/dev/null 2>&1
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for batch in ${PROFILE_BATCHES:-1 32}; do
+    timeout ${PROFILE_TIMEOUT:-150} "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+      --print-units base $LAIR bench decode --model "$MODEL_DIR" --device cuda --dtype bf16 \
+      --batch $batch --prompt-len 16 --gen-len 2 --warmup 1 --no-graphs \
+      >"$OUT/profile_b$batch.csv" 2>"$OUT/profile.err"
+    echo "batch $batch: ncu exit $?"
+    python3 scripts/ncu_step_table.py "$OUT/profile_b$batch.csv" --steps 3
+  done
+  rm -rf "$MODEL_DIR"
+fi
+
 if has hf; then
   status hf baseline
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
     export PYTHONPATH=/tmp/site
   PYTHONUNBUFFERED=1 timeout ${HF_TIMEOUT:-240} python3 scripts/bench_hf_baseline.py ${HF_ARGS:-} 2>"$OUT/bench_hf.err" |
     tee "$OUT/bench_hf.log"
+  [ "${PIPESTATUS[0]}" = 124 ] && echo "hf TIMEOUT after ${HF_TIMEOUT:-240} s (compiling and autotuning included)"
   grep -m3 -B1 -A3 "Error" "$OUT/bench_hf.err" | head -20
 fi
 status done

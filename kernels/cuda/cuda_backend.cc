@@ -19,6 +19,7 @@
 #include "kernels/cuda/dense_ops.h"
 #include "kernels/cuda/mixer_backward.h"
 #include "kernels/cuda/scan.h"
+#include "kernels/cuda/scan_mma.h"
 #include "kernels/gsa_passes.h"
 
 namespace lair::kernels {
@@ -233,11 +234,12 @@ LogGate Shifted(LogGate g) {
 class CudaBackend : public Backend {
  public:
   CudaBackend(std::shared_ptr<StreamHolder> stream, std::string name,
-              std::unique_ptr<cuda::CudaDenseOps> dense, GemmMode gemm)
+              std::unique_ptr<cuda::CudaDenseOps> dense, GemmMode gemm, int sm_count)
       : stream_(std::move(stream)),
         name_(std::move(name)),
         dense_(std::move(dense)),
         tensor_core_scans_(gemm == GemmMode::kFast),
+        sm_count_(sm_count),
         arena_(stream_->stream) {
     staging_.stream = stream_->stream;
   }
@@ -1058,10 +1060,16 @@ class CudaBackend : public Backend {
 
   // The widest key dimension one scan or step launch holds (its state tile).
   static constexpr int kMaxScanKeyDim = 256;
+  // Fewest state rows per key block (KeyBlocks), and the fp32 scan's dv
+  // columns per CTA (scan.h).
+  static constexpr int kMinKeyBlockRows = 32;
+  static constexpr int kScanTileColumns = 64;
 
   // One forward scan: the step kernel for one-token decode, else the chunked
-  // scan (its operands rounded for the tensor cores when the backend is fast),
-  // in key blocks when dk exceeds a launch's tile.
+  // scan (its operands rounded for the tensor cores when the backend is
+  // fast), with its keys split into blocks scanned as heads of their own when
+  // they are wider than a launch's tile or too few CTAs would run
+  // (KeyBlocks).
   //
   // Temporaries are freed in stream order when their last handle goes, and
   // the next allocation may reuse them at once: every one lives in `keep`
@@ -1072,8 +1080,17 @@ class CudaBackend : public Backend {
     const bool step = form != MixerForm::kChunked && one_token && p.dv % 32 == 0;
     std::vector<Tensor> keep;
     if (!step && tensor_core_scans_) LAIR_RETURN_IF_ERROR(RoundForTensorCores(p, db.tokens, keep));
-    if (p.dk > kMaxScanKeyDim) return RunKeyBlocks(p, db.tokens, step, what, keep);
-    return CudaStatus(step ? cuda::LaunchStep(p, s()) : cuda::LaunchScan(p, s()), what);
+    LAIR_ASSIGN_OR_RETURN(const int blocks, KeyBlocks(p, step, what));
+    const int64_t rows = db.tokens * p.heads;  // [tokens, heads] before any split
+    void* const out = p.o;
+    const ElemType out_type = p.o_type;
+    if (blocks > 1) LAIR_RETURN_IF_ERROR(SplitKeysIntoHeads(p, db.tokens, blocks, keep, what));
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(step ? cuda::LaunchStep(p, s()) : cuda::LaunchScan(p, s()), what));
+    if (blocks == 1) return absl::OkStatus();
+    return CudaStatus(cuda::LaunchSumRowGroups(static_cast<const float*>(p.o), rows, p.dv, blocks,
+                                               out, out_type, s()),
+                      what);
   }
 
   // fp32 q, k, v become bf16 temporaries, so that a chunked scan takes the
@@ -1100,68 +1117,88 @@ class CudaBackend : public Backend {
     return absl::OkStatus();
   }
 
-  // A decay scan whose keys are wider than one launch's tile. Each row of
-  // the state evolves on its own (left decays act per row, right decays on
-  // every row alike) and o_t = Σ_a q_t[a] S_t[a, :], so the rows split into
-  // blocks scanned one after another, each from its slice of q, k and the
-  // left gate and its row block of the states, and the partial outputs add.
-  // The mLSTM normalizer and stabilizer are not sums over rows: not served.
-  absl::Status RunKeyBlocks(const ScanParams& p, int64_t tokens, bool step, std::string_view what,
-                            std::vector<Tensor>& keep) {
-    if (p.norm != cuda::NormKind::kNone || p.stabilize || p.key_weight.ptr || p.n_final || p.n_init)
-      return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": key_dim ", p.dk, " > ",
-                                                     kMaxScanKeyDim, " with a normalizer"));
-    if (p.q.type != p.k.type)
-      return absl::InvalidArgumentError(
-          absl::StrCat(std::string(what), ": q and k of different types"));
-    const int64_t rows = tokens * p.heads;
-    const DType key_type = p.q.type == ElemType::kF32    ? DType::kF32
-                           : p.q.type == ElemType::kBF16 ? DType::kBF16
-                                                         : DType::kF16;
-    const size_t elem = DTypeSize(key_type);
-    Tensor sum;  // fp32 [rows, dv]: o itself when o is fp32
-    if (p.o_type == ElemType::kF32) {
-      sum = Tensor::Wrap(p.o, DType::kF32, {rows, p.dv}, Device::kCuda, nullptr);
+  // Each row of a decay scan's state evolves on its own (left decays act
+  // per row, right decays on every row alike) and o_t = Σ_a q_t[a]·S_t[a, :],
+  // so the dk rows split into blocks whose partial outputs add. Splitting
+  // into B blocks is a reshape of q, k, vector gates and states to B·H heads
+  // of dk/B keys; v and the other gates repeat per block. Keys wider than a
+  // launch's tile need it; the fp32 chunked path also takes it while fewer
+  // CTAs than multiprocessors would run (GSA's first pass at batch 1: four
+  // heads of one 64-column tile each), down to kMinKeyBlockRows rows per
+  // block, below which each block's repeated value-side work dominates.
+  // The mLSTM normalizer and stabilizer are not sums over rows.
+  absl::StatusOr<int> KeyBlocks(const ScanParams& p, bool step, std::string_view what) const {
+    const bool row_sums = p.norm == cuda::NormKind::kNone && !p.stabilize && !p.key_weight.ptr &&
+                          !p.n_final && !p.n_init;
+    int blocks = 1;
+    while (p.dk / blocks > kMaxScanKeyDim && p.dk % (2 * blocks) == 0) blocks *= 2;
+    if (p.dk / blocks > kMaxScanKeyDim || (p.dk / blocks) % 4 != 0 || (blocks > 1 && !row_sums))
+      return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": key_dim ", p.dk,
+                                                     " does not split into blocks of at most ",
+                                                     kMaxScanKeyDim, " keys"));
+    cuda::ScanParams block = p;
+    block.dk = p.dk / blocks;
+    if (step || !row_sums || cuda::ScanMmaSupports(block)) return blocks;
+    const int64_t ctas = (p.dv + kScanTileColumns - 1) / kScanTileColumns * p.heads * p.num_seqs;
+    while (ctas * blocks < sm_count_ && p.dk % (2 * blocks) == 0 &&
+           p.dk / (2 * blocks) >= kMinKeyBlockRows && (p.dk / (2 * blocks)) % 4 == 0)
+      blocks *= 2;
+    return blocks;
+  }
+
+  // p becomes the scan of `blocks`·H heads of dk/blocks keys writing fp32
+  // partial outputs [tokens, blocks·H, dv] (a temporary in p.o).
+  absl::Status SplitKeysIntoHeads(ScanParams& p, int64_t tokens, int blocks,
+                                  std::vector<Tensor>& keep, std::string_view what) {
+    for (const StateRef* state : {&p.s_init, &p.s_final})
+      if (state->ptr && (state->stride_a != p.dv || state->stride_b != 1))
+        return absl::InvalidArgumentError(
+            absl::StrCat(std::string(what), ": key blocks need states in pool order"));
+    const int heads = p.heads, dk = p.dk;
+    auto repeat = [&](const void* src, ElemType type, int64_t rows,
+                      int width) -> absl::StatusOr<void*> {
+      const DType dtype = type == ElemType::kF32    ? DType::kF32
+                          : type == ElemType::kBF16 ? DType::kBF16
+                                                    : DType::kF16;
+      LAIR_ASSIGN_OR_RETURN(Tensor copy, Temporary(dtype, {rows * blocks, width}));
+      LAIR_RETURN_IF_ERROR(CudaStatus(
+          cuda::LaunchRepeatRows(src, type, rows, width, blocks, copy.raw(), s()), what));
+      keep.push_back(copy);
+      return copy.raw();
+    };
+    // A scalar or constant gate: one value per (token, head) or per head.
+    auto repeat_scalar_gate = [&](LogGate& g) -> absl::Status {
+      if (!g.ptr) return absl::OkStatus();
+      if (g.head_stride != 1 || (g.token_stride != 0 && g.token_stride != heads))
+        return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": gate layout"));
+      const int64_t rows = g.token_stride == 0 ? heads : tokens * heads;
+      LAIR_ASSIGN_OR_RETURN(void* copy, repeat(g.ptr, ElemType::kF32, rows, 1));
+      g.ptr = static_cast<const float*>(copy);
+      if (g.token_stride != 0) g.token_stride = heads * blocks;
+      return absl::OkStatus();
+    };
+    if (p.left_vector) {
+      if (p.left.ptr && p.left.head_stride != dk)
+        return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": gate layout"));
+      p.left.head_stride = dk / blocks;  // a reshape: [N, H, dk] = [N, H·blocks, dk/blocks]
     } else {
-      LAIR_ASSIGN_OR_RETURN(sum, Temporary(DType::kF32, {rows, p.dv}));
-      keep.push_back(sum);
+      LAIR_RETURN_IF_ERROR(repeat_scalar_gate(p.left));
     }
-    for (int a0 = 0; a0 < p.dk; a0 += kMaxScanKeyDim) {
-      const int width = std::min(kMaxScanKeyDim, p.dk - a0);
-      ScanParams b = p;
-      b.dk = width;
-      for (Operand* operand : {&b.q, &b.k}) {
-        LAIR_ASSIGN_OR_RETURN(Tensor slice, Temporary(key_type, {rows, width}));
-        LAIR_RETURN_IF_ERROR(
-            CudaStatus(cudaMemcpy2DAsync(slice.raw(), width * elem,
-                                         static_cast<const char*>(operand->ptr) + a0 * elem,
-                                         static_cast<size_t>(p.dk) * elem, width * elem, rows,
-                                         cudaMemcpyDeviceToDevice, s()),
-                       "key block"));
-        operand->ptr = slice.raw();
-        keep.push_back(std::move(slice));
-      }
-      if (p.left_vector && b.left.ptr) b.left.ptr += a0;
-      for (StateRef* state : {&b.s_init, &b.s_final})
-        if (state->ptr) state->ptr += static_cast<int64_t>(a0) * state->stride_a;
-      if (b.state_head_stride == 0) b.state_head_stride = static_cast<int64_t>(p.dk) * p.dv;
-      Tensor part = sum;
-      if (a0 > 0) {
-        LAIR_ASSIGN_OR_RETURN(part, Temporary(DType::kF32, {rows, p.dv}));
-        keep.push_back(part);
-      }
-      b.o = part.raw();
-      b.o_type = ElemType::kF32;
-      LAIR_RETURN_IF_ERROR(
-          CudaStatus(step ? cuda::LaunchStep(b, s()) : cuda::LaunchScan(b, s()), what));
-      if (a0 > 0)
-        LAIR_RETURN_IF_ERROR(CudaStatus(
-            cuda::LaunchAdd(sum.f32(), part.f32(), sum.raw(), ElemType::kF32, rows * p.dv, s()),
-            what));
+    if (p.right.ptr) {
+      if (p.right.head_stride != p.dv || p.right.token_stride != heads * p.dv)
+        return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": gate layout"));
+      LAIR_ASSIGN_OR_RETURN(void* copy, repeat(p.right.ptr, ElemType::kF32, tokens * heads, p.dv));
+      p.right.ptr = static_cast<const float*>(copy);
+      p.right.token_stride = heads * blocks * p.dv;
     }
-    if (p.o_type == ElemType::kF32) return absl::OkStatus();
-    return CudaStatus(
-        cuda::LaunchConvert(sum.raw(), ElemType::kF32, p.o, p.o_type, rows * p.dv, s()), what);
+    LAIR_ASSIGN_OR_RETURN(p.v.ptr, repeat(p.v.ptr, p.v.type, tokens * heads, p.dv));
+    LAIR_ASSIGN_OR_RETURN(Tensor parts, Temporary(DType::kF32, {tokens * heads * blocks, p.dv}));
+    keep.push_back(parts);
+    p.o = parts.raw();
+    p.o_type = ElemType::kF32;
+    p.heads = heads * blocks;
+    p.dk = dk / blocks;
+    return absl::OkStatus();
   }
 
   std::shared_ptr<StreamHolder> stream_;
@@ -1170,6 +1207,7 @@ class CudaBackend : public Backend {
   // GemmMode::kFast: multi-token scans round fp32 q, k, v to bf16 for the
   // tensor-core path (RoundForTensorCores).
   bool tensor_core_scans_ = false;
+  int sm_count_ = 1;  // multiprocessors (KeyBlocks fills them)
   StepArena arena_;
   absl::Status step_status_;  // of the last BeginStep
   StagingBuffers staging_;
@@ -1201,7 +1239,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device_index,
                                                      : cuda::GemmPrecision::kExact));
   return std::unique_ptr<Backend>(
       new CudaBackend(std::move(holder), absl::StrCat("cuda:", device_index, " (", prop.name, ")"),
-                      std::move(dense), options.gemm));
+                      std::move(dense), options.gemm, prop.multiProcessorCount));
 }
 
 }  // namespace lair::kernels

@@ -11,12 +11,6 @@
 
 namespace lair::kernels::cuda {
 
-// Floats from a state slot's base to head h's tile (ScanParams::state_head_stride).
-__device__ __forceinline__ int64_t StateHeadOffset(const ScanParams& p, int h) {
-  return static_cast<int64_t>(h) *
-         (p.state_head_stride ? p.state_head_stride : static_cast<int64_t>(p.dk) * p.dv);
-}
-
 __device__ __forceinline__ float LoadElem(const void* p, ElemType t, int64_t i) {
   switch (t) {
     case ElemType::kBF16:

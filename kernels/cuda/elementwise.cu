@@ -1,5 +1,6 @@
-// Small kernels around the scans (scan.h): dtype conversion, the GSA softmax,
-// per-head token sums and dh0 = diag(λ_1) G_1 diag(γ_1). The decay gradient
+// Small kernels around the scans (scan.h): dtype conversion, row repeats and
+// group sums (key blocks as heads), the GSA softmax, per-head token sums and
+// dh0 = diag(λ_1) G_1 diag(γ_1). The decay gradient
 // lives in decay_grad.cu.
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/scan.h"
@@ -64,6 +65,29 @@ __global__ void ScaleFirstKernel(const float* g, int num_seqs, int heads, int dk
   }
 }
 
+__global__ void RepeatRowsKernel(const void* src, ElemType type, int64_t rows, int width,
+                                 int copies, void* dst) {
+  const int64_t n = rows * copies * width;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t e = i % width, r = i / (static_cast<int64_t>(width) * copies);
+    StoreElem(dst, type, i, LoadElem(src, type, r * width + e));
+  }
+}
+
+__global__ void SumRowGroupsKernel(const float* parts, int64_t rows, int width, int copies,
+                                   void* out, ElemType out_type) {
+  const int64_t n = rows * width;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t e = i % width, r = i / width;
+    const float* at = parts + r * copies * width + e;
+    float sum = 0.0f;
+    for (int c = 0; c < copies; ++c) sum += at[static_cast<int64_t>(c) * width];
+    StoreElem(out, out_type, i, sum);
+  }
+}
+
 int Blocks(int64_t n, int per_block) {
   const int64_t b = (n + per_block - 1) / per_block;
   return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
@@ -76,6 +100,24 @@ cudaError_t LaunchConvert(const void* src, ElemType src_type, void* dst, ElemTyp
   if (count == 0) return cudaSuccess;
   ConvertKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(src, src_type, dst, dst_type,
                                                                   count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRepeatRows(const void* src, ElemType type, int64_t rows, int width, int copies,
+                             void* dst, cudaStream_t stream) {
+  const int64_t n = rows * copies * width;
+  if (n == 0) return cudaSuccess;
+  RepeatRowsKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(src, type, rows, width, copies,
+                                                                 dst);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSumRowGroups(const float* parts, int64_t rows, int width, int copies, void* out,
+                               ElemType out_type, cudaStream_t stream) {
+  const int64_t n = rows * width;
+  if (n == 0) return cudaSuccess;
+  SumRowGroupsKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(parts, rows, width, copies, out,
+                                                                   out_type);
   return cudaGetLastError();
 }
 

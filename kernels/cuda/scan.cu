@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(ScanTraits::kThreads) ScanKernel(const ScanPar
   float* bsc = den + C;                          // [C] scalar cumsum b
 
   // Initial state tile (zero when absent).
-  const int64_t head_off = StateHeadOffset(p, h);
+  const int64_t head_off = static_cast<int64_t>(h) * dk * p.dv;
   {
     const int slot = p.s_init.slot ? p.s_init.slot[seq] : seq;
     const float* base =

@@ -73,9 +73,6 @@ struct ScanParams {
   NormKind norm = NormKind::kNone;
   float eps = 0.0f;
   StateRef s_init, s_final;  // s_init.ptr null → zero state
-  // Floats between the heads of s_init and s_final; 0: one dk·dv tile. A
-  // scan over a row block of wider tiles (key blocks) sets it.
-  int64_t state_head_stride = 0;
   // mLSTM normalizer n [., H, dk] and stabilizer m [., H]: same slot mapping
   // as s_init/s_final. n_init/m_init must not alias n_final/m_final.
   const float* n_init = nullptr;
@@ -101,6 +98,13 @@ cudaError_t LaunchStep(const ScanParams& p, cudaStream_t stream);
 // dst[i] = (T) src[i] between element types.
 cudaError_t LaunchConvert(const void* src, ElemType src_type, void* dst, ElemType dst_type,
                           int64_t count, cudaStream_t stream);
+// dst[r·copies + c, :] = src[r, :] for rows of `width` elements of one type:
+// an operand of H heads seen as H·copies heads (key blocks as heads).
+cudaError_t LaunchRepeatRows(const void* src, ElemType type, int64_t rows, int width, int copies,
+                             void* dst, cudaStream_t stream);
+// out[r, :] = Σ_c parts[r·copies + c, :] over fp32 rows of `width`, stored as out_type.
+cudaError_t LaunchSumRowGroups(const float* parts, int64_t rows, int width, int copies, void* out,
+                               ElemType out_type, cudaStream_t stream);
 // In-place softmax over the last dim of a fp32 [rows, width] matrix, width ≤ 1024.
 cudaError_t LaunchSoftmaxRows(float* x, int64_t rows, int width, cudaStream_t stream);
 

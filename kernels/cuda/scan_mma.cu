@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
   const bool carry_n = !kVector && p.n_final != nullptr;
   const bool norm = !kVector && p.norm != NormKind::kNone;
   const float qk_scale = p.q_scale * p.k_scale;
-  const int64_t head_off = StateHeadOffset(p, h);
+  const int64_t head_off = static_cast<int64_t>(h) * dk * p.dv;
   // Which loads go through cp.async (bf16 operands, aligned log-valued vector gates).
   const bool qk_async = p.q.type == ElemType::kBF16 && p.k.type == ElemType::kBF16;
   const bool v_async = p.v.type == ElemType::kBF16;

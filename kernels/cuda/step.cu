@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(StepTraits::kThreads) StepKernel(const ScanPar
   // The state pass: read, decay, add the outer product, accumulate sᵀq'.
   const int cv = tid % T::kColThreads, rg = tid / T::kColThreads;
   const int col = cv * T::kVec;
-  float* base = p.s_final.ptr + slot * p.s_final.slot_stride + StateHeadOffset(p, h) + e0 + col;
+  float* base =
+      p.s_final.ptr + slot * p.s_final.slot_stride + static_cast<int64_t>(h) * dk * p.dv + e0 + col;
   const bool zero_init = p.s_init.ptr == nullptr;
   const float4 vv = make_float4(v[col], v[col + 1], v[col + 2], v[col + 3]);
   const float4 ee = make_float4(er[col], er[col + 1], er[col + 2], er[col + 3]);
