@@ -20,7 +20,8 @@
 #           REF_SEQ_LENS and REF_MODES, each under REF_TIMEOUT seconds
 #   model   `lair bench decode|prefill` on random bf16 checkpoints of each
 #           MODEL_PRESETS shape (BENCH_ARGS adds flags, e.g. "--no-graphs")
-#   profile one decode step's kernels under Nsight Compute (PROFILE_PRESET, PROFILE_BATCHES)
+#   profile one decode step's kernels under Nsight Compute (PROFILE_PRESET, PROFILE_BATCHES;
+#           PROFILE_PREFILL=P adds a P-token prefill)
 #   hf      scripts/bench_hf_baseline.py: HF generate + fla, GLA 1.3B shape
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -175,6 +176,13 @@ if has profile && [ -x $LAIR ]; then
     echo "batch $batch: ncu exit $?"
     python3 scripts/ncu_step_table.py "$OUT/profile_b$batch.csv" --steps 3
   done
+  if [ -n "${PROFILE_PREFILL:-}" ]; then  # a prefill of PROFILE_PREFILL tokens, every kernel
+    timeout ${PROFILE_TIMEOUT:-150} "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+      --print-units base $LAIR bench prefill --model "$MODEL_DIR" --device cuda --dtype bf16 \
+      --batch 1 --prompt-len $PROFILE_PREFILL >"$OUT/profile_prefill.csv" 2>>"$OUT/profile.err"
+    echo "prefill $PROFILE_PREFILL: ncu exit $?"
+    python3 scripts/ncu_step_table.py "$OUT/profile_prefill.csv" --all
+  fi
   rm -rf "$MODEL_DIR"
 fi
 

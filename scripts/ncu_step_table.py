@@ -18,6 +18,7 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--all", action="store_true", help="every kernel (a prefill), not one decode step")
     args = ap.parse_args()
     text = open(args.csv, errors="replace").read()
     start = text.find('"ID"')
@@ -29,8 +30,8 @@ def main():
     kernels = [(r["Kernel Name"], float(r["Metric Value"].replace(",", ""))) for r in rows]
     # The decode steps repeat the same kernel sequence: find its period from the end.
     names = [k for k, _ in kernels]
-    period = 0
-    for p in range(1, len(names) // args.steps + 1):
+    period = len(names) if args.all else 0
+    for p in range(1, 0 if args.all else len(names) // args.steps + 1):
         if names[-p:] == names[-2 * p:-p]:
             period = p
             break
@@ -41,10 +42,11 @@ def main():
     total = sum(t for _, t in step)
     groups = collections.defaultdict(lambda: [0, 0.0])
     for name, t in step:
-        short = name.split("(")[0].split("<")[0][-60:]
+        short = name.split("(")[0][-60:]
         groups[short][0] += 1
         groups[short][1] += t
-    print(f"one decode step: {period} kernels, {total / 1e3:.1f} us of kernel time")
+    what = "all kernels" if args.all else "one decode step"
+    print(f"{what}: {period} kernels, {total / 1e3:.1f} us of kernel time")
     print(f"{'kernel':<60} {'count':>5} {'us':>9} {'share':>6}")
     for name, (count, t) in sorted(groups.items(), key=lambda kv: -kv[1][1])[:args.top]:
         print(f"{name:<60} {count:>5} {t / 1e3:>9.1f} {t / total:>6.1%}")

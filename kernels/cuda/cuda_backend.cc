@@ -1063,6 +1063,7 @@ class CudaBackend : public Backend {
   // Fewest state rows per key block (KeyBlocks), and the fp32 scan's dv
   // columns per CTA (scan.h).
   static constexpr int kMinKeyBlockRows = 32;
+  static constexpr int kMinMmaKeyBlockRows = 64;
   static constexpr int kScanTileColumns = 64;
 
   // One forward scan: the step kernel for one-token decode, else the chunked
@@ -1122,10 +1123,11 @@ class CudaBackend : public Backend {
   // so the dk rows split into blocks whose partial outputs add. Splitting
   // into B blocks is a reshape of q, k, vector gates and states to B·H heads
   // of dk/B keys; v and the other gates repeat per block. Keys wider than a
-  // launch's tile need it; the fp32 chunked path also takes it while fewer
-  // CTAs than multiprocessors would run (GSA's first pass at batch 1: four
-  // heads of one 64-column tile each), down to kMinKeyBlockRows rows per
-  // block, below which each block's repeated value-side work dominates.
+  // launch's tile need it; chunked scans also take it while fewer CTAs than
+  // multiprocessors would run (GSA's first pass at batch 1: four heads of
+  // one 64-column tile each; GLA 1.3B's prefill: 32 tiles), down to
+  // kMinKeyBlockRows rows per block (kMinMmaKeyBlockRows on the tensor-core
+  // path), below which each block's repeated value-side work dominates.
   // The mLSTM normalizer and stabilizer are not sums over rows.
   absl::StatusOr<int> KeyBlocks(const ScanParams& p, bool step, std::string_view what) const {
     const bool row_sums = p.norm == cuda::NormKind::kNone && !p.stabilize && !p.key_weight.ptr &&
@@ -1138,10 +1140,14 @@ class CudaBackend : public Backend {
                                                      kMaxScanKeyDim, " keys"));
     cuda::ScanParams block = p;
     block.dk = p.dk / blocks;
-    if (step || !row_sums || cuda::ScanMmaSupports(block)) return blocks;
+    if (step || !row_sums) return blocks;
+    // The tensor-core path keeps 16-row blocks of at least kMinMmaKeyBlockRows.
+    const bool mma = cuda::ScanMmaSupports(block);
+    const int min_rows = mma ? kMinMmaKeyBlockRows : kMinKeyBlockRows;
+    const int multiple = mma ? 16 : 4;
     const int64_t ctas = (p.dv + kScanTileColumns - 1) / kScanTileColumns * p.heads * p.num_seqs;
     while (ctas * blocks < sm_count_ && p.dk % (2 * blocks) == 0 &&
-           p.dk / (2 * blocks) >= kMinKeyBlockRows && (p.dk / (2 * blocks)) % 4 == 0)
+           p.dk / (2 * blocks) >= min_rows && (p.dk / (2 * blocks)) % multiple == 0)
       blocks *= 2;
     return blocks;
   }

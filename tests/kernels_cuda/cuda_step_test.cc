@@ -55,41 +55,43 @@ class CudaStepTest : public ::testing::Test {
 // with and without bias and beta, in both precisions, against the CPU on the
 // bf16-rounded weights.
 TEST_F(CudaStepTest, GemmOnBf16WeightsMatchesCpuInBothPrecisions) {
-  const int64_t k = 264, n = 389;
   BackendOptions exact_options;
   auto exact = MakeBackend("cuda", exact_options);
   ASSERT_TRUE(exact.ok());
-  for (int64_t m : {1, 3, 8, 9, 64, 300}) {
-    for (bool with_bias : {false, true}) {
-      for (bool fast : {false, true}) {
-        Backend& gpu = fast ? *gpu_ : **exact;
-        const std::string what = absl::StrCat("m=", m, " bias=", with_bias, " fast=", fast);
-        const Tensor a = Rand({m, k});
-        const Tensor w = Rand({n, k});
-        const Tensor c0 = Rand({m, n});
-        const Tensor bias = with_bias ? Rand({n}) : Tensor();
-        const float beta = with_bias ? 0.5f : 0.0f;
-        auto w_bf16 = gpu.Upload(w, DType::kBF16);
-        ASSERT_TRUE(w_bf16.ok());
-        auto w_rounded = gpu.Download(*w_bf16);
-        ASSERT_TRUE(w_rounded.ok());
-        GemmArgs want{a, w_rounded->ToF32(), c0.Clone(), false, true, 1.5f, beta, bias};
-        ASSERT_TRUE(cpu_->Gemm(want).ok()) << what;
-        GemmArgs got{*gpu.Upload(a, DType::kF32),
-                     *w_bf16,
-                     *gpu.Upload(c0, DType::kF32),
-                     false,
-                     true,
-                     1.5f,
-                     beta,
-                     with_bias ? *gpu.Upload(bias, DType::kF32) : Tensor()};
-        ASSERT_TRUE(gpu.Gemm(got).ok()) << what;
-        auto c = gpu.Download(got.c);
-        ASSERT_TRUE(c.ok());
-        EXPECT_LE(RelativeError(*c, want.c), fast && m > 8 ? kBf16Tol : 1e-5) << what;
+  // Narrow and wide products, short and long rows.
+  for (const auto& [k, n] : {std::pair<int64_t, int64_t>{264, 389}, {264, 1500}, {2056, 2500}})
+    for (int64_t m : {1, 3, 8, 9, 64, 300}) {
+      for (bool with_bias : {false, true}) {
+        for (bool fast : {false, true}) {
+          Backend& gpu = fast ? *gpu_ : **exact;
+          const std::string what =
+              absl::StrCat("k=", k, " n=", n, " m=", m, " bias=", with_bias, " fast=", fast);
+          const Tensor a = Rand({m, k});
+          const Tensor w = Rand({n, k});
+          const Tensor c0 = Rand({m, n});
+          const Tensor bias = with_bias ? Rand({n}) : Tensor();
+          const float beta = with_bias ? 0.5f : 0.0f;
+          auto w_bf16 = gpu.Upload(w, DType::kBF16);
+          ASSERT_TRUE(w_bf16.ok());
+          auto w_rounded = gpu.Download(*w_bf16);
+          ASSERT_TRUE(w_rounded.ok());
+          GemmArgs want{a, w_rounded->ToF32(), c0.Clone(), false, true, 1.5f, beta, bias};
+          ASSERT_TRUE(cpu_->Gemm(want).ok()) << what;
+          GemmArgs got{*gpu.Upload(a, DType::kF32),
+                       *w_bf16,
+                       *gpu.Upload(c0, DType::kF32),
+                       false,
+                       true,
+                       1.5f,
+                       beta,
+                       with_bias ? *gpu.Upload(bias, DType::kF32) : Tensor()};
+          ASSERT_TRUE(gpu.Gemm(got).ok()) << what;
+          auto c = gpu.Download(got.c);
+          ASSERT_TRUE(c.ok());
+          EXPECT_LE(RelativeError(*c, want.c), fast && m > 8 ? kBf16Tol : 1e-5) << what;
+        }
       }
     }
-  }
 }
 
 // xLSTM 7B's head shape (key_dim 256, value_dim 512) through the mLSTM
