@@ -1,12 +1,12 @@
 #include "models/params.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <thread>
+#include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/parallel.h"
 
 namespace lair::models {
 namespace {
@@ -16,23 +16,13 @@ namespace {
 // the seed (a 7B-parameter `lair init` takes seconds, not minutes).
 void FillNormal(float* p, int64_t n, float std, uint64_t seed) {
   constexpr int64_t kChunk = int64_t{1} << 20;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  std::atomic<int64_t> next{0};
-  auto work = [&] {
-    for (int64_t c = next++; c < chunks; c = next++) {
-      std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
-                        static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32)};
-      std::mt19937_64 gen(seq);
-      std::normal_distribution<float> normal(0.0f, std);
-      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) p[i] = normal(gen);
-    }
-  };
-  const int64_t threads =
-      std::min<int64_t>(chunks, std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  ParallelFor((n + kChunk - 1) / kChunk, 0, [&](int64_t c) {
+    std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
+                      static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32)};
+    std::mt19937_64 gen(seq);
+    std::normal_distribution<float> normal(0.0f, std);
+    for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) p[i] = normal(gen);
+  });
 }
 
 }  // namespace

@@ -2,11 +2,6 @@
 
 #include <cblas.h>
 
-#include <algorithm>
-#include <atomic>
-#include <thread>
-#include <vector>
-
 namespace lair::kernels::cpu {
 namespace {
 
@@ -28,22 +23,9 @@ class SingleThreadedBlas {
 
 }  // namespace
 
-int ResolveThreads(int threads) {
-  if (threads > 0) return threads;
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
 void ParallelFor(int64_t count, int threads, const std::function<void(int64_t)>& body) {
   SingleThreadedBlas blas;
-  const int64_t workers = std::min<int64_t>(ResolveThreads(threads), count);
-  std::atomic<int64_t> next{0};
-  auto drain = [&] {
-    for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) body(i);
-  };
-  std::vector<std::thread> pool;
-  for (int64_t w = 1; w < workers; ++w) pool.emplace_back(drain);
-  drain();
-  for (std::thread& t : pool) t.join();
+  ::lair::ParallelFor(count, threads, body);
 }
 
 }  // namespace lair::kernels::cpu

@@ -13,14 +13,13 @@
 #include <cstdint>
 #include <functional>
 
+#include "core/parallel.h"
+
 namespace lair::kernels::cpu {
 
-// The number of worker threads `threads` asks for: itself when positive,
-// every core otherwise.
-int ResolveThreads(int threads);
+using ::lair::ResolveThreads;
 
-// Calls body(i) once for each i in [0, count), on up to `threads` threads
-// (the calling thread included), and returns when all calls have returned.
+// lair::ParallelFor (core/parallel.h) with OpenBLAS held at one thread.
 void ParallelFor(int64_t count, int threads, const std::function<void(int64_t)>& body);
 
 }  // namespace lair::kernels::cpu

@@ -5,16 +5,15 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <numeric>
 #include <span>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/parallel.h"
 #include "kernels/cuda/argmax.h"
 #include "kernels/cuda/dense_ops.h"
 #include "kernels/cuda/mixer_backward.h"
@@ -72,26 +71,17 @@ constexpr size_t RoundUp256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 void ConvertOnHost(const float* src, const Tensor& dst) {
   constexpr int64_t kChunk = int64_t{1} << 22;
   const int64_t n = dst.numel(), chunks = (n + kChunk - 1) / kChunk;
-  std::atomic<int64_t> next{0};
-  auto work = [&] {
-    for (int64_t c = next++; c < chunks; c = next++) {
-      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
-        if (dst.dtype() == DType::kF32) {
-          dst.f32()[i] = src[i];
-        } else if (dst.dtype() == DType::kBF16) {
-          dst.data<uint16_t>()[i] = FloatToBF16(src[i]);
-        } else {
-          dst.data<uint16_t>()[i] = FloatToF16(src[i]);
-        }
+  ParallelFor(chunks, 0, [&](int64_t c) {
+    for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
+      if (dst.dtype() == DType::kF32) {
+        dst.f32()[i] = src[i];
+      } else if (dst.dtype() == DType::kBF16) {
+        dst.data<uint16_t>()[i] = FloatToBF16(src[i]);
+      } else {
+        dst.data<uint16_t>()[i] = FloatToF16(src[i]);
       }
     }
-  };
-  const int64_t threads =
-      std::min<int64_t>(chunks, std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  });
 }
 
 // A step's temporaries: a bump pointer through one device block, reset by

@@ -362,6 +362,39 @@ __device__ __forceinline__ float RowSum(float x) {
   return x;
 }
 
+// The register tile of a chunk product: this thread's rows ty + kRowGroups·a
+// and columns tx + 32·b. acc[a][b] += Σ_{i<n} weight(row, i)·x[i·ldx + col],
+// columns at or past `cols` reading 0.
+template <typename Weight>
+__device__ __forceinline__ void AccumulateTile(float (&acc)[kTileRows][kColsPerThread], int n,
+                                               const float* x, int ldx, int cols, Weight weight) {
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  for (int i = 0; i < n; ++i) {
+    float xv[kColsPerThread];
+#pragma unroll
+    for (int b = 0; b < kColsPerThread; ++b) {
+      const int col = tx + 32 * b;
+      xv[b] = col < cols ? x[i * ldx + col] : 0.0f;
+    }
+#pragma unroll
+    for (int a = 0; a < kTileRows; ++a) {
+      const float w = weight(ty + kRowGroups * a, i);
+#pragma unroll
+      for (int b = 0; b < kColsPerThread; ++b) acc[a][b] += w * xv[b];
+    }
+  }
+}
+
+// acc[a][b] *= scale[row] for this thread's rows.
+__device__ __forceinline__ void ScaleTileRows(float (&acc)[kTileRows][kColsPerThread],
+                                              const float* scale) {
+  const int ty = threadIdx.x / 32;
+#pragma unroll
+  for (int a = 0; a < kTileRows; ++a)
+#pragma unroll
+    for (int b = 0; b < kColsPerThread; ++b) acc[a][b] *= scale[ty + kRowGroups * a];
+}
+
 // Per chunk: the per-token scalars of the normalized output,
 //   qn_s = q'_s·n_s,  den_s,  dnum_s = dh_s/den_s,  dqn_s = −(dh_s·h_s)/den_s·sgn(qn_s)
 // where the max of den takes qn, and the explicit stabilizer cotangent
@@ -423,38 +456,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // num for rows ty + 8a and columns tx + 32b, then dh·num per row.
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
   float acc[kTileRows][kColsPerThread] = {};
-  for (int l = 0; l < K; ++l) {
-    float cv[kColsPerThread];
-#pragma unroll
-    for (int b = 0; b < kColsPerThread; ++b) {
-      const int v = tx + 32 * b;
-      cv[b] = v < V ? state[l * (V + 1) + v] : 0.0f;
-    }
-#pragma unroll
-    for (int a = 0; a < kTileRows; ++a) {
-      const float qv = qs[(ty + kRowGroups * a) * (K + 1) + l];
-#pragma unroll
-      for (int b = 0; b < kColsPerThread; ++b) acc[a][b] += qv * cv[b];
-    }
-  }
-#pragma unroll
-  for (int a = 0; a < kTileRows; ++a)
-#pragma unroll
-    for (int b = 0; b < kColsPerThread; ++b) acc[a][b] *= ein[ty + kRowGroups * a];
-  for (int tau = 0; tau < kChunk; ++tau) {
-    float vv[kColsPerThread];
-#pragma unroll
-    for (int b = 0; b < kColsPerThread; ++b) {
-      const int v = tx + 32 * b;
-      vv[b] = v < V ? vs[tau * V + v] : 0.0f;
-    }
-#pragma unroll
-    for (int a = 0; a < kTileRows; ++a) {
-      const float pv = sc_p[(ty + kRowGroups * a) * (kChunk + 1) + tau];
-#pragma unroll
-      for (int b = 0; b < kColsPerThread; ++b) acc[a][b] += pv * vv[b];
-    }
-  }
+  AccumulateTile(acc, K, state, V + 1, V, [&](int s, int l) { return qs[s * (K + 1) + l]; });
+  ScaleTileRows(acc, ein);
+  AccumulateTile(acc, kChunk, vs, V, V,
+                 [&](int s, int tau) { return sc_p[s * (kChunk + 1) + tau]; });
 #pragma unroll
   for (int a = 0; a < kTileRows; ++a) {
     const int s = ty + kRowGroups * a;
@@ -593,83 +598,22 @@ __global__ void __launch_bounds__(kThreads, 1) MlstmChunkGradKernel(const MlstmB
   {  // dq'
     float acc[kTileRows][kColsPerThread] = {};
     TimesStateRows(acc, dn, VP, dqn, c_in, K, V, stage);
-#pragma unroll
-    for (int a = 0; a < kTileRows; ++a)
-#pragma unroll
-      for (int b = 0; b < kColsPerThread; ++b) acc[a][b] *= ein[ty + kRowGroups * a];
-    for (int tau = 0; tau < kChunk; ++tau) {  // S1 is 0 above the diagonal
-      float kv[kColsPerThread];
-#pragma unroll
-      for (int b = 0; b < kColsPerThread; ++b) {
-        const int kk = tx + 32 * b;
-        kv[b] = kk < K ? ks[tau * KP + kk] : 0.0f;
-      }
-#pragma unroll
-      for (int a = 0; a < kTileRows; ++a) {
-        const float w = s1[(ty + kRowGroups * a) * SP + tau];
-#pragma unroll
-        for (int b = 0; b < kColsPerThread; ++b) acc[a][b] += w * kv[b];
-      }
-    }
+    ScaleTileRows(acc, ein);  // S1 is 0 above the diagonal
+    AccumulateTile(acc, kChunk, ks, KP, K, [&](int s, int tau) { return s1[s * SP + tau]; });
     store(acc, p.dq, p.dq_type, K, scale, qs, KP, sc.qdq);
   }
   {  // dk
     float acc[kTileRows][kColsPerThread] = {};
     TimesStateRows(acc, vs, VP, nullptr, g_end, K, V, stage);
-#pragma unroll
-    for (int a = 0; a < kTileRows; ++a)
-#pragma unroll
-      for (int b = 0; b < kColsPerThread; ++b) acc[a][b] *= eout[ty + kRowGroups * a];
-    for (int s = 0; s < kChunk; ++s) {  // S1 is 0 above the diagonal
-      float qv[kColsPerThread];
-#pragma unroll
-      for (int b = 0; b < kColsPerThread; ++b) {
-        const int kk = tx + 32 * b;
-        qv[b] = kk < K ? qs[s * KP + kk] : 0.0f;
-      }
-#pragma unroll
-      for (int a = 0; a < kTileRows; ++a) {
-        const float w = s1[s * SP + ty + kRowGroups * a];
-#pragma unroll
-        for (int b = 0; b < kColsPerThread; ++b) acc[a][b] += w * qv[b];
-      }
-    }
+    ScaleTileRows(acc, eout);  // S1 is 0 above the diagonal
+    AccumulateTile(acc, kChunk, qs, KP, K, [&](int tau, int s) { return s1[s * SP + tau]; });
     store(acc, p.dk_out, p.dk_type, K, 1.0f, ks, KP, sc.kdk);
   }
   {  // dv
     float acc[kTileRows][kColsPerThread] = {};
-    for (int l = 0; l < K; ++l) {
-      float gv[kColsPerThread];
-#pragma unroll
-      for (int b = 0; b < kColsPerThread; ++b) {
-        const int v = tx + 32 * b;
-        gv[b] = v < V ? g_end[l * VP + v] : 0.0f;
-      }
-#pragma unroll
-      for (int a = 0; a < kTileRows; ++a) {
-        const float kv = ks[(ty + kRowGroups * a) * KP + l];
-#pragma unroll
-        for (int b = 0; b < kColsPerThread; ++b) acc[a][b] += kv * gv[b];
-      }
-    }
-#pragma unroll
-    for (int a = 0; a < kTileRows; ++a)
-#pragma unroll
-      for (int b = 0; b < kColsPerThread; ++b) acc[a][b] *= eout[ty + kRowGroups * a];
-    for (int s = 0; s < kChunk; ++s) {  // S2 is 0 above the diagonal
-      float dv[kColsPerThread];
-#pragma unroll
-      for (int b = 0; b < kColsPerThread; ++b) {
-        const int v = tx + 32 * b;
-        dv[b] = v < V ? dn[s * VP + v] : 0.0f;
-      }
-#pragma unroll
-      for (int a = 0; a < kTileRows; ++a) {
-        const float w = s2[s * SP + ty + kRowGroups * a];
-#pragma unroll
-        for (int b = 0; b < kColsPerThread; ++b) acc[a][b] += w * dv[b];
-      }
-    }
+    AccumulateTile(acc, K, g_end, VP, V, [&](int tau, int l) { return ks[tau * KP + l]; });
+    ScaleTileRows(acc, eout);  // S2 is 0 above the diagonal
+    AccumulateTile(acc, kChunk, dn, VP, V, [&](int tau, int s) { return s2[s * SP + tau]; });
     store(acc, p.dv_out, p.dv_type, V, 1.0f, nullptr, 0, nullptr);
   }
 }

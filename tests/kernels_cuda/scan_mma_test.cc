@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "tests/kernels_cuda/cuda_vs_cpu.h"
 
 namespace lair::kernels {
 namespace {
@@ -20,60 +21,9 @@ namespace {
 constexpr double kTol = 2e-2;  // bf16/f16 inputs, fixtures README
 constexpr double kGradTol = 5e-2;
 
-class MmaScanVsCpu : public ::testing::Test {
+class MmaScanVsCpu : public CudaVsCpuTest {
  protected:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeBackend("cuda");
-    if (!gpu.ok()) GTEST_SKIP() << "no CUDA backend here: " << gpu.status().message();
-    gpu_ = std::move(*gpu);
-    cpu_ = MakeCpuBackend();
-  }
-
-  Tensor Rand(Shape shape, float lo, float hi) {
-    Tensor t = Tensor::Zeros(DType::kF32, std::move(shape));
-    std::uniform_real_distribution<float> dist(lo, hi);
-    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = dist(rng_);
-    return t;
-  }
-  Tensor Gpu(const Tensor& host, DType dt) {
-    absl::StatusOr<Tensor> t = gpu_->Upload(host, dt);
-    EXPECT_TRUE(t.ok()) << t.status();
-    return *t;
-  }
-  // What the CPU sees: the host values rounded through dt.
-  Tensor Cpu(const Tensor& host, DType dt) {
-    return dt == DType::kF32 ? host.Clone() : Down(Gpu(host, dt)).ToF32();
-  }
-  Tensor Down(const Tensor& device) {
-    absl::StatusOr<Tensor> t = gpu_->Download(device);
-    EXPECT_TRUE(t.ok()) << t.status();
-    return *t;
-  }
-  void Expect(const Tensor& gpu_tensor, const Tensor& cpu_tensor, double tol,
-              const std::string& what) {
-    const double err = RelativeError(Down(gpu_tensor).ToF32(), cpu_tensor);
-    EXPECT_LE(err, tol) << what;
-    EXPECT_FALSE(std::isnan(err)) << what;
-  }
-
-  // Sequence s in slot num_seqs − s of a pool of num_seqs + 1 slots.
-  void MakeBatch(const std::vector<int>& lens) {
-    offsets_ = {0};
-    for (int len : lens) offsets_.push_back(offsets_.back() + len);
-    slots_.clear();
-    for (size_t s = 0; s < lens.size(); ++s)
-      slots_.push_back(static_cast<int32_t>(lens.size() - s));
-    batch_ = SequenceBatch{};
-    batch_.num_seqs = static_cast<int>(lens.size());
-    batch_.cu_seqlens = offsets_;
-    batch_.state_slot = slots_;
-    for (int len : lens) batch_.max_seqlen = std::max(batch_.max_seqlen, len);
-  }
-
-  std::mt19937 rng_{11};
-  std::unique_ptr<Backend> gpu_, cpu_;
-  std::vector<int32_t> offsets_, slots_;
-  SequenceBatch batch_;
+  MmaScanVsCpu() : CudaVsCpuTest(11) {}
 };
 
 struct DecayRange {
