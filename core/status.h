@@ -24,10 +24,14 @@
 // returns its error.
 #define LAIR_ASSIGN_OR_RETURN(lhs, expr) \
   LAIR_ASSIGN_OR_RETURN_IMPL(LAIR_CONCAT(lair_statusor_, __LINE__), lhs, expr)
+// tmp names a variable and lhs may be a declaration ("auto x"), so neither
+// can be parenthesized.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define LAIR_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                               \
   if (!tmp.ok()) return tmp.status();              \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)
 
 // Aborts with file and line when an invariant does not hold.
 #define LAIR_CHECK(cond)                                                            \

@@ -36,8 +36,9 @@ constexpr DecayKind kKinds[] = {DecayKind::kNone, DecayKind::kConstant, DecayKin
 
 TEST_F(CudaVsCpu, DecayForwardAndBackward) {
   // Head shapes of the tiny models and of the GLA 1.3B layout (key_dim 256).
-  for (const auto& [K, V] : {std::pair{64, 96}, std::pair{256, 192}})
+  for (const std::pair<int, int>& dims : {std::pair{64, 96}, std::pair{256, 192}})
     for (DType dt : {DType::kF32, DType::kBF16}) {
+      const int K = dims.first, V = dims.second;  // named, not bound: lambdas capture them
       const double tol = dt == DType::kF32 ? kF32Tol : kBf16Tol;
       for (DecayKind kind : kKinds) {
         for (bool step : {false, true}) {
@@ -84,7 +85,7 @@ TEST_F(CudaVsCpu, DecayForwardAndBackward) {
           cb.d_o = Cpu(d_o, dt), db.d_o = Gpu(d_o, dt);
           cb.d_ht = d_ht.Clone(), db.d_ht = Gpu(d_ht, DType::kF32);
           auto outs = [&](DecayBackwardArgs& b, bool on_gpu) {
-            auto make = [&](Shape s, DType t) {
+            auto make = [&](const Shape& s, DType t) {
               return on_gpu ? Gpu(Rand(s, 7, 8), t) : Tensor::Zeros(DType::kF32, s);
             };
             b.dq = make({n, H, K}, dt), b.dk = make({n, H, K}, dt), b.dv = make({n, H, V}, dt);

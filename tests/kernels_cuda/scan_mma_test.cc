@@ -111,7 +111,7 @@ TEST_F(MmaScanVsCpu, DecayBackward) {
       cb.d_ht = d_ht.Clone(), db.d_ht = Gpu(d_ht, DType::kF32);
       for (bool on_gpu : {false, true}) {
         DecayBackwardArgs& b = on_gpu ? db : cb;
-        auto make = [&](Shape s, DType t) {
+        auto make = [&](const Shape& s, DType t) {
           return on_gpu ? Gpu(Rand(s, 7, 8), t) : Tensor::Zeros(DType::kF32, s);
         };
         b.dq = make({n, H, K}, dt), b.dk = make({n, H, K}, dt), b.dv = make({n, H, V}, dt);
