@@ -29,6 +29,58 @@ constexpr double kBf16Tol = 2e-2;
 class CudaVsCpu : public CudaVsCpuTest {
  protected:
   CudaVsCpu() : CudaVsCpuTest(7) {}
+
+  // MlstmBackward on the GPU against the CPU over batch_ (H = 2), from random
+  // inputs with forget-gate pre-activations in [f_lo, f_hi], initial states
+  // in the pool's slots (unless batch_ starts from zero), every cotangent
+  // present and every GPU output poisoned first.
+  void CompareMlstmBackward(MlstmKind kind, DType dt, int K, int V, float f_lo, float f_hi,
+                            const std::string& what) {
+    const int64_t n = offsets_.back();
+    const int H = 2, S = batch_.num_seqs;
+    const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
+    const Tensor ig = Rand({n, H}, -3, 3), fg = Rand({n, H}, f_lo, f_hi);
+    const Tensor c0 = Rand({S + 1, H, K, V}, -1, 1), n0 = Rand({S + 1, H, K}, -1, 1);
+    const Tensor m0 = Rand({S + 1, H}, -1, 1), d_h = Rand({n, H, V}, -1, 1);
+    const Tensor d_ct = Rand({S, H, K, V}, -1, 1), d_nt = Rand({S, H, K}, -1, 1);
+    MlstmBackwardArgs c, d;
+    for (MlstmBackwardArgs* b : {&c, &d}) {
+      b->fwd.kind = kind, b->fwd.heads = H, b->fwd.key_dim = K, b->fwd.value_dim = V;
+    }
+    c.fwd.q = Cpu(q, dt), c.fwd.k = Cpu(k, dt), c.fwd.v = Cpu(v, dt);
+    c.fwd.i = ig.Clone(), c.fwd.f = fg.Clone();
+    d.fwd.q = Gpu(q, dt), d.fwd.k = Gpu(k, dt), d.fwd.v = Gpu(v, dt);
+    d.fwd.i = Gpu(ig, DType::kF32), d.fwd.f = Gpu(fg, DType::kF32);
+    c.fwd.state_c = c0.Clone(), c.fwd.state_n = n0.Clone(), c.fwd.state_m = m0.Clone();
+    d.fwd.state_c = Gpu(c0, DType::kF32), d.fwd.state_n = Gpu(n0, DType::kF32);
+    d.fwd.state_m = Gpu(m0, DType::kF32);
+    c.d_h = Cpu(d_h, dt), d.d_h = Gpu(d_h, dt);
+    c.d_ct = d_ct.Clone(), c.d_nt = d_nt.Clone();
+    d.d_ct = Gpu(d_ct, DType::kF32), d.d_nt = Gpu(d_nt, DType::kF32);
+    c.dq = Tensor::Zeros(DType::kF32, {n, H, K}), c.dk = Tensor::Zeros(DType::kF32, {n, H, K});
+    c.dv = Tensor::Zeros(DType::kF32, {n, H, V});
+    c.di = Tensor::Zeros(DType::kF32, {n, H}), c.df = Tensor::Zeros(DType::kF32, {n, H});
+    c.d_c0 = Tensor::Zeros(DType::kF32, {S, H, K, V});
+    c.d_n0 = Tensor::Zeros(DType::kF32, {S, H, K});
+    // Poisoned: every element must be written.
+    d.dq = Gpu(Rand({n, H, K}, 7, 8), dt), d.dk = Gpu(Rand({n, H, K}, 7, 8), dt);
+    d.dv = Gpu(Rand({n, H, V}, 7, 8), dt);
+    d.di = Gpu(Rand({n, H}, 7, 8), DType::kF32), d.df = Gpu(Rand({n, H}, 7, 8), DType::kF32);
+    d.d_c0 = Gpu(Rand({S, H, K, V}, 7, 8), DType::kF32);
+    d.d_n0 = Gpu(Rand({S, H, K}, 7, 8), DType::kF32);
+    ASSERT_TRUE(cpu_->MlstmBackward(batch_, c).ok());
+    const absl::Status st = gpu_->MlstmBackward(batch_, d);
+    ASSERT_TRUE(st.ok()) << what << ": " << st;
+    ASSERT_TRUE(gpu_->Synchronize().ok()) << what;
+    const double gtol = dt == DType::kF32 ? 1e-3 : 5e-2;
+    Expect(d.dq, c.dq, gtol, what + " dq");
+    Expect(d.dk, c.dk, gtol, what + " dk");
+    Expect(d.dv, c.dv, gtol, what + " dv");
+    Expect(d.di, c.di, gtol, what + " di");
+    Expect(d.df, c.df, gtol, what + " df");
+    Expect(d.d_c0, c.d_c0, gtol, what + " dc0");
+    Expect(d.d_n0, c.d_n0, gtol, what + " dn0");
+  }
 };
 
 constexpr DecayKind kKinds[] = {DecayKind::kNone, DecayKind::kConstant, DecayKind::kScalar,
@@ -253,56 +305,11 @@ TEST_F(CudaVsCpu, MlstmBackward) {
         for (bool zero_init : {false, true}) {
           MakeBatch({70, 1, 0, 33});
           batch_.zero_initial_state = zero_init;
-          const int64_t n = offsets_.back();
-          const int H = 2, K = dims.key_dim, V = dims.value_dim, S = batch_.num_seqs;
+          const int K = dims.key_dim, V = dims.value_dim;
           const std::string what = "mlstm backward kind " + std::to_string(static_cast<int>(kind)) +
                                    " K" + std::to_string(K) + " V" + std::to_string(V) + " " +
                                    std::string(DTypeName(dt)) + (zero_init ? " zero h0" : "");
-          const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1),
-                       v = Rand({n, H, V}, -1, 1);
-          const Tensor ig = Rand({n, H}, -3, 3), fg = Rand({n, H}, -1, 5);
-          const Tensor c0 = Rand({S + 1, H, K, V}, -1, 1), n0 = Rand({S + 1, H, K}, -1, 1);
-          const Tensor m0 = Rand({S + 1, H}, -1, 1);
-          const Tensor d_h = Rand({n, H, V}, -1, 1);
-          const Tensor d_ct = Rand({S, H, K, V}, -1, 1), d_nt = Rand({S, H, K}, -1, 1);
-          MlstmBackwardArgs c, d;
-          for (MlstmBackwardArgs* b : {&c, &d}) {
-            b->fwd.kind = kind, b->fwd.heads = H, b->fwd.key_dim = K, b->fwd.value_dim = V;
-          }
-          c.fwd.q = Cpu(q, dt), c.fwd.k = Cpu(k, dt), c.fwd.v = Cpu(v, dt);
-          c.fwd.i = ig.Clone(), c.fwd.f = fg.Clone();
-          d.fwd.q = Gpu(q, dt), d.fwd.k = Gpu(k, dt), d.fwd.v = Gpu(v, dt);
-          d.fwd.i = Gpu(ig, DType::kF32), d.fwd.f = Gpu(fg, DType::kF32);
-          c.fwd.state_c = c0.Clone(), c.fwd.state_n = n0.Clone(), c.fwd.state_m = m0.Clone();
-          d.fwd.state_c = Gpu(c0, DType::kF32), d.fwd.state_n = Gpu(n0, DType::kF32);
-          d.fwd.state_m = Gpu(m0, DType::kF32);
-          c.d_h = Cpu(d_h, dt), d.d_h = Gpu(d_h, dt);
-          c.d_ct = d_ct.Clone(), c.d_nt = d_nt.Clone();
-          d.d_ct = Gpu(d_ct, DType::kF32), d.d_nt = Gpu(d_nt, DType::kF32);
-          c.dq = Tensor::Zeros(DType::kF32, {n, H, K}),
-          c.dk = Tensor::Zeros(DType::kF32, {n, H, K});
-          c.dv = Tensor::Zeros(DType::kF32, {n, H, V});
-          c.di = Tensor::Zeros(DType::kF32, {n, H}), c.df = Tensor::Zeros(DType::kF32, {n, H});
-          c.d_c0 = Tensor::Zeros(DType::kF32, {S, H, K, V}),
-          c.d_n0 = Tensor::Zeros(DType::kF32, {S, H, K});
-          // Poisoned: every element must be written.
-          d.dq = Gpu(Rand({n, H, K}, 7, 8), dt), d.dk = Gpu(Rand({n, H, K}, 7, 8), dt);
-          d.dv = Gpu(Rand({n, H, V}, 7, 8), dt);
-          d.di = Gpu(Rand({n, H}, 7, 8), DType::kF32), d.df = Gpu(Rand({n, H}, 7, 8), DType::kF32);
-          d.d_c0 = Gpu(Rand({S, H, K, V}, 7, 8), DType::kF32),
-          d.d_n0 = Gpu(Rand({S, H, K}, 7, 8), DType::kF32);
-          ASSERT_TRUE(cpu_->MlstmBackward(batch_, c).ok());
-          const absl::Status st = gpu_->MlstmBackward(batch_, d);
-          ASSERT_TRUE(st.ok()) << what << ": " << st;
-          ASSERT_TRUE(gpu_->Synchronize().ok()) << what;
-          const double gtol = dt == DType::kF32 ? 1e-3 : 5e-2;
-          Expect(d.dq, c.dq, gtol, what + " dq");
-          Expect(d.dk, c.dk, gtol, what + " dk");
-          Expect(d.dv, c.dv, gtol, what + " dv");
-          Expect(d.di, c.di, gtol, what + " di");
-          Expect(d.df, c.df, gtol, what + " df");
-          Expect(d.d_c0, c.d_c0, gtol, what + " dc0");
-          Expect(d.d_n0, c.d_n0, gtol, what + " dn0");
+          CompareMlstmBackward(kind, dt, K, V, -1, 5, what);
         }
       }
     }
@@ -315,53 +322,10 @@ TEST_F(CudaVsCpu, MlstmBackwardLongPacked) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (MlstmKind kind : {MlstmKind::kExp, MlstmKind::kSig, MlstmKind::kSigNorm}) {
       MakeBatch({3000, 65, 1, 0, 517});
-      const int64_t n = offsets_.back();
-      const int H = 2, K = 64, V = 64, S = batch_.num_seqs;
       const std::string what = "long mlstm backward kind " +
                                std::to_string(static_cast<int>(kind)) + " " +
                                std::string(DTypeName(dt));
-      const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1),
-                   v = Rand({n, H, V}, -1, 1);
-      const Tensor ig = Rand({n, H}, -3, 3), fg = Rand({n, H}, 0, 6);
-      const Tensor c0 = Rand({S + 1, H, K, V}, -1, 1), n0 = Rand({S + 1, H, K}, -1, 1);
-      const Tensor m0 = Rand({S + 1, H}, -1, 1), d_h = Rand({n, H, V}, -1, 1);
-      const Tensor d_ct = Rand({S, H, K, V}, -1, 1), d_nt = Rand({S, H, K}, -1, 1);
-      MlstmBackwardArgs c, d;
-      for (MlstmBackwardArgs* b : {&c, &d}) {
-        b->fwd.kind = kind, b->fwd.heads = H, b->fwd.key_dim = K, b->fwd.value_dim = V;
-      }
-      c.fwd.q = Cpu(q, dt), c.fwd.k = Cpu(k, dt), c.fwd.v = Cpu(v, dt);
-      c.fwd.i = ig.Clone(), c.fwd.f = fg.Clone();
-      d.fwd.q = Gpu(q, dt), d.fwd.k = Gpu(k, dt), d.fwd.v = Gpu(v, dt);
-      d.fwd.i = Gpu(ig, DType::kF32), d.fwd.f = Gpu(fg, DType::kF32);
-      c.fwd.state_c = c0.Clone(), c.fwd.state_n = n0.Clone(), c.fwd.state_m = m0.Clone();
-      d.fwd.state_c = Gpu(c0, DType::kF32), d.fwd.state_n = Gpu(n0, DType::kF32);
-      d.fwd.state_m = Gpu(m0, DType::kF32);
-      c.d_h = Cpu(d_h, dt), d.d_h = Gpu(d_h, dt);
-      c.d_ct = d_ct.Clone(), c.d_nt = d_nt.Clone();
-      d.d_ct = Gpu(d_ct, DType::kF32), d.d_nt = Gpu(d_nt, DType::kF32);
-      c.dq = Tensor::Zeros(DType::kF32, {n, H, K}), c.dk = Tensor::Zeros(DType::kF32, {n, H, K});
-      c.dv = Tensor::Zeros(DType::kF32, {n, H, V});
-      c.di = Tensor::Zeros(DType::kF32, {n, H}), c.df = Tensor::Zeros(DType::kF32, {n, H});
-      c.d_c0 = Tensor::Zeros(DType::kF32, {S, H, K, V}),
-      c.d_n0 = Tensor::Zeros(DType::kF32, {S, H, K});
-      d.dq = Gpu(Rand({n, H, K}, 7, 8), dt), d.dk = Gpu(Rand({n, H, K}, 7, 8), dt);
-      d.dv = Gpu(Rand({n, H, V}, 7, 8), dt);
-      d.di = Gpu(Rand({n, H}, 7, 8), DType::kF32), d.df = Gpu(Rand({n, H}, 7, 8), DType::kF32);
-      d.d_c0 = Gpu(Rand({S, H, K, V}, 7, 8), DType::kF32),
-      d.d_n0 = Gpu(Rand({S, H, K}, 7, 8), DType::kF32);
-      ASSERT_TRUE(cpu_->MlstmBackward(batch_, c).ok());
-      const absl::Status st = gpu_->MlstmBackward(batch_, d);
-      ASSERT_TRUE(st.ok()) << what << ": " << st;
-      ASSERT_TRUE(gpu_->Synchronize().ok()) << what;
-      const double gtol = dt == DType::kF32 ? 1e-3 : 5e-2;
-      Expect(d.dq, c.dq, gtol, what + " dq");
-      Expect(d.dk, c.dk, gtol, what + " dk");
-      Expect(d.dv, c.dv, gtol, what + " dv");
-      Expect(d.di, c.di, gtol, what + " di");
-      Expect(d.df, c.df, gtol, what + " df");
-      Expect(d.d_c0, c.d_c0, gtol, what + " dc0");
-      Expect(d.d_n0, c.d_n0, gtol, what + " dn0");
+      CompareMlstmBackward(kind, dt, 64, 64, 0, 6, what);
     }
   }
 }
