@@ -1,10 +1,11 @@
-// The host defaults of Backend's step methods and ParseGemmMode.
+// The host defaults of Backend's step methods, LinearGroup and ParseGemmMode.
 #include "kernels/backend.h"
 
 #include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/dense_checks.h"
 
 namespace lair::kernels {
 
@@ -42,6 +43,12 @@ absl::Status Backend::ArgmaxRows(const Tensor& logits, const Tensor& ids) {
     const float* row = logits.f32() + r * vocab;
     ids.data<int32_t>()[r] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
   }
+  return absl::OkStatus();
+}
+
+absl::Status Backend::LinearGroup(const LinearGroupArgs& args) {
+  LAIR_ASSIGN_OR_RETURN(std::vector<GemmArgs> products, LinearGroupProducts(args));
+  for (const GemmArgs& product : products) LAIR_RETURN_IF_ERROR(Gemm(product));
   return absl::OkStatus();
 }
 

@@ -42,6 +42,17 @@ struct GemmArgs {
   Tensor bias;  // [N] F32 or undefined
 };
 
+// Linear layers that read the same input: outs[i] = x · weights[i]ᵀ (+
+// biases[i]), each exactly GemmArgs{x, weights[i], outs[i]} (trans_b). One op
+// so that a backend may read x once and stream every weight in one launch
+// (a decode step's q/k/v/gate projections, an MLP's gate and up).
+struct LinearGroupArgs {
+  Tensor x;                         // [M,K] F32
+  std::span<const Tensor> weights;  // each [N_i,K] (dtypes as GemmArgs::b)
+  std::span<const Tensor> biases;   // empty, or one per weight: [N_i] F32 or undefined
+  std::span<const Tensor> outs;     // written, each [M,N_i] F32
+};
+
 // Row gather: out[i,:] = table[ids[i],:]. Also gathers rows of any [R,D]
 // activation (e.g. the last token of each sequence).
 struct EmbeddingArgs {
@@ -71,16 +82,20 @@ enum class NormGate {
 // Normalization over groups of `group_size` consecutive elements of each row
 // (group_size 0 means the whole row). `weight` spans the whole row, so a
 // per-head norm whose weight is shared by every head is run on x viewed as
-// [rows·heads, head_dim].
+// [rows·heads, head_dim]. With `residual` (ungated forward only) the op
+// normalizes u = x + residual and writes u to `sum`: a residual add and the
+// next sublayer's norm in one pass.
 struct NormArgs {
   NormKind kind = NormKind::kRms;
   NormGate gate_mode = NormGate::kNone;
   float eps = 1e-6f;
   int group_size = 0;
-  Tensor x;       // [R,C] F32
-  Tensor weight;  // [C] F32 or undefined (no affine weight)
-  Tensor gate;    // [R,C] F32 when gate_mode != kNone
-  Tensor y;       // written [R,C] F32
+  Tensor x;         // [R,C] F32
+  Tensor weight;    // [C] F32 or undefined (no affine weight)
+  Tensor gate;      // [R,C] F32 when gate_mode != kNone
+  Tensor y;         // written [R,C] F32
+  Tensor residual;  // [R,C] F32 or undefined
+  Tensor sum;       // written [R,C] F32 (x + residual) when residual is defined
 };
 
 struct NormBackwardArgs {
@@ -122,7 +137,13 @@ struct UnaryBackwardArgs {
   Tensor dx;  // written, shape of fwd.x
 };
 
-enum class BinaryOp { kAdd, kSub, kMul, kDiv };
+enum class BinaryOp {
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kSiluMul,  // silu(a) · b: SwiGLU's gate times its up projection
+};
 
 // y = a ∘ b with broadcasting: a and b have y's rank, and each of their
 // dimensions equals y's or is 1. y may alias a or b when shapes are equal.

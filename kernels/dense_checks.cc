@@ -207,6 +207,29 @@ absl::StatusOr<GemmDims> CheckGemmArgs(const GemmArgs& args, Device device,
   return dims;
 }
 
+absl::StatusOr<std::vector<GemmArgs>> LinearGroupProducts(const LinearGroupArgs& args) {
+  constexpr std::string_view kOp = "LinearGroup";
+  if (args.weights.empty()) return InvalidDenseArg(kOp, "weights", "empty group");
+  if (args.outs.size() != args.weights.size()) {
+    return InvalidDenseArg(
+        kOp, "outs", absl::StrCat(args.outs.size(), " for ", args.weights.size(), " weights"));
+  }
+  if (!args.biases.empty() && args.biases.size() != args.weights.size()) {
+    return InvalidDenseArg(
+        kOp, "biases", absl::StrCat(args.biases.size(), " for ", args.weights.size(), " weights"));
+  }
+  std::vector<GemmArgs> products;
+  for (size_t i = 0; i < args.weights.size(); ++i) {
+    GemmArgs product;
+    product.a = args.x;
+    product.b = args.weights[i];
+    product.c = args.outs[i];
+    if (!args.biases.empty()) product.bias = args.biases[i];
+    products.push_back(std::move(product));
+  }
+  return products;
+}
+
 absl::Status CheckEmbeddingArgs(const EmbeddingArgs& args, Device device) {
   constexpr std::string_view kOp = "Embedding";
   LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "table", args.table, device, DType::kF32, 2));
@@ -228,6 +251,15 @@ absl::StatusOr<int64_t> CheckNormArgs(const NormArgs& args, Device device) {
   LAIR_ASSIGN_OR_RETURN(int64_t group, CheckNormInputs(kOp, args, device));
   LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y, device, DType::kF32, 2));
   LAIR_RETURN_IF_ERROR(CheckShape(kOp, "y", args.y, args.x.shape()));
+  if (args.residual.defined()) {
+    if (args.gate_mode != NormGate::kNone) {
+      return InvalidDenseArg(kOp, "residual", "only an ungated norm adds a residual");
+    }
+    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "residual", args.residual, device, DType::kF32, 2));
+    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "residual", args.residual, args.x.shape()));
+    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "sum", args.sum, device, DType::kF32, 2));
+    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "sum", args.sum, args.x.shape()));
+  }
   return group;
 }
 
@@ -235,6 +267,9 @@ absl::StatusOr<int64_t> CheckNormBackwardArgs(const NormBackwardArgs& args, Devi
   constexpr std::string_view kOp = "NormBackward";
   const NormArgs& fwd = args.fwd;
   LAIR_ASSIGN_OR_RETURN(int64_t group, CheckNormInputs(kOp, fwd, device));
+  if (fwd.residual.defined()) {
+    return InvalidDenseArg(kOp, "fwd.residual", "a residual norm has no backward (add, then norm)");
+  }
   LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_y", args.d_y, device, DType::kF32, 2));
   LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_y", args.d_y, fwd.x.shape()));
   LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dx", args.dx, device, DType::kF32, 2));

@@ -36,6 +36,11 @@ struct GemmDims {
 absl::StatusOr<GemmDims> CheckGemmArgs(const GemmArgs& args, Device device,
                                        std::span<const DType> weight_dtypes);
 
+// The group as one GemmArgs per weight, after checking that the spans agree
+// in length and that the group is not empty (each product's own fields are
+// checked by the Gemm that runs it, or by CheckGemmArgs).
+absl::StatusOr<std::vector<GemmArgs>> LinearGroupProducts(const LinearGroupArgs& args);
+
 absl::Status CheckEmbeddingArgs(const EmbeddingArgs& args, Device device);
 absl::Status CheckEmbeddingBackwardArgs(const EmbeddingBackwardArgs& args, Device device);
 

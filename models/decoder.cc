@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -220,21 +221,27 @@ absl::StatusOr<Var> Decoder::Run(Graph& g, StepContext ctx, const Tensor& tokens
     LAIR_ASSIGN_OR_RETURN(extras, spec_.layer_extras(g));
   }
   LAIR_ASSIGN_OR_RETURN(Var x, g.Embedding(spec_.embedding, tokens));
+  // x is the residual stream, h the normed input of the next sublayer; each
+  // sublayer's output joins x in the pass that norms it for the next one.
+  LAIR_ASSIGN_OR_RETURN(Var h, g.Norm(x, spec_.layers.front().mixer_norm, NormKind::kRms, eps));
   for (size_t i = 0; i < spec_.layers.size(); ++i) {
     const LayerSpec& layer = spec_.layers[i];
     ctx.state_base = state_base_[i];
     ctx.layer_extra = extras.empty() ? Var{} : extras[i];
-    LAIR_ASSIGN_OR_RETURN(Var h, g.Norm(x, layer.mixer_norm, NormKind::kRms, eps));
-    LAIR_ASSIGN_OR_RETURN(Var mixed, layer.mixer->Forward(g, h, ctx));
-    LAIR_ASSIGN_OR_RETURN(x, g.Add(x, mixed));
-    if (layer.mlp_norm < 0) continue;
-    LAIR_ASSIGN_OR_RETURN(h, g.Norm(x, layer.mlp_norm, NormKind::kRms, eps));
-    LAIR_ASSIGN_OR_RETURN(Var gate, g.Linear(h, layer.mlp_gate));
-    LAIR_ASSIGN_OR_RETURN(gate, g.Unary(UnaryOp::kSilu, gate));
-    LAIR_ASSIGN_OR_RETURN(Var up, g.Linear(h, layer.mlp_up));
-    LAIR_ASSIGN_OR_RETURN(Var act, g.Mul(gate, up));
-    LAIR_ASSIGN_OR_RETURN(Var down, g.Linear(act, layer.mlp_down));
-    LAIR_ASSIGN_OR_RETURN(x, g.Add(x, down));
+    LAIR_ASSIGN_OR_RETURN(Var branch, layer.mixer->Forward(g, h, ctx));
+    if (layer.mlp_norm >= 0) {
+      LAIR_ASSIGN_OR_RETURN(auto joined, g.AddNorm(x, branch, layer.mlp_norm, NormKind::kRms, eps));
+      std::tie(x, h) = std::move(joined);
+      LAIR_ASSIGN_OR_RETURN(Var act, g.SwiGlu(h, layer.mlp_gate, layer.mlp_up));
+      LAIR_ASSIGN_OR_RETURN(branch, g.Linear(act, layer.mlp_down));
+    }
+    if (i + 1 < spec_.layers.size()) {
+      LAIR_ASSIGN_OR_RETURN(
+          auto joined, g.AddNorm(x, branch, spec_.layers[i + 1].mixer_norm, NormKind::kRms, eps));
+      std::tie(x, h) = std::move(joined);
+    } else {
+      LAIR_ASSIGN_OR_RETURN(x, g.Add(x, branch));
+    }
   }
   if (last_rows.defined()) {
     LAIR_ASSIGN_OR_RETURN(x, g.GatherRows(x, last_rows));

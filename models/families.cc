@@ -106,15 +106,14 @@ void ProjectionTriple::DeclareState(const std::string& prefix, StateLayout* layo
   for (int i = 0; i < 3; ++i) conv[i].DeclareState(absl::StrCat(prefix, "conv", i), layout);
 }
 
-absl::StatusOr<std::array<Var, 3>> ProjectionTriple::Forward(Graph& g, const Var& x,
-                                                             const StepContext& ctx,
-                                                             int first_state) const {
-  std::array<Var, 3> out;
-  for (int i = 0; i < 3; ++i) {
-    LAIR_ASSIGN_OR_RETURN(out[i], g.Linear(x, proj[i]));
-    if (use_conv) {
-      LAIR_ASSIGN_OR_RETURN(out[i], conv[i].Forward(g, out[i], ctx, first_state + i));
-    }
+absl::StatusOr<std::vector<Var>> ProjectionTriple::Forward(
+    Graph& g, const Var& x, const StepContext& ctx, int first_state,
+    std::span<const LinearWeight> also) const {
+  std::vector<LinearWeight> weights = {{proj[0]}, {proj[1]}, {proj[2]}};
+  weights.insert(weights.end(), also.begin(), also.end());
+  LAIR_ASSIGN_OR_RETURN(std::vector<Var> out, g.Linears(x, weights));
+  for (int i = 0; use_conv && i < 3; ++i) {
+    LAIR_ASSIGN_OR_RETURN(out[i], conv[i].Forward(g, out[i], ctx, first_state + i));
   }
   return out;
 }
@@ -136,12 +135,12 @@ absl::StatusOr<HeadOutputGate> HeadOutputGate::Declare(Params& params, const std
   return out;
 }
 
-absl::StatusOr<Var> HeadOutputGate::Forward(Graph& g, const Var& x, const Var& o) const {
+absl::StatusOr<Var> HeadOutputGate::Forward(Graph& g, const Var& gate_proj, const Var& o) const {
   Var normed;
   if (gate >= 0) {
-    LAIR_ASSIGN_OR_RETURN(Var r, g.Linear(x, gate));
-    LAIR_ASSIGN_OR_RETURN(normed, g.Norm(o, norm, kernels::NormKind::kRms, eps, 0,
-                                         kernels::NormGate::kAfter, g.Reshape(r, o.shape())));
+    LAIR_ASSIGN_OR_RETURN(
+        normed, g.Norm(o, norm, kernels::NormKind::kRms, eps, 0, kernels::NormGate::kAfter,
+                       g.Reshape(gate_proj, o.shape())));
   } else {
     LAIR_ASSIGN_OR_RETURN(normed, g.Norm(o, norm, kernels::NormKind::kRms, eps));
   }

@@ -10,7 +10,9 @@
 #include <array>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "models/config.h"
 #include "models/decoder.h"
@@ -81,8 +83,11 @@ struct ProjectionTriple {
   }
   // Appends the conv windows (none without convolutions).
   void DeclareState(const std::string& prefix, StateLayout* layout) const;
-  absl::StatusOr<std::array<Var, 3>> Forward(Graph& g, const Var& x, const StepContext& ctx,
-                                             int first_state) const;
+  // The three projections of x (each convolved when use_conv), followed by
+  // the projections `also` of x (not convolved), all from one Graph::Linears.
+  absl::StatusOr<std::vector<Var>> Forward(Graph& g, const Var& x, const StepContext& ctx,
+                                           int first_state,
+                                           std::span<const LinearWeight> also = {}) const;
 };
 
 // fla's per-head output stage of GLA and RetNet: RMSNorm over each head's
@@ -107,8 +112,13 @@ struct HeadOutputGate {
                    config.use_output_gate, config.fuse_norm, config.elementwise_affine,
                    config.base.norm_eps);
   }
-  // x: the layer input [N, hidden]; o: [N, H, head_v_dim]. Returns [N, H·head_v_dim].
-  absl::StatusOr<Var> Forward(Graph& g, const Var& x, const Var& o) const;
+  // The projections of the layer input Forward needs: g_proj, when gated.
+  std::vector<LinearWeight> Projections() const {
+    return gate >= 0 ? std::vector<LinearWeight>{{gate}} : std::vector<LinearWeight>{};
+  }
+  // gate_proj: g_proj(x) [N, H·head_v_dim] when gated (else unused); o:
+  // [N, H, head_v_dim]. Returns [N, H·head_v_dim].
+  absl::StatusOr<Var> Forward(Graph& g, const Var& gate_proj, const Var& o) const;
 };
 
 // An activation by its fla/transformers ACT2FN name (relu, sigmoid,

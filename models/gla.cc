@@ -32,9 +32,11 @@ class GlaMixer : public Mixer {
 
   absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const override {
     const int groups = config_.num_heads / config_.num_kv_heads;
-    LAIR_ASSIGN_OR_RETURN(auto qkv, qkv_.Forward(g, x, ctx, 1));
-    LAIR_ASSIGN_OR_RETURN(Var gk, g.Linear(x, gk0_));
-    LAIR_ASSIGN_OR_RETURN(gk, g.Linear(gk, gk1_, gk1_bias_));
+    // q, k, v, the gate's low-rank input and g_proj all read x: one group.
+    std::vector<LinearWeight> also = {{gk0_}};
+    for (const LinearWeight& w : output_.Projections()) also.push_back(w);
+    LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv, qkv_.Forward(g, x, ctx, 1, also));
+    LAIR_ASSIGN_OR_RETURN(Var gk, g.Linear(qkv[3], gk1_, gk1_bias_));
     DecayInputs in;
     in.kind = kernels::DecayKind::kVector;
     in.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_k_dim));
@@ -51,7 +53,7 @@ class GlaMixer : public Mixer {
       LAIR_ASSIGN_OR_RETURN(in.k, Activation(g, config_.feature_map, in.k));
     }
     LAIR_ASSIGN_OR_RETURN(Var o, g.Decay(ctx.batch, in, ctx.State(0), ctx.form));
-    LAIR_ASSIGN_OR_RETURN(o, output_.Forward(g, x, o));
+    LAIR_ASSIGN_OR_RETURN(o, output_.Forward(g, qkv.size() > 4 ? qkv[4] : Var{}, o));
     return g.Linear(o, o_);
   }
 

@@ -103,35 +103,55 @@ absl::Status Graph::Backward() {
   Tensor var = grads_[id].Reshape(shape)
 
 absl::StatusOr<Var> Graph::Linear(const Var& x, int weight_id, int bias_id) {
-  Var w = Param(weight_id);
-  Var b = bias_id >= 0 ? Param(bias_id) : Var{};
-  Tensor x2 = As2d(x.t);
-  LAIR_ASSIGN_OR_RETURN(Tensor y, New({x2.dim(0), w.dim(0)}));
-  LAIR_RETURN_IF_ERROR(backend_->Gemm(GemmOf(x2, w.t, y, false, true, 1.0f, 0.0f, b.t)));
-  Var out{y.Reshape(WithLast(x.shape(), w.dim(0))), NewGrad({&x, &w, &b})};
-  if (out.grad >= 0) {
-    Record([this, x, x2, w, b, y_shape = y.shape(), id = out.grad]() -> absl::Status {
-      LAIR_GRAD_OR_SKIP(dy, id, y_shape);
-      if (x.grad >= 0) {
-        LAIR_ASSIGN_OR_RETURN(Tensor dx, New(x2.shape()));
-        LAIR_RETURN_IF_ERROR(backend_->Gemm(GemmOf(dy, w.t, dx, false, false)));
-        LAIR_RETURN_IF_ERROR(Accumulate(x.grad, dx, true));
-      }
-      if (w.grad >= 0) {
-        if (!grads_[w.grad].defined()) {
-          LAIR_ASSIGN_OR_RETURN(grads_[w.grad], New(w.shape()));
-        }
-        LAIR_RETURN_IF_ERROR(
-            backend_->Gemm(GemmOf(dy, x2, grads_[w.grad], true, false, 1.0f, 1.0f)));
-      }
-      if (b.grad >= 0) {
-        LAIR_ASSIGN_OR_RETURN(Tensor db, ReduceTo(dy, {1, b.dim(0)}));
-        LAIR_RETURN_IF_ERROR(Accumulate(b.grad, db.Reshape(b.shape()), true));
-      }
-      return absl::OkStatus();
-    });
+  const LinearWeight weight{weight_id, bias_id};
+  LAIR_ASSIGN_OR_RETURN(std::vector<Var> out, Linears(x, {&weight, 1}));
+  return std::move(out.front());
+}
+
+absl::StatusOr<std::vector<Var>> Graph::Linears(const Var& x,
+                                                std::span<const LinearWeight> weights) {
+  const Tensor x2 = As2d(x.t);
+  std::vector<Var> w, b;
+  std::vector<Tensor> w_t, b_t, y_t;
+  for (const LinearWeight& weight : weights) {
+    w.push_back(Param(weight.weight));
+    b.push_back(weight.bias >= 0 ? Param(weight.bias) : Var{});
+    w_t.push_back(w.back().t);
+    b_t.push_back(b.back().t);
+    LAIR_ASSIGN_OR_RETURN(Tensor y, New({x2.dim(0), w.back().dim(0)}));
+    y_t.push_back(std::move(y));
+  }
+  LAIR_RETURN_IF_ERROR(backend_->LinearGroup({x2, w_t, b_t, y_t}));
+  std::vector<Var> out;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    out.push_back(
+        Var{y_t[i].Reshape(WithLast(x.shape(), w[i].dim(0))), NewGrad({&x, &w[i], &b[i]})});
+    if (out.back().grad >= 0) RecordLinearBackward(x, x2, w[i], b[i], out.back());
   }
   return out;
+}
+
+void Graph::RecordLinearBackward(const Var& x, const Tensor& x2, const Var& w, const Var& b,
+                                 const Var& y) {
+  Record([this, x, x2, w, b, y_shape = Shape{x2.dim(0), w.dim(0)}, id = y.grad]() -> absl::Status {
+    LAIR_GRAD_OR_SKIP(dy, id, y_shape);
+    if (x.grad >= 0) {
+      LAIR_ASSIGN_OR_RETURN(Tensor dx, New(x2.shape()));
+      LAIR_RETURN_IF_ERROR(backend_->Gemm(GemmOf(dy, w.t, dx, false, false)));
+      LAIR_RETURN_IF_ERROR(Accumulate(x.grad, dx, true));
+    }
+    if (w.grad >= 0) {
+      if (!grads_[w.grad].defined()) {
+        LAIR_ASSIGN_OR_RETURN(grads_[w.grad], New(w.shape()));
+      }
+      LAIR_RETURN_IF_ERROR(backend_->Gemm(GemmOf(dy, x2, grads_[w.grad], true, false, 1.0f, 1.0f)));
+    }
+    if (b.grad >= 0) {
+      LAIR_ASSIGN_OR_RETURN(Tensor db, ReduceTo(dy, {1, b.dim(0)}));
+      LAIR_RETURN_IF_ERROR(Accumulate(b.grad, db.Reshape(b.shape()), true));
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<Var> Graph::MatMul(const Var& a, const Var& b, bool trans_a, bool trans_b) {
@@ -194,6 +214,35 @@ absl::StatusOr<Var> Graph::GatherRows(const Var& x, const Tensor& ids) {
   LAIR_ASSIGN_OR_RETURN(Tensor y, New({ids.numel(), x2.dim(1)}));
   LAIR_RETURN_IF_ERROR(backend_->Embedding({x2, ids, y}));
   return Var{y, -1};
+}
+
+absl::StatusOr<Var> Graph::SwiGlu(const Var& x, int gate_id, int up_id) {
+  const LinearWeight gate_up[] = {{gate_id}, {up_id}};
+  LAIR_ASSIGN_OR_RETURN(std::vector<Var> proj, Linears(x, gate_up));
+  return Binary(BinaryOp::kSiluMul, proj[0], proj[1]);
+}
+
+absl::StatusOr<std::pair<Var, Var>> Graph::AddNorm(const Var& x, const Var& r, int weight_id,
+                                                   kernels::NormKind kind, float eps) {
+  if (record_) {
+    LAIR_ASSIGN_OR_RETURN(Var sum, Add(x, r));
+    LAIR_ASSIGN_OR_RETURN(Var normed, Norm(sum, weight_id, kind, eps));
+    return std::pair{std::move(sum), std::move(normed)};
+  }
+  if (x.shape() != r.shape()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AddNorm: operands differ in shape: ", x.t.DebugString(), ", ", r.t.DebugString()));
+  }
+  kernels::NormArgs args;
+  args.kind = kind;
+  args.eps = eps;
+  args.x = As2d(x.t);
+  args.residual = As2d(r.t);
+  args.weight = weight_id >= 0 ? Param(weight_id).t : Tensor();
+  LAIR_ASSIGN_OR_RETURN(args.y, New(args.x.shape()));
+  LAIR_ASSIGN_OR_RETURN(args.sum, New(args.x.shape()));
+  LAIR_RETURN_IF_ERROR(backend_->Norm(args));
+  return std::pair{Var{args.sum.Reshape(x.shape())}, Var{args.y.Reshape(x.shape())}};
 }
 
 absl::StatusOr<Var> Graph::Norm(const Var& x, int weight_id, kernels::NormKind kind, float eps,
@@ -272,6 +321,10 @@ absl::StatusOr<Var> Graph::Binary(BinaryOp op, const Var& a, const Var& b) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Binary: operands of different rank: ", a.t.DebugString(), ", ", b.t.DebugString()));
   }
+  if (op == BinaryOp::kSiluMul && a.shape() != b.shape()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Binary: silu-mul operands differ in shape: ", a.t.DebugString(), ", ", b.t.DebugString()));
+  }
   Shape shape = a.shape();
   for (size_t d = 0; d < shape.size(); ++d) shape[d] = std::max(shape[d], b.shape()[d]);
   LAIR_ASSIGN_OR_RETURN(Tensor y, New(shape));
@@ -285,7 +338,20 @@ absl::StatusOr<Var> Graph::Binary(BinaryOp op, const Var& a, const Var& b) {
         if (operand.grad < 0) return absl::OkStatus();
         Tensor g = dy;
         bool fresh = false;
-        if (op == BinaryOp::kMul || op == BinaryOp::kDiv) {
+        if (op == BinaryOp::kSiluMul) {
+          // y = silu(a)·b: dy·b·silu'(a) for a, dy·silu(a) for b.
+          LAIR_ASSIGN_OR_RETURN(g, New(y.shape()));
+          fresh = true;
+          if (is_a) {
+            LAIR_ASSIGN_OR_RETURN(Tensor dy_b, New(y.shape()));
+            LAIR_RETURN_IF_ERROR(backend_->Binary({BinaryOp::kMul, dy, b.t, dy_b}));
+            LAIR_RETURN_IF_ERROR(backend_->UnaryBackward(
+                {kernels::UnaryArgs{UnaryOp::kSilu, 1.0f, 0.0f, 1.0f, a.t, Tensor()}, dy_b, g}));
+          } else {
+            LAIR_RETURN_IF_ERROR(backend_->Unary({UnaryOp::kSilu, 1.0f, 0.0f, 1.0f, a.t, g}));
+            LAIR_RETURN_IF_ERROR(backend_->Binary({BinaryOp::kMul, g, dy, g}));
+          }
+        } else if (op == BinaryOp::kMul || op == BinaryOp::kDiv) {
           LAIR_ASSIGN_OR_RETURN(g, New(y.shape()));
           fresh = true;
           if (op == BinaryOp::kMul) {

@@ -21,6 +21,7 @@
 
 #include <functional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -38,6 +39,12 @@ struct Var {
 };
 
 // The tensor inputs of a decay mixer (kernels::DecayForwardArgs with Vars).
+// A linear layer's parameters: weight [out, in] and bias [out] (-1: none).
+struct LinearWeight {
+  int weight = -1;
+  int bias = -1;
+};
+
 struct DecayInputs {
   kernels::DecayKind kind = kernels::DecayKind::kNone;
   float scale = 1.0f;
@@ -78,6 +85,9 @@ class Graph {
   // --- Operations (shapes as in kernels/dense.h) ---------------------------
   // x [..., in] · weight[out, in]ᵀ (+ bias[out]) → [..., out]. bias_id < 0: none.
   absl::StatusOr<Var> Linear(const Var& x, int weight_id, int bias_id = -1);
+  // Several linear layers of the same input, as one backend LinearGroup
+  // (one launch where the backend can); one value per weight, in order.
+  absl::StatusOr<std::vector<Var>> Linears(const Var& x, std::span<const LinearWeight> weights);
   // op(a) · op(b) for rank-2 values.
   absl::StatusOr<Var> MatMul(const Var& a, const Var& b, bool trans_a, bool trans_b);
   // Rows of `table` (a parameter) picked by `ids` [N] I32 → [N, D].
@@ -90,6 +100,13 @@ class Graph {
                            int group_size = 0,
                            kernels::NormGate gate_mode = kernels::NormGate::kNone,
                            const Var& gate = {});
+  // silu(x · W_gateᵀ) ∘ (x · W_upᵀ): a gated MLP's input products (one
+  // linear group) and their SwiGLU (one elementwise pass).
+  absl::StatusOr<Var> SwiGlu(const Var& x, int gate_id, int up_id);
+  // {x + r, Norm(x + r)} (ungated, whole rows): a residual add and the next
+  // sublayer's norm, one backend pass when not recording.
+  absl::StatusOr<std::pair<Var, Var>> AddNorm(const Var& x, const Var& r, int weight_id,
+                                              kernels::NormKind kind, float eps);
   // alpha · f(in_scale · x) + beta.
   absl::StatusOr<Var> Unary(kernels::UnaryOp op, const Var& x, float alpha = 1.0f,
                             float beta = 0.0f, float in_scale = 1.0f);
@@ -142,6 +159,9 @@ class Graph {
   absl::Status Accumulate(int id, const Tensor& grad, bool owned);
   // The broadcast-reduced gradient of a value of shape `shape` from `grad`.
   absl::StatusOr<Tensor> ReduceTo(const Tensor& grad, const Shape& shape);
+  // The tape entry of y = x2 · wᵀ (+ b), x2 being x as [rows, in].
+  void RecordLinearBackward(const Var& x, const Tensor& x2, const Var& w, const Var& b,
+                            const Var& y);
   void Record(std::function<absl::Status()> backward) { tape_.push_back(std::move(backward)); }
 
   kernels::Backend* backend_;

@@ -25,7 +25,8 @@ class GsaMixer : public Mixer {
 
   absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const override {
     const int groups = config_.num_heads / config_.num_kv_heads;
-    LAIR_ASSIGN_OR_RETURN(auto qkv, qkv_.Forward(g, x, ctx, 2));
+    const LinearWeight forget[] = {{f_}};
+    LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv, qkv_.Forward(g, x, ctx, 2, forget));
     GsaInputs in;
     in.scale = static_cast<float>(config_.scale);
     LAIR_ASSIGN_OR_RETURN(
@@ -34,9 +35,8 @@ class GsaMixer : public Mixer {
         Var k, Activation(g, config_.feature_map, SplitHeads(g, qkv[1], config_.num_kv_heads)));
     LAIR_ASSIGN_OR_RETURN(Var v,
                           g.Unary(UnaryOp::kSilu, SplitHeads(g, qkv[2], config_.num_kv_heads)));
-    LAIR_ASSIGN_OR_RETURN(Var f, g.Linear(x, f_));
     LAIR_ASSIGN_OR_RETURN(Var gate,
-                          g.Unary(UnaryOp::kLogSigmoid, SplitHeads(g, f, config_.num_kv_heads),
+                          g.Unary(UnaryOp::kLogSigmoid, SplitHeads(g, qkv[3], config_.num_kv_heads),
                                   1.0f / config_.gate_logit_normalizer));
     LAIR_ASSIGN_OR_RETURN(Var s, g.Unary(UnaryOp::kExp, gate, -1.0f, 1.0f));
     LAIR_ASSIGN_OR_RETURN(in.k, RepeatKvHeads(g, k, groups));

@@ -59,9 +59,9 @@ class LinearAttnMixer : public Mixer {
   absl::StatusOr<Var> FeatureMap(Graph& g, const Hadamard& map, const Var& x) const {
     const std::string& kind = config_.feature_map;
     if (kind == "elementwise_product") {
-      LAIR_ASSIGN_OR_RETURN(Var a, g.Linear(x, map.w1, map.b1));
-      LAIR_ASSIGN_OR_RETURN(Var b, g.Linear(x, map.w2, map.b2));
-      return g.Mul(a, b);
+      const LinearWeight both[] = {{map.w1, map.b1}, {map.w2, map.b2}};
+      LAIR_ASSIGN_OR_RETURN(std::vector<Var> ab, g.Linears(x, both));
+      return g.Mul(ab[0], ab[1]);
     }
     if (kind == "elu") return g.Unary(UnaryOp::kEluPlusOne, x);
     if (kind == "relu") return g.Unary(UnaryOp::kRelu, x);

@@ -21,14 +21,13 @@ class LlamaAttention : public Mixer {
 
   absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const override {
     const float theta = static_cast<float>(config_.rope_theta);
-    LAIR_ASSIGN_OR_RETURN(Var q, g.Linear(x, q_));
-    LAIR_ASSIGN_OR_RETURN(Var k, g.Linear(x, k_));
-    LAIR_ASSIGN_OR_RETURN(Var v, g.Linear(x, v_));
-    LAIR_ASSIGN_OR_RETURN(
-        q, g.Rotary(SplitHeads(g, q, config_.num_heads), ctx.positions, config_.head_dim, theta));
-    LAIR_ASSIGN_OR_RETURN(k, g.Rotary(SplitHeads(g, k, config_.num_kv_heads), ctx.positions,
-                                      config_.head_dim, theta));
-    v = SplitHeads(g, v, config_.num_kv_heads);
+    const LinearWeight projections[] = {{q_}, {k_}, {v_}};
+    LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv, g.Linears(x, projections));
+    LAIR_ASSIGN_OR_RETURN(Var q, g.Rotary(SplitHeads(g, qkv[0], config_.num_heads), ctx.positions,
+                                          config_.head_dim, theta));
+    LAIR_ASSIGN_OR_RETURN(Var k, g.Rotary(SplitHeads(g, qkv[1], config_.num_kv_heads),
+                                          ctx.positions, config_.head_dim, theta));
+    Var v = SplitHeads(g, qkv[2], config_.num_kv_heads);
     LAIR_ASSIGN_OR_RETURN(
         Var o,
         g.Attention(ctx.batch, q, k, v, 1.0f / std::sqrt(static_cast<float>(config_.head_dim)),

@@ -28,7 +28,7 @@ class RetentionMixer : public Mixer {
 
   absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const override {
     const int groups = config_.num_heads / config_.num_kv_heads;
-    LAIR_ASSIGN_OR_RETURN(auto qkv, qkv_.Forward(g, x, ctx, 1));
+    LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv, qkv_.Forward(g, x, ctx, 1, output_.Projections()));
     Var q = SplitHeads(g, qkv[0], config_.num_heads);
     Var k = SplitHeads(g, qkv[1], config_.num_kv_heads);
     if (!config_.feature_map.empty()) {
@@ -45,7 +45,7 @@ class RetentionMixer : public Mixer {
     LAIR_ASSIGN_OR_RETURN(in.v,
                           RepeatKvHeads(g, SplitHeads(g, qkv[2], config_.num_kv_heads), groups));
     LAIR_ASSIGN_OR_RETURN(Var o, g.Decay(ctx.batch, in, ctx.State(0), ctx.form));
-    LAIR_ASSIGN_OR_RETURN(o, output_.Forward(g, x, o));
+    LAIR_ASSIGN_OR_RETURN(o, output_.Forward(g, qkv.size() > 3 ? qkv[3] : Var{}, o));
     return g.Linear(o, o_);
   }
 

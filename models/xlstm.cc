@@ -33,24 +33,22 @@ class MlstmMixer : public Mixer {
     MlstmInputs in;
     in.kind = kernels::MlstmKind::kExp;
     in.eps = static_cast<float>(config_.eps);
-    LAIR_ASSIGN_OR_RETURN(Var q, g.Linear(x, w_.q));
-    LAIR_ASSIGN_OR_RETURN(Var k, g.Linear(x, w_.k));
-    LAIR_ASSIGN_OR_RETURN(Var v, g.Linear(x, w_.v));
-    in.q = SplitHeads(g, q, h);
-    in.k = SplitHeads(g, k, h);
-    in.v = SplitHeads(g, v, h);
-    LAIR_ASSIGN_OR_RETURN(Var i, g.Linear(x, w_.i_gate, w_.i_bias));
-    LAIR_ASSIGN_OR_RETURN(in.i, g.Unary(UnaryOp::kTanh, i, cap, 0.0f, 1.0f / cap));
-    LAIR_ASSIGN_OR_RETURN(Var f, g.Linear(x, w_.f_gate, w_.f_bias));
-    LAIR_ASSIGN_OR_RETURN(in.f, g.Unary(UnaryOp::kTanh, f, cap, 0.0f, 1.0f / cap));
+    // Every projection of x in one group: q, k, v, input, forget and output gates.
+    const LinearWeight projections[] = {
+        {w_.q}, {w_.k}, {w_.v}, {w_.i_gate, w_.i_bias}, {w_.f_gate, w_.f_bias}, {w_.o_gate}};
+    LAIR_ASSIGN_OR_RETURN(std::vector<Var> p, g.Linears(x, projections));
+    in.q = SplitHeads(g, p[0], h);
+    in.k = SplitHeads(g, p[1], h);
+    in.v = SplitHeads(g, p[2], h);
+    LAIR_ASSIGN_OR_RETURN(in.i, g.Unary(UnaryOp::kTanh, p[3], cap, 0.0f, 1.0f / cap));
+    LAIR_ASSIGN_OR_RETURN(in.f, g.Unary(UnaryOp::kTanh, p[4], cap, 0.0f, 1.0f / cap));
     LAIR_ASSIGN_OR_RETURN(
         Var cell, g.Mlstm(ctx.batch, in, ctx.State(0), ctx.State(1), ctx.State(2), ctx.form));
     cell = g.Reshape(cell, {cell.dim(0), config_.v_dim});
     LAIR_ASSIGN_OR_RETURN(Var normed,
                           g.Norm(cell, w_.norm, kernels::NormKind::kLayer,
                                  static_cast<float>(config_.base.norm_eps), config_.v_head_dim));
-    LAIR_ASSIGN_OR_RETURN(Var o, g.Linear(x, w_.o_gate));
-    LAIR_ASSIGN_OR_RETURN(o, g.Unary(UnaryOp::kSigmoid, o));
+    LAIR_ASSIGN_OR_RETURN(Var o, g.Unary(UnaryOp::kSigmoid, p[5]));
     LAIR_ASSIGN_OR_RETURN(Var gated, g.Mul(o, normed));
     return g.Linear(gated, w_.out);
   }

@@ -800,6 +800,7 @@ class CudaBackend : public Backend {
 
   // --- Dense operations: kernels/cuda/dense_ops.h on the same stream -------
   absl::Status Gemm(const GemmArgs& a) override { return dense_->Gemm(a); }
+  absl::Status LinearGroup(const LinearGroupArgs& a) override { return dense_->LinearGroup(a); }
   absl::Status Embedding(const EmbeddingArgs& a) override { return dense_->Embedding(a); }
   absl::Status EmbeddingBackward(const EmbeddingBackwardArgs& a) override {
     return dense_->EmbeddingBackward(a);

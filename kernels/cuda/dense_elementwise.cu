@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/dense_common.cuh"
 #include "kernels/cuda/dense_launch.h"
+#include "kernels/cuda/dependent_launch.cuh"
 
 namespace lair::kernels::cuda::dense {
 namespace {
@@ -95,6 +96,8 @@ __device__ __forceinline__ float ApplyBinary(BinaryOp op, float u, float v) {
       return u * v;
     case BinaryOp::kDiv:
       return u / v;
+    case BinaryOp::kSiluMul:
+      return Silu(u) * v;
   }
   return u;
 }
@@ -119,6 +122,7 @@ __device__ __forceinline__ void BroadcastOffsets(const BroadcastIndex& ix, int64
 // y = α·f(s·x) + β, kVec elements per step (same shapes when kVec == 4).
 template <int kVec>
 __global__ void __launch_bounds__(kThreads) UnaryKernel(const UnaryParams p) {
+  AllowDependents();
   for (int64_t i = GlobalThread() * kVec; i < p.count; i += GridThreads() * kVec) {
     float v[kVec];
     if constexpr (kVec == 1) {
@@ -151,6 +155,7 @@ __global__ void __launch_bounds__(kThreads) UnaryBackwardKernel(const UnaryBackw
 // y = a ∘ b.
 template <int kVec>
 __global__ void __launch_bounds__(kThreads) BinaryKernel(const BinaryParams p) {
+  AllowDependents();
   for (int64_t i = GlobalThread() * kVec; i < p.count; i += GridThreads() * kVec) {
     float a[kVec], b[kVec];
     if constexpr (kVec == 1) {

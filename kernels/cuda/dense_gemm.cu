@@ -14,12 +14,14 @@
 #include <algorithm>
 #include <array>
 #include <map>
+#include <span>
 #include <string>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/dense_common.cuh"
 #include "kernels/cuda/dense_launch.h"
+#include "kernels/cuda/dependent_launch.cuh"
 
 namespace lair::kernels::cuda::dense {
 namespace {
@@ -78,73 +80,169 @@ constexpr int kGemvUnroll = 4;
 __device__ __forceinline__ float2 Pair(const __nv_bfloat162& v) { return __bfloat1622float2(v); }
 __device__ __forceinline__ float2 Pair(const __half2& v) { return __half22float2(v); }
 
+// A GEMV launch covers up to kGemvMembers products of the same activations
+// (a LinearGroup): member i owns the output rows [first_row[i],
+// first_row[i + 1]) of the launch, in its own c. All members share k, alpha
+// and beta.
+constexpr int kGemvMembers = 8;
+
+template <typename T>
+struct GemvGroup {
+  const float* a = nullptr;  // [rows, k]
+  int64_t k = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  int count = 0;
+  int64_t first_row[kGemvMembers + 1] = {};
+  const T* w[kGemvMembers] = {};         // [n_i, k]
+  const float* bias[kGemvMembers] = {};  // [n_i] or null
+  float* c[kGemvMembers] = {};           // [rows, n_i]
+};
+
+// A lane's kGemvUnroll 16-byte loads of a weight row from vector `base` on
+// (zeros past the row's end).
+__device__ __forceinline__ void LoadWeightChunk(const uint4* row, int64_t vectors, int64_t base,
+                                                int lane, uint4 (&chunk)[kGemvUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kGemvUnroll; ++u) {
+    const int64_t v = base + u * 32 + lane;
+    chunk[u] = v < vectors ? __ldg(row + v) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// sum[r] += the chunk's weights · the matching activations of row r.
 template <typename T, int kRows>
-__global__ void __launch_bounds__(kGemvWarps * 32)
-    GemvKernel(const float* __restrict__ a, const T* __restrict__ w, int64_t n, int64_t k,
-               float alpha, float beta, const float* __restrict__ bias, float* c) {
+__device__ __forceinline__ void AccumulateChunk(const uint4 (&chunk)[kGemvUnroll], const float* a,
+                                                int64_t k, int64_t vectors, int64_t base, int lane,
+                                                float (&sum)[kRows]) {
   using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-  const int lane = threadIdx.x % 32;
-  const int64_t j = blockIdx.x * static_cast<int64_t>(kGemvWarps) + threadIdx.x / 32;
-  if (j >= n) return;
-  const uint4* row = reinterpret_cast<const uint4*>(w + j * k);  // 8 weights per uint4
-  const int64_t vectors = k / 8;
-  float sum[kRows] = {};
-  for (int64_t base = 0; base < vectors; base += 32 * kGemvUnroll) {
-    uint4 chunk[kGemvUnroll];
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) {
-      const int64_t v = base + u * 32 + lane;
-      chunk[u] = v < vectors ? __ldg(row + v) : make_uint4(0, 0, 0, 0);
-    }
+  for (int u = 0; u < kGemvUnroll; ++u) {
+    const int64_t v = base + u * 32 + lane;
+    if (v >= vectors) break;
+    const T2* pairs = reinterpret_cast<const T2*>(&chunk[u]);
+    float2 wf[4];
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) {
-      const int64_t v = base + u * 32 + lane;
-      if (v >= vectors) break;
-      const T2* pairs = reinterpret_cast<const T2*>(&chunk[u]);
-      float2 wf[4];
+    for (int p = 0; p < 4; ++p) wf[p] = Pair(pairs[p]);
 #pragma unroll
-      for (int p = 0; p < 4; ++p) wf[p] = Pair(pairs[p]);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float4* x = reinterpret_cast<const float4*>(a + r * k + v * 8);
-        const float4 x0 = __ldg(x), x1 = __ldg(x + 1);
-        sum[r] += x0.x * wf[0].x + x0.y * wf[0].y + x0.z * wf[1].x + x0.w * wf[1].y +
-                  x1.x * wf[2].x + x1.y * wf[2].y + x1.z * wf[3].x + x1.w * wf[3].y;
-      }
+    for (int r = 0; r < kRows; ++r) {
+      const float4* x = reinterpret_cast<const float4*>(a + r * k + v * 8);
+      const float4 x0 = __ldg(x), x1 = __ldg(x + 1);
+      sum[r] += x0.x * wf[0].x + x0.y * wf[0].y + x0.z * wf[1].x + x0.w * wf[1].y + x1.x * wf[2].x +
+                x1.y * wf[2].y + x1.z * wf[3].x + x1.w * wf[3].y;
     }
   }
+}
+
+template <int kRows>
+__device__ __forceinline__ void WarpSums(float (&sum)[kRows]) {
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     for (int offset = 16; offset > 0; offset /= 2)
       sum[r] += __shfl_down_sync(0xffffffffu, sum[r], offset);
   }
-  if (lane == 0) {
+}
+
+// Launched as a dependent (dependent_launch.cuh): the first weight chunk is
+// in flight before the wait for the kernel that writes the activations.
+template <typename T, int kRows>
+__global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const GemvGroup<T> g) {
+  AllowDependents();
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + threadIdx.x / 32;
+  if (row >= g.first_row[g.count]) return;
+  // The member owning `row` and the row within it. Fields are read by
+  // constant indices: a dynamic index would copy the parameters to local memory.
+  int member = 0;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      float* out = c + r * n + j;
-      *out = alpha * sum[r] + (beta == 0.0f ? 0.0f : beta * *out) + (bias ? bias[j] : 0.0f);
+  for (int i = 1; i < kGemvMembers; ++i) member += i < g.count && row >= g.first_row[i];
+  const T* w = g.w[0];
+  int64_t j = row;
+#pragma unroll
+  for (int i = 1; i < kGemvMembers; ++i) {
+    if (member == i) {
+      w = g.w[i];
+      j = row - g.first_row[i];
     }
+  }
+  const int64_t k = g.k;
+  const int64_t vectors = k / 8;
+  const uint4* weights = reinterpret_cast<const uint4*>(w + j * k);  // 8 weights per uint4
+  float sum[kRows] = {};
+  uint4 chunk[kGemvUnroll];
+  LoadWeightChunk(weights, vectors, 0, lane, chunk);
+  WaitForPrerequisites();  // a (and c when beta ≠ 0) come from earlier kernels
+  for (int64_t base = 0; base < vectors; base += 32 * kGemvUnroll) {
+    if (base > 0) LoadWeightChunk(weights, vectors, base, lane, chunk);
+    AccumulateChunk<T, kRows>(chunk, g.a, k, vectors, base, lane, sum);
+  }
+  WarpSums(sum);
+  if (lane != 0) return;
+  const float* bias = g.bias[0];
+  float* c = g.c[0];
+  int64_t n = g.first_row[1];
+#pragma unroll
+  for (int i = 1; i < kGemvMembers; ++i) {
+    if (member == i) {
+      bias = g.bias[i];
+      c = g.c[i];
+      n = g.first_row[i + 1] - g.first_row[i];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float* out = c + r * n + j;
+    *out = g.alpha * sum[r] + (g.beta == 0.0f ? 0.0f : g.beta * *out) + (bias ? bias[j] : 0.0f);
   }
 }
 
 template <typename T, int kRows>
-cudaError_t LaunchGemvRows(const GemmCall& g, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((g.n + kGemvWarps - 1) / kGemvWarps);
-  GemvKernel<T, kRows><<<blocks, kGemvWarps * 32, 0, stream>>>(g.a, static_cast<const T*>(g.b), g.n,
-                                                               g.k, g.alpha, g.beta, g.bias, g.c);
-  return cudaGetLastError();
+cudaError_t LaunchGemvRows(const GemvGroup<T>& g, cudaStream_t stream) {
+  const int64_t rows = g.first_row[g.count];
+  return LaunchDependent(GemvKernel<T, kRows>,
+                         dim3(static_cast<unsigned>((rows + kGemvWarps - 1) / kGemvWarps)),
+                         dim3(kGemvWarps * 32), stream, g);
 }
 
-// Whether the GEMV kernel takes `g`: few rows, nn.Linear layout, 16-byte
-// aligned rows of weights and activations.
+// Whether the GEMV kernel takes `g`: few rows, nn.Linear layout, 16-bit
+// weights, 16-byte aligned rows of weights and activations.
 bool GemvFits(const GemmCall& g) {
-  return g.m <= kGemvMaxRows && !g.trans_a && g.trans_b && g.k % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(g.a) % 16 == 0 && reinterpret_cast<uintptr_t>(g.b) % 16 == 0;
+  return (g.b_type == DType::kBF16 || g.b_type == DType::kF16) && g.m <= kGemvMaxRows &&
+         !g.trans_a && g.trans_b && g.k % 8 == 0 && reinterpret_cast<uintptr_t>(g.a) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(g.b) % 16 == 0;
 }
 
+// Whether one GEMV launch takes all of `calls`: each fits and is not empty,
+// and they share the activations, the weight type, k, alpha and beta.
+bool GemvGroupFits(std::span<const GemmCall> calls) {
+  if (calls.empty() || calls.size() > kGemvMembers) return false;
+  const GemmCall& first = calls.front();
+  for (const GemmCall& g : calls) {
+    if (!GemvFits(g) || g.m == 0 || g.n == 0 || g.k == 0 || g.a != first.a || g.m != first.m ||
+        g.k != first.k || g.b_type != first.b_type || g.alpha != first.alpha ||
+        g.beta != first.beta) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// `calls` as one launch (GemvGroupFits).
 template <typename T>
-cudaError_t LaunchGemv(const GemmCall& g, cudaStream_t stream) {
-  switch (g.m) {
+cudaError_t LaunchGemv(std::span<const GemmCall> calls, cudaStream_t stream) {
+  GemvGroup<T> g;
+  const GemmCall& first = calls.front();
+  g.a = first.a;
+  g.k = first.k;
+  g.alpha = first.alpha;
+  g.beta = first.beta;
+  g.count = static_cast<int>(calls.size());
+  for (int i = 0; i < g.count; ++i) {
+    g.first_row[i + 1] = g.first_row[i] + calls[i].n;
+    g.w[i] = static_cast<const T*>(calls[i].b);
+    g.bias[i] = calls[i].bias;
+    g.c[i] = calls[i].c;
+  }
+  switch (first.m) {
     case 1:
       return LaunchGemvRows<T, 1>(g, stream);
     case 2:
@@ -371,16 +469,21 @@ struct GemmRunner::Impl {
     return absl::OkStatus();
   }
 
-  // F32 activations × BF16/F16 weights on tensor cores: a rounded to b's type.
+  // F32 activations × BF16/F16 weights on tensor cores: the activations,
+  // shared by every call, rounded to b's type once.
   template <typename T>
-  absl::Status RunNarrowed(const GemmCall& g) {
-    const int64_t count = g.m * g.k;
+  absl::Status RunNarrowed(std::span<const GemmCall> calls) {
+    const GemmCall& first = calls.front();
+    const int64_t count = first.m * first.k;
     LAIR_ASSIGN_OR_RETURN(char* buffer, scratch.Get(static_cast<size_t>(count) * sizeof(T)));
     T* a = reinterpret_cast<T*>(buffer);
-    NarrowKernel<T><<<GridFor(count), kThreads, 0, stream>>>(g.a, count, a);
+    NarrowKernel<T><<<GridFor(count), kThreads, 0, stream>>>(first.a, count, a);
     LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "narrow"));
-    return Matmul(FromRowMajor(g, a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias,
-                               CudaType(g.b_type), CUBLAS_COMPUTE_32F));
+    for (const GemmCall& g : calls) {
+      LAIR_RETURN_IF_ERROR(Matmul(FromRowMajor(g, a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias,
+                                               CudaType(g.b_type), CUBLAS_COMPUTE_32F)));
+    }
+    return absl::OkStatus();
   }
 
   // F32 activations × BF16/F16 weights in fp32: b widened per column block.
@@ -413,6 +516,14 @@ struct GemmRunner::Impl {
   cudaStream_t stream;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
+  // Calls that GemvGroupFits takes, in one launch.
+  absl::Status Gemv(std::span<const GemmCall> calls) {
+    return CudaStatus(calls.front().b_type == DType::kBF16
+                          ? LaunchGemv<__nv_bfloat16>(calls, stream)
+                          : LaunchGemv<__half>(calls, stream),
+                      "gemv");
+  }
+
   DeviceScratch scratch;  // narrowed activations or widened weight blocks
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
 };
@@ -429,6 +540,33 @@ absl::StatusOr<std::unique_ptr<GemmRunner>> GemmRunner::Create(cudaStream_t stre
 }
 
 absl::Status GemmRunner::Run(const GemmCall& g, GemmPrecision precision) {
+  return RunGroup({&g, 1}, precision);
+}
+
+absl::Status GemmRunner::RunGroup(std::span<const GemmCall> group, GemmPrecision precision) {
+  Impl& im = *impl_;
+  if (group.empty()) return absl::OkStatus();
+  // Decode-sized products stream the 16-bit weights once, in fp32 arithmetic
+  // (exact products, so both precisions take them), the whole group in one launch.
+  if (GemvGroupFits(group)) return im.Gemv(group);
+  // Products sharing activations and a 16-bit weight type share one rounding
+  // of the activations on the fast path.
+  const GemmCall& first = group.front();
+  bool shared_narrow = precision == GemmPrecision::kFast && first.m > 0 && first.k > 0;
+  for (const GemmCall& g : group) {
+    shared_narrow &= g.a == first.a && g.m == first.m && g.k == first.k && !g.trans_a &&
+                     g.b_type == first.b_type && g.n > 0 &&
+                     (g.b_type == DType::kBF16 || g.b_type == DType::kF16);
+  }
+  if (shared_narrow) {
+    return first.b_type == DType::kBF16 ? im.RunNarrowed<__nv_bfloat16>(group)
+                                        : im.RunNarrowed<__half>(group);
+  }
+  for (const GemmCall& g : group) LAIR_RETURN_IF_ERROR(RunOne(g, precision));
+  return absl::OkStatus();
+}
+
+absl::Status GemmRunner::RunOne(const GemmCall& g, GemmPrecision precision) {
   Impl& im = *impl_;
   if (g.m == 0 || g.n == 0) return absl::OkStatus();
   if (g.k == 0) {
@@ -437,18 +575,12 @@ absl::Status GemmRunner::Run(const GemmCall& g, GemmPrecision precision) {
     return CudaStatus(cudaGetLastError(), "gemm k = 0");
   }
   const bool fast = precision == GemmPrecision::kFast;
-  // Decode-sized products stream the 16-bit weights once, in fp32 arithmetic
-  // (exact products, so both precisions take them).
-  if ((g.b_type == DType::kBF16 || g.b_type == DType::kF16) && GemvFits(g)) {
-    return CudaStatus(g.b_type == DType::kBF16 ? LaunchGemv<__nv_bfloat16>(g, im.stream)
-                                               : LaunchGemv<__half>(g, im.stream),
-                      "gemv");
-  }
+  if (GemvFits(g)) return im.Gemv({&g, 1});
   switch (g.b_type) {
     case DType::kBF16:
-      return fast ? im.RunNarrowed<__nv_bfloat16>(g) : im.RunWidened<__nv_bfloat16>(g);
+      return fast ? im.RunNarrowed<__nv_bfloat16>({&g, 1}) : im.RunWidened<__nv_bfloat16>(g);
     case DType::kF16:
-      return fast ? im.RunNarrowed<__half>(g) : im.RunWidened<__half>(g);
+      return fast ? im.RunNarrowed<__half>({&g, 1}) : im.RunWidened<__half>(g);
     default:
       return im.Matmul(FromRowMajor(g, g.a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias,
                                     CUDA_R_32F,

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "core/dtype.h"
 #include "core/status.h"
@@ -91,8 +92,13 @@ class GemmRunner {
   GemmRunner& operator=(const GemmRunner&) = delete;
 
   absl::Status Run(const GemmCall& call, GemmPrecision precision);
+  // Several calls, in order; those that read the same activations may share
+  // one launch (decode-sized rows) or one rounding of the activations.
+  absl::Status RunGroup(std::span<const GemmCall> group, GemmPrecision precision);
 
  private:
+  absl::Status RunOne(const GemmCall& call, GemmPrecision precision);
+
   struct Impl;
   explicit GemmRunner(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
@@ -209,6 +215,8 @@ struct NormParams {
   const float* weight = nullptr;  // [cols] or null
   const float* gate = nullptr;    // [rows, cols] when gated
   float* y = nullptr;
+  const float* residual = nullptr;  // [rows, cols] or null: u = x + residual
+  float* sum = nullptr;             // written with u when residual is set
 };
 cudaError_t LaunchNorm(const NormParams& p, cudaStream_t stream);
 

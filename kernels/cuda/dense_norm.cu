@@ -3,7 +3,7 @@
 // to kWarpGroupMax columns, a 256-thread block above. The team walks its group
 // in kVec-wide steps (16-byte loads when the group and pointers allow), once
 // per statistic; re-reads hit L1/L2. fp32 math:
-//   u = x · silu(gate) (kBefore) or x,  μ = mean(u) (Layer) or 0,
+//   u = x · silu(gate) (kBefore), x + residual (written to sum) or x,  μ = mean(u) (Layer) or 0,
 //   r = 1/√(mean((u − μ)²) + ε),  x̂ = (u − μ)·r,
 //   y = x̂ · w · silu(gate) (kAfter) or x̂ · w.
 // Backward, with dz = dy·silu(gate) (kAfter) or dy and ĝ = dz·w:
@@ -12,6 +12,7 @@
 //   d_w[c] += Σ_rows dz·x̂  (a second, column-parallel kernel, double sums).
 #include "kernels/cuda/dense_common.cuh"
 #include "kernels/cuda/dense_launch.h"
+#include "kernels/cuda/dependent_launch.cuh"
 
 namespace lair::kernels::cuda::dense {
 namespace {
@@ -43,10 +44,16 @@ __device__ __forceinline__ bool FindGroup(const NormParams& p, int64_t* base, in
   return true;
 }
 
-// u = x·silu(gate) (kBefore) or x, kVec elements at offset `at`.
+// u = x·silu(gate) (kBefore), x + residual or x, kVec elements at offset `at`.
 template <int kVec>
 __device__ __forceinline__ void LoadU(const NormParams& p, int64_t at, float (&u)[kVec]) {
   LoadVec<kVec>(p.x + at, u);
+  if (p.residual) {
+    float r[kVec];
+    LoadVec<kVec>(p.residual + at, r);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) u[e] += r[e];
+  }
   if (p.gate_mode == NormGate::kBefore) {
     float g[kVec];
     LoadVec<kVec>(p.gate + at, g);
@@ -84,6 +91,7 @@ __device__ __forceinline__ float2 GroupStats(const NormParams& p, int64_t base, 
 template <int kTeam, int kVec>
 __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
     NormKernel(const NormParams p) {
+  AllowDependents();
   __shared__ float shared[kBlockTeam / 32];
   int64_t base, g0, group_index;
   int tid;
@@ -92,6 +100,7 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
   for (int64_t i = tid * kVec; i < p.group; i += kTeam * kVec) {
     float y[kVec], w[kVec];
     LoadU<kVec>(p, base + i, y);
+    if (p.sum) StoreVec<kVec>(p.sum + base + i, y);
     if (p.weight) {
       LoadVec<kVec>(p.weight + g0 + i, w);
     } else {
@@ -215,16 +224,18 @@ __global__ void __launch_bounds__(kColumnThreads) NormWeightGradKernel(const Nor
 
 bool Vectorizable(const NormParams& p) {
   return p.group % 4 == 0 && Aligned16(p.x) && Aligned16(p.y) &&
-         (p.weight == nullptr || Aligned16(p.weight)) && (p.gate == nullptr || Aligned16(p.gate));
+         (p.weight == nullptr || Aligned16(p.weight)) && (p.gate == nullptr || Aligned16(p.gate)) &&
+         (p.residual == nullptr || Aligned16(p.residual)) && (p.sum == nullptr || Aligned16(p.sum));
 }
 
 template <int kTeam, int kVec>
-void LaunchForward(const NormParams& p, int64_t groups, cudaStream_t stream) {
+cudaError_t LaunchForward(const NormParams& p, int64_t groups, cudaStream_t stream) {
   if constexpr (kTeam == 32) {
     NormKernel<32, kVec><<<BlocksFor(groups, kWarpTeamBlock / 32), kWarpTeamBlock, 0, stream>>>(p);
   } else {
     NormKernel<kBlockTeam, kVec><<<static_cast<unsigned>(groups), kBlockTeam, 0, stream>>>(p);
   }
+  return cudaGetLastError();
 }
 
 template <int kTeam, int kVec>
@@ -245,12 +256,10 @@ cudaError_t LaunchNorm(const NormParams& p, cudaStream_t stream) {
   if (groups == 0) return cudaSuccess;
   const bool vec = Vectorizable(p);
   if (p.group <= kWarpGroupMax) {
-    vec ? LaunchForward<32, 4>(p, groups, stream) : LaunchForward<32, 1>(p, groups, stream);
-  } else {
-    vec ? LaunchForward<kBlockTeam, 4>(p, groups, stream)
-        : LaunchForward<kBlockTeam, 1>(p, groups, stream);
+    return vec ? LaunchForward<32, 4>(p, groups, stream) : LaunchForward<32, 1>(p, groups, stream);
   }
-  return cudaGetLastError();
+  return vec ? LaunchForward<kBlockTeam, 4>(p, groups, stream)
+             : LaunchForward<kBlockTeam, 1>(p, groups, stream);
 }
 
 cudaError_t LaunchNormBackward(const NormBackwardParams& b, cudaStream_t stream) {

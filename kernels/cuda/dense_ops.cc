@@ -63,6 +63,7 @@ dense::NormParams NormLaunch(const NormArgs& args, int64_t group) {
   p.x = args.x.f32();
   p.weight = args.weight.defined() ? args.weight.f32() : nullptr;
   p.gate = args.gate_mode != NormGate::kNone ? args.gate.f32() : nullptr;
+  p.residual = args.residual.defined() ? args.residual.f32() : nullptr;
   return p;
 }
 
@@ -218,14 +219,15 @@ absl::Status CudaDenseOps::TakeIndexFault() {
                    "CrossEntropy.losses/d_logits)"));
 }
 
-absl::Status CudaDenseOps::Gemm(const GemmArgs& args) {
+namespace {
+
+absl::StatusOr<dense::GemmCall> CheckedGemmCall(const GemmArgs& args) {
   constexpr DType kWeightDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
   LAIR_ASSIGN_OR_RETURN(GemmDims dims, CheckGemmArgs(args, Device::kCuda, kWeightDTypes));
-  const int64_t m = dims.m, n = dims.n, k = dims.k;
   dense::GemmCall call;
-  call.m = m;
-  call.n = n;
-  call.k = k;
+  call.m = dims.m;
+  call.n = dims.n;
+  call.k = dims.k;
   call.a = args.a.f32();
   call.trans_a = args.trans_a;
   call.b = args.b.raw();
@@ -235,7 +237,24 @@ absl::Status CudaDenseOps::Gemm(const GemmArgs& args) {
   call.alpha = args.alpha;
   call.beta = args.beta;
   call.bias = args.bias.defined() ? args.bias.f32() : nullptr;
+  return call;
+}
+
+}  // namespace
+
+absl::Status CudaDenseOps::Gemm(const GemmArgs& args) {
+  LAIR_ASSIGN_OR_RETURN(dense::GemmCall call, CheckedGemmCall(args));
   return gemm_->Run(call, precision_);
+}
+
+absl::Status CudaDenseOps::LinearGroup(const LinearGroupArgs& args) {
+  LAIR_ASSIGN_OR_RETURN(std::vector<GemmArgs> products, LinearGroupProducts(args));
+  std::vector<dense::GemmCall> calls;
+  for (const GemmArgs& product : products) {
+    LAIR_ASSIGN_OR_RETURN(dense::GemmCall call, CheckedGemmCall(product));
+    calls.push_back(call);
+  }
+  return gemm_->RunGroup(calls, precision_);
 }
 
 absl::Status CudaDenseOps::Embedding(const EmbeddingArgs& args) {
@@ -271,6 +290,7 @@ absl::Status CudaDenseOps::Norm(const NormArgs& args) {
   LAIR_ASSIGN_OR_RETURN(int64_t group, CheckNormArgs(args, Device::kCuda));
   dense::NormParams p = NormLaunch(args, group);
   p.y = args.y.f32();
+  p.sum = args.residual.defined() ? args.sum.f32() : nullptr;
   return CudaStatus(dense::LaunchNorm(p, stream_), kOp);
 }
 

@@ -83,6 +83,7 @@ class CudaDenseOps {
   // kernels/dense.h, one to one with Backend. GemmArgs::b may be F32, BF16
   // or F16; every other float tensor is F32.
   absl::Status Gemm(const GemmArgs& args);
+  absl::Status LinearGroup(const LinearGroupArgs& args);
   absl::Status Embedding(const EmbeddingArgs& args);
   absl::Status EmbeddingBackward(const EmbeddingBackwardArgs& args);
   absl::Status Norm(const NormArgs& args);

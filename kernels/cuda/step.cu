@@ -3,6 +3,7 @@
 //   s ← diag(e^{lk}) s diag(e^{lv}) · e^{m_prev − m} + e^{lw − m} k vᵀ,   o = sᵀ q'
 // (m ≡ 0 without the stabilizer). One CTA per (sequence, head, 32 columns):
 // 8 threads × float4 cover a 128-byte row segment, 32 row groups stride over dk.
+#include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/scan.h"
 
@@ -21,6 +22,7 @@ struct StepTraits {
 };
 
 __global__ void __launch_bounds__(StepTraits::kThreads) StepKernel(const ScanParams p) {
+  AllowDependents();
   using T = StepTraits;
   __shared__ float q[T::kMaxDk], k[T::kMaxDk], dl[T::kMaxDk];
   __shared__ float v[T::kCols], er[T::kCols];

@@ -62,6 +62,26 @@ TEST(DenseChecksTest, GemmListsTheWeightDtypesOfTheBackend) {
                 "Gemm: b: inner dimension 4 differs from a's 5");
 }
 
+TEST(DenseChecksTest, LinearGroupIsOneGemmPerWeight) {
+  const Tensor x = F32({3, 5});
+  const Tensor weights[] = {F32({7, 5}), F32({2, 5})};
+  const Tensor outs[] = {F32({3, 7}), F32({3, 2})};
+  const Tensor biases[] = {Tensor(), F32({2})};
+  absl::StatusOr<std::vector<GemmArgs>> products = LinearGroupProducts({x, weights, biases, outs});
+  ASSERT_TRUE(products.ok()) << products.status();
+  ASSERT_EQ(products->size(), 2u);
+  EXPECT_TRUE((*products)[1].trans_b);
+  EXPECT_EQ((*products)[1].b.dim(0), 2);
+  EXPECT_FALSE((*products)[0].bias.defined());
+  EXPECT_TRUE((*products)[1].bias.defined());
+
+  ExpectInvalid(LinearGroupProducts({x, {}, {}, {}}).status(), "LinearGroup: weights: empty");
+  ExpectInvalid(LinearGroupProducts({x, weights, {}, {outs, 1}}).status(),
+                "LinearGroup: outs: 1 for 2 weights");
+  ExpectInvalid(LinearGroupProducts({x, weights, {biases, 1}, outs}).status(),
+                "LinearGroup: biases: 1 for 2 weights");
+}
+
 TEST(DenseChecksTest, BinaryBroadcastStrides) {
   BinaryArgs args;
   args.a = F32({2, 3});

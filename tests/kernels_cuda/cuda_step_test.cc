@@ -1,5 +1,5 @@
-// The CUDA backend's step machinery: GEMMs on bf16 weights in both
-// precisions (kFast: bf16 tensor cores, at a bf16 tolerance) against the
+// The CUDA backend's step machinery: GEMMs and linear groups on bf16
+// weights in both precisions (kFast: bf16 tensor cores, at a bf16 tolerance) against the
 // CPU, the mLSTM forward at xLSTM 7B's head shape, StageInts, ArgmaxRows,
 // the step arena's address reuse and CaptureStep's graphs replaying what
 // they recorded.
@@ -92,6 +92,56 @@ TEST_F(CudaStepTest, GemmOnBf16WeightsMatchesCpuInBothPrecisions) {
         }
       }
     }
+}
+
+// A LinearGroup (one GEMV launch for m ≤ 8, one shared activation rounding
+// on the fast cuBLASLt path) equals one CPU product per member: members of
+// different widths, some with a bias, some narrower than a GEMV block.
+TEST_F(CudaStepTest, LinearGroupMatchesOneProductPerMember) {
+  BackendOptions exact_options;
+  auto exact = MakeBackend("cuda", exact_options);
+  ASSERT_TRUE(exact.ok());
+  const int64_t k = 264;
+  const std::vector<int64_t> widths = {389, 16, 3, 1500, 64, 7};
+  for (int64_t m : {1, 5, 8, 9, 64}) {
+    for (bool fast : {false, true}) {
+      Backend& gpu = fast ? *gpu_ : **exact;
+      const std::string what = absl::StrCat("m=", m, " fast=", fast);
+      const Tensor a = Rand({m, k});
+      std::vector<Tensor> weights, biases, outs, want;
+      for (size_t i = 0; i < widths.size(); ++i) {
+        auto w_bf16 = gpu.Upload(Rand({widths[i], k}), DType::kBF16);
+        ASSERT_TRUE(w_bf16.ok());
+        auto w_rounded = gpu.Download(*w_bf16);
+        ASSERT_TRUE(w_rounded.ok());
+        const Tensor bias = i % 2 == 1 ? Rand({widths[i]}) : Tensor();
+        GemmArgs product{a,
+                         w_rounded->ToF32(),
+                         Tensor::Zeros(DType::kF32, {m, widths[i]}),
+                         false,
+                         true,
+                         1.0f,
+                         0.0f,
+                         bias};
+        ASSERT_TRUE(cpu_->Gemm(product).ok()) << what;
+        want.push_back(product.c);
+        weights.push_back(*w_bf16);
+        biases.push_back(bias.defined() ? Up(bias) : Tensor());
+        outs.push_back(Up(Rand({m, widths[i]})));  // overwritten whole
+      }
+      ASSERT_TRUE(gpu.LinearGroup({Up(a), weights, biases, outs}).ok()) << what;
+      for (size_t i = 0; i < widths.size(); ++i) {
+        EXPECT_LE(RelativeError(Down(outs[i]), want[i]), fast && m > 8 ? kBf16Tol : 1e-5)
+            << what << " member " << i;
+      }
+    }
+  }
+  // The spans must agree.
+  const Tensor w = Up(Rand({4, k}), DType::kBF16);
+  const Tensor one_weight[] = {w};
+  absl::Status st = gpu_->LinearGroup({Up(Rand({1, k})), one_weight, {}, {}});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("LinearGroup: outs"), std::string::npos) << st;
 }
 
 // xLSTM 7B's head shape (key_dim 256, value_dim 512) through the mLSTM

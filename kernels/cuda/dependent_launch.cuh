@@ -1,0 +1,68 @@
+// Programmatic dependent launch (sm_90 and later).
+//
+// A kernel launched with the programmatic-serialization attribute may start
+// while the kernel before it in the stream still runs, so it can issue work
+// that depends on nothing earlier (a decode GEMV streaming its weights)
+// under the previous kernel's tail. It must call WaitForPrerequisites before
+// it reads or writes memory that earlier kernels touch: the wait returns once
+// they have completed and their writes are visible (at once when the kernel
+// was launched normally). AllowDependents, early in a kernel, lets the next
+// such kernel be scheduled before this one finishes; without it the next one
+// starts as this one's blocks exit. Both are no-ops before sm_90.
+//
+// LaunchDependent launches a kernel that way (normally before sm_90). Only
+// the decode GEMVs use it: on an H100 (GLA 1.3B, batch 1) they gained about
+// 2%, and launching the norms and elementwise kernels the same way lost 2%
+// (docs/benchmarks.md). The kernels that precede GEMVs call AllowDependents.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace lair::kernels::cuda {
+
+// Whether the current device takes programmatic dependent launches (sm_90+;
+// read once per process).
+inline bool DependentLaunchSupported() {
+  static const bool supported = [] {
+    int device = 0, major = 0;
+    return cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+               cudaSuccess &&
+           major >= 9;
+  }();
+  return supported;
+}
+
+// kernel<<<grid, block, 0, stream>>>(args...) as a programmatic dependent of
+// the previous kernel in `stream`: the kernel must call WaitForPrerequisites
+// before it touches memory.
+template <typename... Params, typename... Args>
+cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                            Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = DependentLaunchSupported() ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+__device__ __forceinline__ void WaitForPrerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void AllowDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+}  // namespace lair::kernels::cuda
