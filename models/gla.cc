@@ -16,7 +16,7 @@ class GlaMixer : public Mixer {
   GlaMixer(const GlaConfig& config, ProjectionTriple qkv, int gk0, int gk1, int gk1_bias,
            HeadOutputGate output, int o)
       : config_(config),
-        qkv_(std::move(qkv)),
+        qkv_(qkv),
         gk0_(gk0),
         gk1_(gk1),
         gk1_bias_(gk1_bias),
@@ -83,7 +83,7 @@ absl::StatusOr<DecoderSpec> BuildGla(const GlaConfig& config, Params& params) {
         LAIR_ASSIGN_OR_RETURN(int o,
                               params.AddMatrix(p + "o_proj.weight", {hidden, config.value_dim}));
         LAIR_ASSIGN_OR_RETURN(HeadOutputGate output, HeadOutputGate::Declare(params, p, config));
-        return std::make_unique<GlaMixer>(config, std::move(qkv), gk0, gk1, gk1_bias, output, o);
+        return std::make_unique<GlaMixer>(config, qkv, gk0, gk1, gk1_bias, output, o);
       });
 }
 

@@ -302,7 +302,7 @@ absl::StatusOr<Var> Graph::Unary(UnaryOp op, const Var& x, float alpha, float be
   return out;
 }
 
-absl::StatusOr<Var> Graph::Expand(const Var& x, Shape shape) {
+absl::StatusOr<Var> Graph::Expand(const Var& x, const Shape& shape) {
   LAIR_ASSIGN_OR_RETURN(Tensor y, New(shape));
   LAIR_RETURN_IF_ERROR(backend_->Unary({UnaryOp::kAffine, 1.0f, 0.0f, 1.0f, x.t, y}));
   Var out{y, NewGrad({&x})};

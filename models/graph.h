@@ -111,7 +111,7 @@ class Graph {
   absl::StatusOr<Var> Unary(kernels::UnaryOp op, const Var& x, float alpha = 1.0f,
                             float beta = 0.0f, float in_scale = 1.0f);
   // x broadcast to `shape` (dimensions of x equal to shape's or 1).
-  absl::StatusOr<Var> Expand(const Var& x, Shape shape);
+  absl::StatusOr<Var> Expand(const Var& x, const Shape& shape);
   // a ∘ b, broadcasting both to the larger shape.
   absl::StatusOr<Var> Binary(kernels::BinaryOp op, const Var& a, const Var& b);
   absl::StatusOr<Var> Add(const Var& a, const Var& b) {

@@ -14,7 +14,7 @@ using kernels::UnaryOp;
 class GsaMixer : public Mixer {
  public:
   GsaMixer(const GsaConfig& config, ProjectionTriple qkv, int f, int norm, int o)
-      : config_(config), qkv_(std::move(qkv)), f_(f), norm_(norm), o_(o) {}
+      : config_(config), qkv_(qkv), f_(f), norm_(norm), o_(o) {}
 
   void DeclareState(const std::string& prefix, int, StateLayout* layout) const override {
     const int h = config_.num_heads, m = config_.num_slots;
@@ -74,7 +74,7 @@ absl::StatusOr<DecoderSpec> BuildGsa(const GsaConfig& config, Params& params) {
         }
         LAIR_ASSIGN_OR_RETURN(int o,
                               params.AddMatrix(p + "o_proj.weight", {hidden, config.value_dim}));
-        return std::make_unique<GsaMixer>(config, std::move(qkv), f, norm, o);
+        return std::make_unique<GsaMixer>(config, qkv, f, norm, o);
       });
 }
 

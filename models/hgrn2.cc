@@ -17,7 +17,7 @@ using kernels::UnaryOp;
 class Hgrn2Mixer : public Mixer {
  public:
   Hgrn2Mixer(const Hgrn2Config& config, ProjectionTriple qfi, int norm, int o)
-      : config_(config), qfi_(std::move(qfi)), norm_(norm), o_(o) {}
+      : config_(config), qfi_(qfi), norm_(norm), o_(o) {}
 
   void DeclareState(const std::string& prefix, int, StateLayout* layout) const override {
     layout->tensors.push_back({prefix + "recurrent",
@@ -75,7 +75,7 @@ absl::StatusOr<DecoderSpec> BuildHgrn2(const Hgrn2Config& config, Params& params
       LAIR_ASSIGN_OR_RETURN(norm, params.Add(p + "g_norm.weight", {hidden}, InitSpec::Ones()));
     }
     LAIR_ASSIGN_OR_RETURN(int o, params.AddMatrix(p + "o_proj.weight", {hidden, hidden}));
-    return std::make_unique<Hgrn2Mixer>(config, std::move(qfi), norm, o);
+    return std::make_unique<Hgrn2Mixer>(config, qfi, norm, o);
   };
   LAIR_ASSIGN_OR_RETURN(DecoderSpec spec, BuildFlaDecoder(config.base, params, declare_mixer));
   if (!config.use_lower_bound) return spec;

@@ -29,7 +29,7 @@ class LinearAttnMixer : public Mixer {
  public:
   LinearAttnMixer(const LinearAttnConfig& config, ProjectionTriple qkv, Hadamard map_q,
                   Hadamard map_k, int norm, int o)
-      : config_(config), qkv_(std::move(qkv)), map_q_(map_q), map_k_(map_k), norm_(norm), o_(o) {}
+      : config_(config), qkv_(qkv), map_q_(map_q), map_k_(map_k), norm_(norm), o_(o) {}
 
   void DeclareState(const std::string& prefix, int, StateLayout* layout) const override {
     layout->tensors.push_back({prefix + "recurrent",
@@ -100,7 +100,7 @@ absl::StatusOr<DecoderSpec> BuildLinearAttn(const LinearAttnConfig& config, Para
         }
         LAIR_ASSIGN_OR_RETURN(int o,
                               params.AddMatrix(p + "o_proj.weight", {hidden, config.value_dim}));
-        return std::make_unique<LinearAttnMixer>(config, std::move(qkv), map_q, map_k, norm, o);
+        return std::make_unique<LinearAttnMixer>(config, qkv, map_q, map_k, norm, o);
       });
 }
 

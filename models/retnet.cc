@@ -13,11 +13,7 @@ class RetentionMixer : public Mixer {
  public:
   RetentionMixer(const RetNetConfig& config, ProjectionTriple qkv, Tensor log_gamma,
                  HeadOutputGate output, int o)
-      : config_(config),
-        qkv_(std::move(qkv)),
-        log_gamma_(std::move(log_gamma)),
-        output_(output),
-        o_(o) {}
+      : config_(config), qkv_(qkv), log_gamma_(std::move(log_gamma)), output_(output), o_(o) {}
 
   void DeclareState(const std::string& prefix, int, StateLayout* layout) const override {
     layout->tensors.push_back({prefix + "recurrent",
@@ -75,7 +71,7 @@ absl::StatusOr<DecoderSpec> BuildRetNet(const RetNetConfig& config, Params& para
         LAIR_ASSIGN_OR_RETURN(int o,
                               params.AddMatrix(p + "o_proj.weight", {hidden, config.value_dim}));
         LAIR_ASSIGN_OR_RETURN(HeadOutputGate output, HeadOutputGate::Declare(params, p, config));
-        return std::make_unique<RetentionMixer>(config, std::move(qkv), log_gamma, output, o);
+        return std::make_unique<RetentionMixer>(config, qkv, log_gamma, output, o);
       });
 }
 

@@ -72,6 +72,11 @@ __global__ void __launch_bounds__(kThreads)
 // the cache, and keeps one fp32 sum per activation row; no activation
 // rounding and no conversion pass.
 constexpr int kGemvMaxRows = 8;
+// The fast path's limit. Every row rereads the fp32 activations through L1,
+// so the GEMV's cost grows with rows: on an H100 (GLA 1.3B decode) it beat
+// bf16 cuBLASLt at 2 rows (2.09 against 2.47 ms per step) and lost at 4
+// (2.87 against 2.55) and 8 (4.39 against 2.73).
+constexpr int kGemvFastMaxRows = 2;
 constexpr int kGemvWarps = 8;
 // 8 (a whole 2048-wide row per round trip) measured slower on an H100: GLA
 // 1.3B decode at batch 1 went from 2.13 to 2.28 ms per step.
@@ -203,22 +208,24 @@ cudaError_t LaunchGemvRows(const GemvGroup<T>& g, cudaStream_t stream) {
                          dim3(kGemvWarps * 32), stream, g);
 }
 
-// Whether the GEMV kernel takes `g`: few rows, nn.Linear layout, 16-bit
-// weights, 16-byte aligned rows of weights and activations.
-bool GemvFits(const GemmCall& g) {
-  return (g.b_type == DType::kBF16 || g.b_type == DType::kF16) && g.m <= kGemvMaxRows &&
-         !g.trans_a && g.trans_b && g.k % 8 == 0 && reinterpret_cast<uintptr_t>(g.a) % 16 == 0 &&
+// Whether the GEMV kernel takes `g`: few rows (fewer on the fast path, where
+// cuBLASLt is the alternative), nn.Linear layout, 16-bit weights, 16-byte
+// aligned rows of weights and activations.
+bool GemvFits(const GemmCall& g, GemmPrecision precision) {
+  const int max_rows = precision == GemmPrecision::kFast ? kGemvFastMaxRows : kGemvMaxRows;
+  return (g.b_type == DType::kBF16 || g.b_type == DType::kF16) && g.m <= max_rows && !g.trans_a &&
+         g.trans_b && g.k % 8 == 0 && reinterpret_cast<uintptr_t>(g.a) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(g.b) % 16 == 0;
 }
 
 // Whether one GEMV launch takes all of `calls`: each fits and is not empty,
 // and they share the activations, the weight type, k, alpha and beta.
-bool GemvGroupFits(std::span<const GemmCall> calls) {
+bool GemvGroupFits(std::span<const GemmCall> calls, GemmPrecision precision) {
   if (calls.empty() || calls.size() > kGemvMembers) return false;
   const GemmCall& first = calls.front();
   for (const GemmCall& g : calls) {
-    if (!GemvFits(g) || g.m == 0 || g.n == 0 || g.k == 0 || g.a != first.a || g.m != first.m ||
-        g.k != first.k || g.b_type != first.b_type || g.alpha != first.alpha ||
+    if (!GemvFits(g, precision) || g.m == 0 || g.n == 0 || g.k == 0 || g.a != first.a ||
+        g.m != first.m || g.k != first.k || g.b_type != first.b_type || g.alpha != first.alpha ||
         g.beta != first.beta) {
       return false;
     }
@@ -548,7 +555,7 @@ absl::Status GemmRunner::RunGroup(std::span<const GemmCall> group, GemmPrecision
   if (group.empty()) return absl::OkStatus();
   // Decode-sized products stream the 16-bit weights once, in fp32 arithmetic
   // (exact products, so both precisions take them), the whole group in one launch.
-  if (GemvGroupFits(group)) return im.Gemv(group);
+  if (GemvGroupFits(group, precision)) return im.Gemv(group);
   // Products sharing activations and a 16-bit weight type share one rounding
   // of the activations on the fast path.
   const GemmCall& first = group.front();
@@ -575,7 +582,7 @@ absl::Status GemmRunner::RunOne(const GemmCall& g, GemmPrecision precision) {
     return CudaStatus(cudaGetLastError(), "gemm k = 0");
   }
   const bool fast = precision == GemmPrecision::kFast;
-  if (GemvFits(g)) return im.Gemv({&g, 1});
+  if (GemvFits(g, precision)) return im.Gemv({&g, 1});
   switch (g.b_type) {
     case DType::kBF16:
       return fast ? im.RunNarrowed<__nv_bfloat16>({&g, 1}) : im.RunWidened<__nv_bfloat16>(g);

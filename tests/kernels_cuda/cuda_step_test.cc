@@ -18,6 +18,8 @@ namespace lair::kernels {
 namespace {
 
 constexpr double kBf16Tol = 2e-2;
+// Rows up to which a kFast product still takes the exact GEMV kernel.
+constexpr int64_t kFastGemvRows = 2;
 
 class CudaStepTest : public ::testing::Test {
  protected:
@@ -51,16 +53,16 @@ class CudaStepTest : public ::testing::Test {
   std::mt19937 rng_{5};
 };
 
-// Decode-sized products (m ≤ 8: the GEMV kernel) and larger ones (cuBLASLt),
-// with and without bias and beta, in both precisions, against the CPU on the
-// bf16-rounded weights.
+// Decode-sized products (the GEMV kernel: m ≤ 8 exact, m ≤ 2 fast) and
+// larger ones (cuBLASLt), with and without bias and beta, in both
+// precisions, against the CPU on the bf16-rounded weights.
 TEST_F(CudaStepTest, GemmOnBf16WeightsMatchesCpuInBothPrecisions) {
   BackendOptions exact_options;
   auto exact = MakeBackend("cuda", exact_options);
   ASSERT_TRUE(exact.ok());
   // Narrow and wide products, short and long rows.
   for (const auto& [k, n] : {std::pair<int64_t, int64_t>{264, 389}, {264, 1500}, {2056, 2500}})
-    for (int64_t m : {1, 3, 8, 9, 64, 300}) {
+    for (int64_t m : {1, 2, 3, 8, 9, 64, 300}) {
       for (bool with_bias : {false, true}) {
         for (bool fast : {false, true}) {
           Backend& gpu = fast ? *gpu_ : **exact;
@@ -88,13 +90,13 @@ TEST_F(CudaStepTest, GemmOnBf16WeightsMatchesCpuInBothPrecisions) {
           ASSERT_TRUE(gpu.Gemm(got).ok()) << what;
           auto c = gpu.Download(got.c);
           ASSERT_TRUE(c.ok());
-          EXPECT_LE(RelativeError(*c, want.c), fast && m > 8 ? kBf16Tol : 1e-5) << what;
+          EXPECT_LE(RelativeError(*c, want.c), fast && m > kFastGemvRows ? kBf16Tol : 1e-5) << what;
         }
       }
     }
 }
 
-// A LinearGroup (one GEMV launch for m ≤ 8, one shared activation rounding
+// A LinearGroup (one GEMV launch for decode-sized m, one shared activation rounding
 // on the fast cuBLASLt path) equals one CPU product per member: members of
 // different widths, some with a bias, some narrower than a GEMV block.
 TEST_F(CudaStepTest, LinearGroupMatchesOneProductPerMember) {
@@ -103,7 +105,7 @@ TEST_F(CudaStepTest, LinearGroupMatchesOneProductPerMember) {
   ASSERT_TRUE(exact.ok());
   const int64_t k = 264;
   const std::vector<int64_t> widths = {389, 16, 3, 1500, 64, 7};
-  for (int64_t m : {1, 5, 8, 9, 64}) {
+  for (int64_t m : {1, 2, 3, 8, 9, 64}) {
     for (bool fast : {false, true}) {
       Backend& gpu = fast ? *gpu_ : **exact;
       const std::string what = absl::StrCat("m=", m, " fast=", fast);
@@ -131,7 +133,8 @@ TEST_F(CudaStepTest, LinearGroupMatchesOneProductPerMember) {
       }
       ASSERT_TRUE(gpu.LinearGroup({Up(a), weights, biases, outs}).ok()) << what;
       for (size_t i = 0; i < widths.size(); ++i) {
-        EXPECT_LE(RelativeError(Down(outs[i]), want[i]), fast && m > 8 ? kBf16Tol : 1e-5)
+        EXPECT_LE(RelativeError(Down(outs[i]), want[i]),
+                  fast && m > kFastGemvRows ? kBf16Tol : 1e-5)
             << what << " member " << i;
       }
     }
