@@ -47,8 +47,14 @@ absl::Status Backend::ArgmaxRows(const Tensor& logits, const Tensor& ids) {
 }
 
 absl::Status Backend::LinearGroup(const LinearGroupArgs& args) {
-  LAIR_ASSIGN_OR_RETURN(std::vector<GemmArgs> products, LinearGroupProducts(args));
-  for (const GemmArgs& product : products) LAIR_RETURN_IF_ERROR(Gemm(product));
+  LAIR_ASSIGN_OR_RETURN(std::vector<LinearProduct> products, LinearGroupProducts(args));
+  for (const LinearProduct& product : products) {
+    LAIR_RETURN_IF_ERROR(Gemm(product.gemm));
+    const Activation& act = product.activation;
+    if (act.identity()) continue;
+    const Tensor& c = product.gemm.c;
+    LAIR_RETURN_IF_ERROR(Unary({act.op, act.alpha, act.beta, act.in_scale, c, c}));
+  }
   return absl::OkStatus();
 }
 

@@ -42,17 +42,6 @@ struct GemmArgs {
   Tensor bias;  // [N] F32 or undefined
 };
 
-// Linear layers that read the same input: outs[i] = x · weights[i]ᵀ (+
-// biases[i]), each exactly GemmArgs{x, weights[i], outs[i]} (trans_b). One op
-// so that a backend may read x once and stream every weight in one launch
-// (a decode step's q/k/v/gate projections, an MLP's gate and up).
-struct LinearGroupArgs {
-  Tensor x;                         // [M,K] F32
-  std::span<const Tensor> weights;  // each [N_i,K] (dtypes as GemmArgs::b)
-  std::span<const Tensor> biases;   // empty, or one per weight: [N_i] F32 or undefined
-  std::span<const Tensor> outs;     // written, each [M,N_i] F32
-};
-
 // Row gather: out[i,:] = table[ids[i],:]. Also gathers rows of any [R,D]
 // activation (e.g. the last token of each sequence).
 struct EmbeddingArgs {
@@ -135,6 +124,30 @@ struct UnaryBackwardArgs {
   UnaryArgs fwd;  // fwd.y is not read
   Tensor d_y;
   Tensor dx;  // written, shape of fwd.x
+};
+
+// An elementwise function applied to a product in the op that makes it,
+// y ← alpha · f(in_scale · y) + beta as UnaryArgs computes it: a gate's
+// activation fused into its projection. The defaults are the identity.
+struct Activation {
+  UnaryOp op = UnaryOp::kAffine;
+  float alpha = 1.0f, beta = 0.0f, in_scale = 1.0f;
+  bool identity() const {
+    return op == UnaryOp::kAffine && alpha == 1.0f && beta == 0.0f && in_scale == 1.0f;
+  }
+};
+
+// Linear layers that read the same input: outs[i] = act_i(x · weights[i]ᵀ
+// (+ biases[i])), each product exactly GemmArgs{x, weights[i], outs[i]}
+// (trans_b) and each act_i a Unary on it. One op so that a backend may read
+// x once and stream every weight in one launch (a decode step's q/k/v/gate
+// projections, an MLP's gate and up) with the activations in its epilogue.
+struct LinearGroupArgs {
+  Tensor x;                                      // [M,K] F32
+  std::span<const Tensor> weights;               // each [N_i,K] (dtypes as GemmArgs::b)
+  std::span<const Tensor> biases;                // empty, or one per weight: [N_i] F32 or undefined
+  std::span<const Tensor> outs;                  // written, each [M,N_i] F32
+  std::span<const Activation> activations = {};  // empty (none), or one per weight
 };
 
 enum class BinaryOp {

@@ -207,7 +207,7 @@ absl::StatusOr<GemmDims> CheckGemmArgs(const GemmArgs& args, Device device,
   return dims;
 }
 
-absl::StatusOr<std::vector<GemmArgs>> LinearGroupProducts(const LinearGroupArgs& args) {
+absl::StatusOr<std::vector<LinearProduct>> LinearGroupProducts(const LinearGroupArgs& args) {
   constexpr std::string_view kOp = "LinearGroup";
   if (args.weights.empty()) return InvalidDenseArg(kOp, "weights", "empty group");
   if (args.outs.size() != args.weights.size()) {
@@ -218,13 +218,19 @@ absl::StatusOr<std::vector<GemmArgs>> LinearGroupProducts(const LinearGroupArgs&
     return InvalidDenseArg(
         kOp, "biases", absl::StrCat(args.biases.size(), " for ", args.weights.size(), " weights"));
   }
-  std::vector<GemmArgs> products;
+  if (!args.activations.empty() && args.activations.size() != args.weights.size()) {
+    return InvalidDenseArg(
+        kOp, "activations",
+        absl::StrCat(args.activations.size(), " for ", args.weights.size(), " weights"));
+  }
+  std::vector<LinearProduct> products;
   for (size_t i = 0; i < args.weights.size(); ++i) {
-    GemmArgs product;
-    product.a = args.x;
-    product.b = args.weights[i];
-    product.c = args.outs[i];
-    if (!args.biases.empty()) product.bias = args.biases[i];
+    LinearProduct product;
+    product.gemm.a = args.x;
+    product.gemm.b = args.weights[i];
+    product.gemm.c = args.outs[i];
+    if (!args.biases.empty()) product.gemm.bias = args.biases[i];
+    if (!args.activations.empty()) product.activation = args.activations[i];
     products.push_back(std::move(product));
   }
   return products;

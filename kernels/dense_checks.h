@@ -36,10 +36,15 @@ struct GemmDims {
 absl::StatusOr<GemmDims> CheckGemmArgs(const GemmArgs& args, Device device,
                                        std::span<const DType> weight_dtypes);
 
-// The group as one GemmArgs per weight, after checking that the spans agree
-// in length and that the group is not empty (each product's own fields are
-// checked by the Gemm that runs it, or by CheckGemmArgs).
-absl::StatusOr<std::vector<GemmArgs>> LinearGroupProducts(const LinearGroupArgs& args);
+// One member of a linear group: its product and the activation applied to it.
+struct LinearProduct {
+  GemmArgs gemm;
+  Activation activation;
+};
+// The group's members, after checking that the spans agree in length and
+// that the group is not empty (each product's own fields are checked by the
+// Gemm that runs it, or by CheckGemmArgs).
+absl::StatusOr<std::vector<LinearProduct>> LinearGroupProducts(const LinearGroupArgs& args);
 
 absl::Status CheckEmbeddingArgs(const EmbeddingArgs& args, Device device);
 absl::Status CheckEmbeddingBackwardArgs(const EmbeddingBackwardArgs& args, Device device);

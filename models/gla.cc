@@ -36,7 +36,10 @@ class GlaMixer : public Mixer {
     std::vector<LinearWeight> also = {{gk0_}};
     for (const LinearWeight& w : output_.Projections()) also.push_back(w);
     LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv, qkv_.Forward(g, x, ctx, 1, also));
-    LAIR_ASSIGN_OR_RETURN(Var gk, g.Linear(qkv[3], gk1_, gk1_bias_));
+    // gk = logsigmoid(gk_proj.1(·)) / gate_logit_normalizer, the activation in the product.
+    const LinearWeight gk1{
+        gk1_, gk1_bias_, {UnaryOp::kLogSigmoid, 1.0f / config_.gate_logit_normalizer}};
+    LAIR_ASSIGN_OR_RETURN(Var gk, g.Linear(qkv[3], gk1));
     DecayInputs in;
     in.kind = kernels::DecayKind::kVector;
     in.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_k_dim));
@@ -45,8 +48,6 @@ class GlaMixer : public Mixer {
                           RepeatKvHeads(g, SplitHeads(g, qkv[1], config_.num_kv_heads), groups));
     LAIR_ASSIGN_OR_RETURN(in.v,
                           RepeatKvHeads(g, SplitHeads(g, qkv[2], config_.num_kv_heads), groups));
-    LAIR_ASSIGN_OR_RETURN(gk,
-                          g.Unary(UnaryOp::kLogSigmoid, gk, 1.0f / config_.gate_logit_normalizer));
     LAIR_ASSIGN_OR_RETURN(in.gk, RepeatKvHeads(g, SplitHeads(g, gk, config_.num_kv_heads), groups));
     if (!config_.feature_map.empty()) {
       LAIR_ASSIGN_OR_RETURN(in.q, Activation(g, config_.feature_map, in.q));

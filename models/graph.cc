@@ -103,7 +103,10 @@ absl::Status Graph::Backward() {
   Tensor var = grads_[id].Reshape(shape)
 
 absl::StatusOr<Var> Graph::Linear(const Var& x, int weight_id, int bias_id) {
-  const LinearWeight weight{weight_id, bias_id};
+  return Linear(x, LinearWeight{weight_id, bias_id});
+}
+
+absl::StatusOr<Var> Graph::Linear(const Var& x, const LinearWeight& weight) {
   LAIR_ASSIGN_OR_RETURN(std::vector<Var> out, Linears(x, {&weight, 1}));
   return std::move(out.front());
 }
@@ -113,6 +116,7 @@ absl::StatusOr<std::vector<Var>> Graph::Linears(const Var& x,
   const Tensor x2 = As2d(x.t);
   std::vector<Var> w, b;
   std::vector<Tensor> w_t, b_t, y_t;
+  std::vector<kernels::Activation> activations;
   for (const LinearWeight& weight : weights) {
     w.push_back(Param(weight.weight));
     b.push_back(weight.bias >= 0 ? Param(weight.bias) : Var{});
@@ -120,13 +124,22 @@ absl::StatusOr<std::vector<Var>> Graph::Linears(const Var& x,
     b_t.push_back(b.back().t);
     LAIR_ASSIGN_OR_RETURN(Tensor y, New({x2.dim(0), w.back().dim(0)}));
     y_t.push_back(std::move(y));
+    activations.push_back(weight.activation);
   }
-  LAIR_RETURN_IF_ERROR(backend_->LinearGroup({x2, w_t, b_t, y_t}));
+  // A recording graph applies the activations as Unary ops, which keep the
+  // products their backward needs.
+  LAIR_RETURN_IF_ERROR(backend_->LinearGroup(
+      {x2, w_t, b_t, y_t, record_ ? std::span<const kernels::Activation>() : activations}));
   std::vector<Var> out;
   for (size_t i = 0; i < weights.size(); ++i) {
     out.push_back(
         Var{y_t[i].Reshape(WithLast(x.shape(), w[i].dim(0))), NewGrad({&x, &w[i], &b[i]})});
     if (out.back().grad >= 0) RecordLinearBackward(x, x2, w[i], b[i], out.back());
+    const kernels::Activation& act = weights[i].activation;
+    if (record_ && !act.identity()) {
+      LAIR_ASSIGN_OR_RETURN(out.back(),
+                            Unary(act.op, out.back(), act.alpha, act.beta, act.in_scale));
+    }
   }
   return out;
 }

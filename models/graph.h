@@ -39,10 +39,13 @@ struct Var {
 };
 
 // The tensor inputs of a decay mixer (kernels::DecayForwardArgs with Vars).
-// A linear layer's parameters: weight [out, in] and bias [out] (-1: none).
+// A linear layer's parameters, weight [out, in] and bias [out] (-1: none),
+// and the activation applied to its output (fused into the product where
+// the backend can).
 struct LinearWeight {
   int weight = -1;
   int bias = -1;
+  kernels::Activation activation = {};
 };
 
 struct DecayInputs {
@@ -85,6 +88,7 @@ class Graph {
   // --- Operations (shapes as in kernels/dense.h) ---------------------------
   // x [..., in] · weight[out, in]ᵀ (+ bias[out]) → [..., out]. bias_id < 0: none.
   absl::StatusOr<Var> Linear(const Var& x, int weight_id, int bias_id = -1);
+  absl::StatusOr<Var> Linear(const Var& x, const LinearWeight& weight);
   // Several linear layers of the same input, as one backend LinearGroup
   // (one launch where the backend can); one value per weight, in order.
   absl::StatusOr<std::vector<Var>> Linears(const Var& x, std::span<const LinearWeight> weights);

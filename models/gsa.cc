@@ -25,7 +25,9 @@ class GsaMixer : public Mixer {
 
   absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const override {
     const int groups = config_.num_heads / config_.num_kv_heads;
-    const LinearWeight forget[] = {{f_}};
+    // The forget gate, logsigmoid(f_proj(x)) / gate_logit_normalizer, in the group's epilogue.
+    const LinearWeight forget[] = {
+        {f_, -1, {UnaryOp::kLogSigmoid, 1.0f / config_.gate_logit_normalizer}}};
     LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv, qkv_.Forward(g, x, ctx, 2, forget));
     GsaInputs in;
     in.scale = static_cast<float>(config_.scale);
@@ -35,9 +37,7 @@ class GsaMixer : public Mixer {
         Var k, Activation(g, config_.feature_map, SplitHeads(g, qkv[1], config_.num_kv_heads)));
     LAIR_ASSIGN_OR_RETURN(Var v,
                           g.Unary(UnaryOp::kSilu, SplitHeads(g, qkv[2], config_.num_kv_heads)));
-    LAIR_ASSIGN_OR_RETURN(Var gate,
-                          g.Unary(UnaryOp::kLogSigmoid, SplitHeads(g, qkv[3], config_.num_kv_heads),
-                                  1.0f / config_.gate_logit_normalizer));
+    const Var gate = SplitHeads(g, qkv[3], config_.num_kv_heads);
     LAIR_ASSIGN_OR_RETURN(Var s, g.Unary(UnaryOp::kExp, gate, -1.0f, 1.0f));
     LAIR_ASSIGN_OR_RETURN(in.k, RepeatKvHeads(g, k, groups));
     LAIR_ASSIGN_OR_RETURN(in.v, RepeatKvHeads(g, v, groups));

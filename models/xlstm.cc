@@ -33,23 +33,29 @@ class MlstmMixer : public Mixer {
     MlstmInputs in;
     in.kind = kernels::MlstmKind::kExp;
     in.eps = static_cast<float>(config_.eps);
-    // Every projection of x in one group: q, k, v, input, forget and output gates.
-    const LinearWeight projections[] = {
-        {w_.q}, {w_.k}, {w_.v}, {w_.i_gate, w_.i_bias}, {w_.f_gate, w_.f_bias}, {w_.o_gate}};
+    // Every projection of x in one group: q, k, v, the input and forget gates
+    // (soft-capped: cap·tanh(·/cap)) and the output gate (sigmoid), the
+    // gates' functions in the group's epilogue.
+    const kernels::Activation soft_cap{UnaryOp::kTanh, cap, 0.0f, 1.0f / cap};
+    const LinearWeight projections[] = {{w_.q},
+                                        {w_.k},
+                                        {w_.v},
+                                        {w_.i_gate, w_.i_bias, soft_cap},
+                                        {w_.f_gate, w_.f_bias, soft_cap},
+                                        {w_.o_gate, -1, {UnaryOp::kSigmoid}}};
     LAIR_ASSIGN_OR_RETURN(std::vector<Var> p, g.Linears(x, projections));
     in.q = SplitHeads(g, p[0], h);
     in.k = SplitHeads(g, p[1], h);
     in.v = SplitHeads(g, p[2], h);
-    LAIR_ASSIGN_OR_RETURN(in.i, g.Unary(UnaryOp::kTanh, p[3], cap, 0.0f, 1.0f / cap));
-    LAIR_ASSIGN_OR_RETURN(in.f, g.Unary(UnaryOp::kTanh, p[4], cap, 0.0f, 1.0f / cap));
+    in.i = p[3];
+    in.f = p[4];
     LAIR_ASSIGN_OR_RETURN(
         Var cell, g.Mlstm(ctx.batch, in, ctx.State(0), ctx.State(1), ctx.State(2), ctx.form));
     cell = g.Reshape(cell, {cell.dim(0), config_.v_dim});
     LAIR_ASSIGN_OR_RETURN(Var normed,
                           g.Norm(cell, w_.norm, kernels::NormKind::kLayer,
                                  static_cast<float>(config_.base.norm_eps), config_.v_head_dim));
-    LAIR_ASSIGN_OR_RETURN(Var o, g.Unary(UnaryOp::kSigmoid, p[5]));
-    LAIR_ASSIGN_OR_RETURN(Var gated, g.Mul(o, normed));
+    LAIR_ASSIGN_OR_RETURN(Var gated, g.Mul(p[5], normed));
     return g.Linear(gated, w_.out);
   }
 

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/dense.h"
+
 namespace lair::kernels::cuda::dense {
 
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -18,6 +20,33 @@ __device__ __forceinline__ float Silu(float x) { return x * Sigmoid(x); }
 __device__ __forceinline__ float SiluGrad(float x) {
   const float s = Sigmoid(x);
   return s * (1.0f + x * (1.0f - s));
+}
+
+// f of kernels/dense.h's UnaryOp, as kernels/cpu/dense.cc writes it.
+__device__ __forceinline__ float ApplyUnary(UnaryOp op, float x) {
+  switch (op) {
+    case UnaryOp::kAffine:
+      return x;
+    case UnaryOp::kSilu:
+      return Silu(x);
+    case UnaryOp::kSigmoid:
+      return Sigmoid(x);
+    case UnaryOp::kLogSigmoid:
+      return fminf(x, 0.0f) - log1pf(expf(-fabsf(x)));
+    case UnaryOp::kSoftplus:
+      return x > 20.0f ? x : log1pf(expf(x));
+    case UnaryOp::kExp:
+      return expf(x);
+    case UnaryOp::kLog:
+      return logf(x);
+    case UnaryOp::kTanh:
+      return tanhf(x);
+    case UnaryOp::kRelu:
+      return x > 0.0f ? x : 0.0f;
+    case UnaryOp::kEluPlusOne:
+      return x > 0.0f ? x + 1.0f : expf(x);
+  }
+  return x;
 }
 
 __device__ __forceinline__ float WarpSum(float v) {

@@ -28,33 +28,6 @@ __device__ __forceinline__ int64_t GridThreads() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
 
-// f of kernels/dense.h's UnaryOp, as kernels/cpu/dense.cc writes it.
-__device__ __forceinline__ float ApplyUnary(UnaryOp op, float x) {
-  switch (op) {
-    case UnaryOp::kAffine:
-      return x;
-    case UnaryOp::kSilu:
-      return Silu(x);
-    case UnaryOp::kSigmoid:
-      return Sigmoid(x);
-    case UnaryOp::kLogSigmoid:
-      return fminf(x, 0.0f) - log1pf(expf(-fabsf(x)));
-    case UnaryOp::kSoftplus:
-      return x > 20.0f ? x : log1pf(expf(x));
-    case UnaryOp::kExp:
-      return expf(x);
-    case UnaryOp::kLog:
-      return logf(x);
-    case UnaryOp::kTanh:
-      return tanhf(x);
-    case UnaryOp::kRelu:
-      return x > 0.0f ? x : 0.0f;
-    case UnaryOp::kEluPlusOne:
-      return x > 0.0f ? x + 1.0f : expf(x);
-  }
-  return x;
-}
-
 // f'(x).
 __device__ __forceinline__ float UnaryDerivative(UnaryOp op, float x) {
   switch (op) {

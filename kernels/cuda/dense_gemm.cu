@@ -101,6 +101,7 @@ struct GemvGroup {
   const T* w[kGemvMembers] = {};         // [n_i, k]
   const float* bias[kGemvMembers] = {};  // [n_i] or null
   float* c[kGemvMembers] = {};           // [rows, n_i]
+  Activation act[kGemvMembers] = {};     // applied to each output
 };
 
 // A lane's kGemvUnroll 16-byte loads of a weight row from vector `base` on
@@ -185,18 +186,22 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const GemvGroup<T>
   const float* bias = g.bias[0];
   float* c = g.c[0];
   int64_t n = g.first_row[1];
+  Activation act = g.act[0];
 #pragma unroll
   for (int i = 1; i < kGemvMembers; ++i) {
     if (member == i) {
       bias = g.bias[i];
       c = g.c[i];
       n = g.first_row[i + 1] - g.first_row[i];
+      act = g.act[i];
     }
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     float* out = c + r * n + j;
-    *out = g.alpha * sum[r] + (g.beta == 0.0f ? 0.0f : g.beta * *out) + (bias ? bias[j] : 0.0f);
+    const float y =
+        g.alpha * sum[r] + (g.beta == 0.0f ? 0.0f : g.beta * *out) + (bias ? bias[j] : 0.0f);
+    *out = act.alpha * ApplyUnary(act.op, act.in_scale * y) + act.beta;  // y when identity
   }
 }
 
@@ -248,6 +253,7 @@ cudaError_t LaunchGemv(std::span<const GemmCall> calls, cudaStream_t stream) {
     g.w[i] = static_cast<const T*>(calls[i].b);
     g.bias[i] = calls[i].bias;
     g.c[i] = calls[i].c;
+    g.act[i] = calls[i].act;
   }
   switch (first.m) {
     case 1:
@@ -489,8 +495,24 @@ struct GemmRunner::Impl {
     for (const GemmCall& g : calls) {
       LAIR_RETURN_IF_ERROR(Matmul(FromRowMajor(g, a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias,
                                                CudaType(g.b_type), CUBLAS_COMPUTE_32F)));
+      LAIR_RETURN_IF_ERROR(Activate(g));
     }
     return absl::OkStatus();
+  }
+
+  // g.c ← g.act(g.c) in one elementwise pass, after a product that has no
+  // epilogue for it (the GEMV applies it itself).
+  absl::Status Activate(const GemmCall& g) {
+    if (g.act.identity() || g.m == 0 || g.n == 0) return absl::OkStatus();
+    UnaryParams p;
+    p.op = g.act.op;
+    p.alpha = g.act.alpha;
+    p.beta = g.act.beta;
+    p.in_scale = g.act.in_scale;
+    p.x = g.c;
+    p.y = g.c;
+    p.count = g.m * g.n;
+    return CudaStatus(LaunchUnary(p, stream), "activation");
   }
 
   // F32 activations × BF16/F16 weights in fp32: b widened per column block.
@@ -579,20 +601,26 @@ absl::Status GemmRunner::RunOne(const GemmCall& g, GemmPrecision precision) {
   if (g.k == 0) {
     ScaleBiasKernel<<<GridFor(g.m * g.n), kThreads, 0, im.stream>>>(g.c, g.n, g.m, g.n, g.beta,
                                                                     g.bias);
-    return CudaStatus(cudaGetLastError(), "gemm k = 0");
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "gemm k = 0"));
+    return im.Activate(g);
   }
   const bool fast = precision == GemmPrecision::kFast;
   if (GemvFits(g, precision)) return im.Gemv({&g, 1});
   switch (g.b_type) {
     case DType::kBF16:
-      return fast ? im.RunNarrowed<__nv_bfloat16>({&g, 1}) : im.RunWidened<__nv_bfloat16>(g);
+      if (fast) return im.RunNarrowed<__nv_bfloat16>({&g, 1});
+      LAIR_RETURN_IF_ERROR(im.RunWidened<__nv_bfloat16>(g));
+      break;
     case DType::kF16:
-      return fast ? im.RunNarrowed<__half>({&g, 1}) : im.RunWidened<__half>(g);
+      if (fast) return im.RunNarrowed<__half>({&g, 1});
+      LAIR_RETURN_IF_ERROR(im.RunWidened<__half>(g));
+      break;
     default:
-      return im.Matmul(FromRowMajor(g, g.a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias,
-                                    CUDA_R_32F,
-                                    fast ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F));
+      LAIR_RETURN_IF_ERROR(
+          im.Matmul(FromRowMajor(g, g.a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias, CUDA_R_32F,
+                                 fast ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F)));
   }
+  return im.Activate(g);
 }
 
 }  // namespace lair::kernels::cuda::dense

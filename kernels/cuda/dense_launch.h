@@ -80,6 +80,7 @@ struct GemmCall {
   float* c = nullptr;  // [m,n]
   float alpha = 1.0f, beta = 0.0f;
   const float* bias = nullptr;  // [n] or null
+  Activation act;               // then c ← act(c) (kernels/dense.h)
 };
 
 // Owns the cuBLASLt handle, its workspace, a scratch for converted operands

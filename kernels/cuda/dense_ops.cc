@@ -248,10 +248,11 @@ absl::Status CudaDenseOps::Gemm(const GemmArgs& args) {
 }
 
 absl::Status CudaDenseOps::LinearGroup(const LinearGroupArgs& args) {
-  LAIR_ASSIGN_OR_RETURN(std::vector<GemmArgs> products, LinearGroupProducts(args));
+  LAIR_ASSIGN_OR_RETURN(std::vector<LinearProduct> products, LinearGroupProducts(args));
   std::vector<dense::GemmCall> calls;
-  for (const GemmArgs& product : products) {
-    LAIR_ASSIGN_OR_RETURN(dense::GemmCall call, CheckedGemmCall(product));
+  for (const LinearProduct& product : products) {
+    LAIR_ASSIGN_OR_RETURN(dense::GemmCall call, CheckedGemmCall(product.gemm));
+    call.act = product.activation;
     calls.push_back(call);
   }
   return gemm_->RunGroup(calls, precision_);

@@ -67,19 +67,25 @@ TEST(DenseChecksTest, LinearGroupIsOneGemmPerWeight) {
   const Tensor weights[] = {F32({7, 5}), F32({2, 5})};
   const Tensor outs[] = {F32({3, 7}), F32({3, 2})};
   const Tensor biases[] = {Tensor(), F32({2})};
-  absl::StatusOr<std::vector<GemmArgs>> products = LinearGroupProducts({x, weights, biases, outs});
+  const Activation activations[] = {{}, {UnaryOp::kSigmoid}};
+  absl::StatusOr<std::vector<LinearProduct>> products =
+      LinearGroupProducts({x, weights, biases, outs, activations});
   ASSERT_TRUE(products.ok()) << products.status();
   ASSERT_EQ(products->size(), 2u);
-  EXPECT_TRUE((*products)[1].trans_b);
-  EXPECT_EQ((*products)[1].b.dim(0), 2);
-  EXPECT_FALSE((*products)[0].bias.defined());
-  EXPECT_TRUE((*products)[1].bias.defined());
+  EXPECT_TRUE((*products)[1].gemm.trans_b);
+  EXPECT_EQ((*products)[1].gemm.b.dim(0), 2);
+  EXPECT_FALSE((*products)[0].gemm.bias.defined());
+  EXPECT_TRUE((*products)[1].gemm.bias.defined());
+  EXPECT_TRUE((*products)[0].activation.identity());
+  EXPECT_EQ((*products)[1].activation.op, UnaryOp::kSigmoid);
 
   ExpectInvalid(LinearGroupProducts({x, {}, {}, {}}).status(), "LinearGroup: weights: empty");
   ExpectInvalid(LinearGroupProducts({x, weights, {}, {outs, 1}}).status(),
                 "LinearGroup: outs: 1 for 2 weights");
   ExpectInvalid(LinearGroupProducts({x, weights, {biases, 1}, outs}).status(),
                 "LinearGroup: biases: 1 for 2 weights");
+  ExpectInvalid(LinearGroupProducts({x, weights, biases, outs, {activations, 1}}).status(),
+                "LinearGroup: activations: 1 for 2 weights");
 }
 
 TEST(DenseChecksTest, BinaryBroadcastStrides) {

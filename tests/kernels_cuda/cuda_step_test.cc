@@ -96,15 +96,22 @@ TEST_F(CudaStepTest, GemmOnBf16WeightsMatchesCpuInBothPrecisions) {
     }
 }
 
-// A LinearGroup (one GEMV launch for decode-sized m, one shared activation rounding
-// on the fast cuBLASLt path) equals one CPU product per member: members of
-// different widths, some with a bias, some narrower than a GEMV block.
+// A LinearGroup with activations equals one CPU product and Unary per
+// member: one GEMV launch applying them in its epilogue for decode-sized m,
+// cuBLASLt (one shared activation rounding) and an elementwise pass above.
+// Members of different widths, some with a bias, some narrower than a GEMV
+// block.
 TEST_F(CudaStepTest, LinearGroupMatchesOneProductPerMember) {
   BackendOptions exact_options;
   auto exact = MakeBackend("cuda", exact_options);
   ASSERT_TRUE(exact.ok());
   const int64_t k = 264;
   const std::vector<int64_t> widths = {389, 16, 3, 1500, 64, 7};
+  // Identity, a scaled log-sigmoid gate, a soft cap with an offset.
+  const Activation kinds[] = {
+      {}, {UnaryOp::kLogSigmoid, 0.0625f}, {UnaryOp::kTanh, 2.0f, 0.1f, 0.5f}};
+  std::vector<Activation> activations;
+  for (size_t i = 0; i < widths.size(); ++i) activations.push_back(kinds[i % 3]);
   for (int64_t m : {1, 2, 3, 8, 9, 64}) {
     for (bool fast : {false, true}) {
       Backend& gpu = fast ? *gpu_ : **exact;
@@ -126,12 +133,15 @@ TEST_F(CudaStepTest, LinearGroupMatchesOneProductPerMember) {
                          0.0f,
                          bias};
         ASSERT_TRUE(cpu_->Gemm(product).ok()) << what;
+        const Activation& act = activations[i];
+        ASSERT_TRUE(
+            cpu_->Unary({act.op, act.alpha, act.beta, act.in_scale, product.c, product.c}).ok());
         want.push_back(product.c);
         weights.push_back(*w_bf16);
         biases.push_back(bias.defined() ? Up(bias) : Tensor());
         outs.push_back(Up(Rand({m, widths[i]})));  // overwritten whole
       }
-      ASSERT_TRUE(gpu.LinearGroup({Up(a), weights, biases, outs}).ok()) << what;
+      ASSERT_TRUE(gpu.LinearGroup({Up(a), weights, biases, outs, activations}).ok()) << what;
       for (size_t i = 0; i < widths.size(); ++i) {
         EXPECT_LE(RelativeError(Down(outs[i]), want[i]),
                   fast && m > kFastGemvRows ? kBf16Tol : 1e-5)

@@ -229,9 +229,10 @@ TEST_F(CudaDenseTest, NormForwardAndBackwardEveryMode) {
     int64_t rows, cols;
     int group_size;
   };
-  // Warp teams with 16-byte loads, warp teams scalar (group 10), block teams (2048).
-  for (Case cs :
-       {Case{7, 64, 0}, Case{7, 64, 16}, Case{5, 30, 10}, Case{3, 2048, 0}, Case{70, 48, 0}}) {
+  // Few groups (block teams in the forward), many groups (warp teams: with
+  // 16-byte loads, and scalar for group 10), long groups (block teams, 2048).
+  for (Case cs : {Case{7, 64, 0}, Case{7, 64, 16}, Case{5, 30, 10}, Case{3, 2048, 0},
+                  Case{70, 48, 0}, Case{130, 64, 16}, Case{300, 30, 10}}) {
     for (NormKind kind : {NormKind::kRms, NormKind::kLayer}) {
       for (NormGate gate : {NormGate::kNone, NormGate::kAfter, NormGate::kBefore}) {
         for (bool weight : {true, false}) {
