@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/dense_checks.h"
+#include "kernels/unary_math.h"
 
 namespace lair::kernels::cpu {
 namespace {
@@ -27,69 +28,6 @@ absl::Status CheckIndices(std::string_view op, std::string_view field, std::stri
     }
   }
   return absl::OkStatus();
-}
-
-float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-float Silu(float x) { return x * Sigmoid(x); }
-float SiluGrad(float x) {
-  float s = Sigmoid(x);
-  return s * (1.0f + x * (1.0f - s));
-}
-
-float ApplyUnary(UnaryOp op, float x) {
-  switch (op) {
-    case UnaryOp::kAffine:
-      return x;
-    case UnaryOp::kSilu:
-      return Silu(x);
-    case UnaryOp::kSigmoid:
-      return Sigmoid(x);
-    case UnaryOp::kLogSigmoid:
-      return std::min(x, 0.0f) - std::log1p(std::exp(-std::fabs(x)));
-    case UnaryOp::kSoftplus:
-      return x > 20.0f ? x : std::log1p(std::exp(x));
-    case UnaryOp::kExp:
-      return std::exp(x);
-    case UnaryOp::kLog:
-      return std::log(x);
-    case UnaryOp::kTanh:
-      return std::tanh(x);
-    case UnaryOp::kRelu:
-      return x > 0.0f ? x : 0.0f;
-    case UnaryOp::kEluPlusOne:
-      return x > 0.0f ? x + 1.0f : std::exp(x);
-  }
-  return x;
-}
-
-float UnaryDerivative(UnaryOp op, float x) {
-  switch (op) {
-    case UnaryOp::kAffine:
-      return 1.0f;
-    case UnaryOp::kSilu:
-      return SiluGrad(x);
-    case UnaryOp::kSigmoid: {
-      float s = Sigmoid(x);
-      return s * (1.0f - s);
-    }
-    case UnaryOp::kLogSigmoid:
-      return Sigmoid(-x);
-    case UnaryOp::kSoftplus:
-      return x > 20.0f ? 1.0f : Sigmoid(x);
-    case UnaryOp::kExp:
-      return std::exp(x);
-    case UnaryOp::kLog:
-      return 1.0f / x;
-    case UnaryOp::kTanh: {
-      float t = std::tanh(x);
-      return 1.0f - t * t;
-    }
-    case UnaryOp::kRelu:
-      return x > 0.0f ? 1.0f : 0.0f;
-    case UnaryOp::kEluPlusOne:
-      return x > 0.0f ? 1.0f : std::exp(x);
-  }
-  return 1.0f;
 }
 
 // Calls f(i, offset_a, offset_b) for every row-major index i of `shape`.

@@ -1,6 +1,7 @@
-// Device helpers shared by the dense kernels (dense_*.cu): activations written
-// as the CPU reference writes them, warp and block reductions, the sequence of
-// a packed token, 16-byte vector access and the column-sum finisher.
+// Device helpers shared by the dense kernels (dense_*.cu): warp and block
+// reductions, the sequence of a packed token, 16-byte vector access and the
+// column-sum finisher; the activations come from kernels/unary_math.h, shared
+// with the CPU reference.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,46 +9,11 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/dense.h"
+#include "kernels/unary_math.h"
 
 namespace lair::kernels::cuda::dense {
 
 constexpr unsigned kFullMask = 0xffffffffu;
-
-// σ(x) = 1 / (1 + e^−x), silu(x) = x·σ(x), silu'(x) = σ(x)·(1 + x·(1 − σ(x))).
-__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ __forceinline__ float Silu(float x) { return x * Sigmoid(x); }
-__device__ __forceinline__ float SiluGrad(float x) {
-  const float s = Sigmoid(x);
-  return s * (1.0f + x * (1.0f - s));
-}
-
-// f of kernels/dense.h's UnaryOp, as kernels/cpu/dense.cc writes it.
-__device__ __forceinline__ float ApplyUnary(UnaryOp op, float x) {
-  switch (op) {
-    case UnaryOp::kAffine:
-      return x;
-    case UnaryOp::kSilu:
-      return Silu(x);
-    case UnaryOp::kSigmoid:
-      return Sigmoid(x);
-    case UnaryOp::kLogSigmoid:
-      return fminf(x, 0.0f) - log1pf(expf(-fabsf(x)));
-    case UnaryOp::kSoftplus:
-      return x > 20.0f ? x : log1pf(expf(x));
-    case UnaryOp::kExp:
-      return expf(x);
-    case UnaryOp::kLog:
-      return logf(x);
-    case UnaryOp::kTanh:
-      return tanhf(x);
-    case UnaryOp::kRelu:
-      return x > 0.0f ? x : 0.0f;
-    case UnaryOp::kEluPlusOne:
-      return x > 0.0f ? x + 1.0f : expf(x);
-  }
-  return x;
-}
 
 __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll

@@ -28,37 +28,6 @@ __device__ __forceinline__ int64_t GridThreads() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
 
-// f'(x).
-__device__ __forceinline__ float UnaryDerivative(UnaryOp op, float x) {
-  switch (op) {
-    case UnaryOp::kAffine:
-      return 1.0f;
-    case UnaryOp::kSilu:
-      return SiluGrad(x);
-    case UnaryOp::kSigmoid: {
-      const float s = Sigmoid(x);
-      return s * (1.0f - s);
-    }
-    case UnaryOp::kLogSigmoid:
-      return Sigmoid(-x);
-    case UnaryOp::kSoftplus:
-      return x > 20.0f ? 1.0f : Sigmoid(x);
-    case UnaryOp::kExp:
-      return expf(x);
-    case UnaryOp::kLog:
-      return 1.0f / x;
-    case UnaryOp::kTanh: {
-      const float t = tanhf(x);
-      return 1.0f - t * t;
-    }
-    case UnaryOp::kRelu:
-      return x > 0.0f ? 1.0f : 0.0f;
-    case UnaryOp::kEluPlusOne:
-      return x > 0.0f ? 1.0f : expf(x);
-  }
-  return 1.0f;
-}
-
 __device__ __forceinline__ float ApplyBinary(BinaryOp op, float u, float v) {
   switch (op) {
     case BinaryOp::kAdd:
