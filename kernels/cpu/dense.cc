@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/dense_checks.h"
-#include "kernels/unary_math.h"
+#include "kernels/elementwise_math.h"
 
 namespace lair::kernels::cpu {
 namespace {
@@ -231,21 +231,7 @@ absl::Status BinaryCpu(const BinaryArgs& args) {
   const float* a = args.a.f32();
   const float* b = args.b.f32();
   float* y = args.y.f32();
-  auto apply = [&](float u, float v) {
-    switch (args.op) {
-      case BinaryOp::kAdd:
-        return u + v;
-      case BinaryOp::kSub:
-        return u - v;
-      case BinaryOp::kMul:
-        return u * v;
-      case BinaryOp::kDiv:
-        return u / v;
-      case BinaryOp::kSiluMul:
-        return Silu(u) * v;
-    }
-    return u;
-  };
+  auto apply = [&](float u, float v) { return ApplyBinary(args.op, u, v); };
   if (args.a.shape() == args.y.shape() && args.b.shape() == args.y.shape()) {
     for (int64_t i = 0; i < args.y.numel(); ++i) y[i] = apply(a[i], b[i]);
   } else {

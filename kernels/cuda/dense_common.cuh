@@ -1,7 +1,7 @@
 // Device helpers shared by the dense kernels (dense_*.cu): warp and block
 // reductions, the sequence of a packed token, 16-byte vector access and the
-// column-sum finisher; the activations come from kernels/unary_math.h, shared
-// with the CPU reference.
+// column-sum finisher; the elementwise functions come from
+// kernels/elementwise_math.h, shared with the CPU reference.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,7 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/unary_math.h"
+#include "kernels/elementwise_math.h"
 
 namespace lair::kernels::cuda::dense {
 

@@ -28,22 +28,6 @@ __device__ __forceinline__ int64_t GridThreads() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
 
-__device__ __forceinline__ float ApplyBinary(BinaryOp op, float u, float v) {
-  switch (op) {
-    case BinaryOp::kAdd:
-      return u + v;
-    case BinaryOp::kSub:
-      return u - v;
-    case BinaryOp::kMul:
-      return u * v;
-    case BinaryOp::kDiv:
-      return u / v;
-    case BinaryOp::kSiluMul:
-      return Silu(u) * v;
-  }
-  return u;
-}
-
 // Offsets of output element i in operands a and b.
 __device__ __forceinline__ void BroadcastOffsets(const BroadcastIndex& ix, int64_t i, int64_t* oa,
                                                  int64_t* ob) {

@@ -1,7 +1,7 @@
-// The functions of kernels/dense.h's UnaryOp and their derivatives, written
-// once for the CPU reference (kernels/cpu/dense.cc) and the CUDA kernels
-// (kernels/cuda/dense_common.cuh), so that both evaluate the same float
-// expressions:
+// The functions of kernels/dense.h's UnaryOp (and their derivatives) and
+// BinaryOp, written once for the CPU reference (kernels/cpu/dense.cc) and the
+// CUDA kernels (kernels/cuda/dense_common.cuh), so that both evaluate the
+// same float expressions:
 //   σ(x) = 1 / (1 + e^−x),  silu(x) = x·σ(x),  silu'(x) = σ(x)·(1 + x·(1 − σ(x))),
 //   log σ(x) = min(x, 0) − log(1 + e^−|x|)  (stable on both sides),
 //   softplus(x) = x above 20 (PyTorch's threshold), else log(1 + eˣ).
@@ -82,6 +82,23 @@ LAIR_HOST_DEVICE float UnaryDerivative(UnaryOp op, float x) {
       return x > 0.0f ? 1.0f : expf(x);
   }
   return 1.0f;
+}
+
+// u ∘ v of `op`.
+LAIR_HOST_DEVICE float ApplyBinary(BinaryOp op, float u, float v) {
+  switch (op) {
+    case BinaryOp::kAdd:
+      return u + v;
+    case BinaryOp::kSub:
+      return u - v;
+    case BinaryOp::kMul:
+      return u * v;
+    case BinaryOp::kDiv:
+      return u / v;
+    case BinaryOp::kSiluMul:
+      return Silu(u) * v;
+  }
+  return u;
 }
 
 }  // namespace lair::kernels
