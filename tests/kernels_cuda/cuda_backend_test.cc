@@ -30,6 +30,39 @@ class CudaVsCpu : public CudaVsCpuTest {
  protected:
   CudaVsCpu() : CudaVsCpuTest(7) {}
 
+  // One decay forward's arguments for each backend over batch_, from the same
+  // random inputs: q/k/v in `dt` (the CPU's rounded to it and held in fp32),
+  // fp32 gates, initial states h0 in the pool's S + 1 slots, the GPU output
+  // poisoned so that every element must be written.
+  struct DecayPair {
+    DecayForwardArgs cpu, gpu;
+    Tensor h0;  // host [S + 1, H, K, V]
+  };
+  DecayPair MakeDecayPair(DecayKind kind, DType dt, int H, int K, int V, float scale) {
+    const int64_t n = offsets_.back();
+    const int S = batch_.num_seqs;
+    const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
+    const Tensor lg = Rand({H}, -0.5f, -0.01f), g = Rand({n, H}, -1, -0.01f);
+    const Tensor gk = Rand({n, H, K}, -1, -0.01f), gv = Rand({n, H, V}, -1, -0.01f);
+    DecayPair p;
+    p.h0 = Rand({S + 1, H, K, V}, -1, 1);
+    DecayForwardArgs &c = p.cpu, &d = p.gpu;
+    for (DecayForwardArgs* a : {&c, &d}) {
+      a->kind = kind;
+      a->heads = H, a->key_dim = K, a->value_dim = V, a->scale = scale;
+    }
+    c.q = Cpu(q, dt), c.k = Cpu(k, dt), c.v = Cpu(v, dt);
+    d.q = Gpu(q, dt), d.k = Gpu(k, dt), d.v = Gpu(v, dt);
+    c.log_gamma = lg.Clone(), c.g = g.Clone(), c.gk = gk.Clone(), c.gv = gv.Clone();
+    d.log_gamma = Gpu(lg, DType::kF32), d.g = Gpu(g, DType::kF32);
+    d.gk = Gpu(gk, DType::kF32), d.gv = Gpu(gv, DType::kF32);
+    c.o = Tensor::Zeros(DType::kF32, {n, H, V});
+    d.o = Gpu(Rand({n, H, V}, 7, 8), dt);
+    c.state = p.h0.Clone();
+    d.state = Gpu(p.h0, DType::kF32);
+    return p;
+  }
+
   // MlstmBackward on the GPU against the CPU over batch_ (H = 2), from random
   // inputs with forget-gate pre-activations in [f_lo, f_hi], initial states
   // in the pool's slots (unless batch_ starts from zero), every cotangent
@@ -100,26 +133,10 @@ TEST_F(CudaVsCpu, DecayForwardAndBackward) {
           const std::string what = "K=" + std::to_string(K) + " " + std::string(DTypeName(dt)) +
                                    " kind " + std::to_string(static_cast<int>(kind)) +
                                    (step ? " step" : " chunked");
-          const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1),
-                       v = Rand({n, H, V}, -1, 1);
-          const Tensor lg = Rand({H}, -0.5f, -0.01f), g = Rand({n, H}, -1, -0.01f);
-          const Tensor gk = Rand({n, H, K}, -1, -0.01f), gv = Rand({n, H, V}, -1, -0.01f);
-          const Tensor h0 = Rand({S + 1, H, K, V}, -1, 1), d_o = Rand({n, H, V}, -1, 1);
-          const Tensor d_ht = Rand({S, H, K, V}, -1, 1);
-          DecayForwardArgs c, d;
-          for (DecayForwardArgs* a : {&c, &d}) {
-            a->kind = kind;
-            a->heads = H, a->key_dim = K, a->value_dim = V, a->scale = 0.125f;
-          }
-          c.q = Cpu(q, dt), c.k = Cpu(k, dt), c.v = Cpu(v, dt);
-          d.q = Gpu(q, dt), d.k = Gpu(k, dt), d.v = Gpu(v, dt);
-          c.log_gamma = lg.Clone(), c.g = g.Clone(), c.gk = gk.Clone(), c.gv = gv.Clone();
-          d.log_gamma = Gpu(lg, DType::kF32), d.g = Gpu(g, DType::kF32);
-          d.gk = Gpu(gk, DType::kF32), d.gv = Gpu(gv, DType::kF32);
-          c.o = Tensor::Zeros(DType::kF32, {n, H, V});
-          d.o = Gpu(Rand({n, H, V}, 7, 8), dt);  // poisoned: every element must be written
-          c.state = h0.Clone();
-          d.state = Gpu(h0, DType::kF32);
+          DecayPair pair = MakeDecayPair(kind, dt, H, K, V, 0.125f);
+          DecayForwardArgs &c = pair.cpu, &d = pair.gpu;
+          const Tensor& h0 = pair.h0;
+          const Tensor d_o = Rand({n, H, V}, -1, 1), d_ht = Rand({S, H, K, V}, -1, 1);
           const Tensor h0_gpu = Gpu(h0, DType::kF32);
 
           ASSERT_TRUE(cpu_->DecayForward(batch_, c, MixerForm::kChunked).ok());
@@ -360,30 +377,11 @@ TEST_F(CudaVsCpu, DecayForwardWideKeys) {
     for (DecayKind kind : kKinds) {
       for (bool step : {false, true}) {
         MakeBatch(step ? std::vector<int>{1, 1, 1} : std::vector<int>{70, 1, 0, 33});
-        const int64_t n = offsets_.back();
-        const int S = batch_.num_seqs;
         const std::string what = std::string(DTypeName(dt)) + " kind " +
                                  std::to_string(static_cast<int>(kind)) +
                                  (step ? " step" : " chunked");
-        const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1),
-                     v = Rand({n, H, V}, -1, 1);
-        const Tensor lg = Rand({H}, -0.5f, -0.01f), g = Rand({n, H}, -1, -0.01f);
-        const Tensor gk = Rand({n, H, K}, -1, -0.01f), gv = Rand({n, H, V}, -1, -0.01f);
-        const Tensor h0 = Rand({S + 1, H, K, V}, -1, 1);
-        DecayForwardArgs c, d;
-        for (DecayForwardArgs* a : {&c, &d}) {
-          a->kind = kind;
-          a->heads = H, a->key_dim = K, a->value_dim = V, a->scale = 0.0625f;
-        }
-        c.q = Cpu(q, dt), c.k = Cpu(k, dt), c.v = Cpu(v, dt);
-        d.q = Gpu(q, dt), d.k = Gpu(k, dt), d.v = Gpu(v, dt);
-        c.log_gamma = lg.Clone(), c.g = g.Clone(), c.gk = gk.Clone(), c.gv = gv.Clone();
-        d.log_gamma = Gpu(lg, DType::kF32), d.g = Gpu(g, DType::kF32);
-        d.gk = Gpu(gk, DType::kF32), d.gv = Gpu(gv, DType::kF32);
-        c.o = Tensor::Zeros(DType::kF32, {n, H, V});
-        d.o = Gpu(Rand({n, H, V}, 7, 8), dt);
-        c.state = h0.Clone();
-        d.state = Gpu(h0, DType::kF32);
+        DecayPair pair = MakeDecayPair(kind, dt, H, K, V, 0.0625f);
+        DecayForwardArgs &c = pair.cpu, &d = pair.gpu;
         ASSERT_TRUE(cpu_->DecayForward(batch_, c, MixerForm::kChunked).ok());
         const absl::Status st =
             gpu_->DecayForward(batch_, d, step ? MixerForm::kRecurrent : MixerForm::kChunked);
