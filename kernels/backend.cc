@@ -47,13 +47,25 @@ absl::Status Backend::ArgmaxRows(const Tensor& logits, const Tensor& ids) {
 }
 
 absl::Status Backend::LinearGroup(const LinearGroupArgs& args) {
-  LAIR_ASSIGN_OR_RETURN(std::vector<LinearProduct> products, LinearGroupProducts(args));
-  for (const LinearProduct& product : products) {
-    LAIR_RETURN_IF_ERROR(Gemm(product.gemm));
+  LAIR_ASSIGN_OR_RETURN(std::vector<LinearProduct> products, LinearGroupProducts(args, device()));
+  for (LinearProduct& product : products) {
+    GemmArgs& gemm = product.gemm;
     const Activation& act = product.activation;
-    if (act.identity()) continue;
-    const Tensor& c = product.gemm.c;
-    LAIR_RETURN_IF_ERROR(Unary({act.op, act.alpha, act.beta, act.in_scale, c, c}));
+    // Without an activation the residual is the product's c (beta = 1).
+    const bool residual_in_product = product.residual.defined() && act.identity();
+    if (residual_in_product) {
+      if (product.residual.raw() != gemm.c.raw()) {
+        LAIR_RETURN_IF_ERROR(Copy(product.residual, gemm.c));
+      }
+      gemm.beta = 1.0f;
+    }
+    LAIR_RETURN_IF_ERROR(Gemm(gemm));
+    if (!act.identity()) {
+      LAIR_RETURN_IF_ERROR(Unary({act.op, act.alpha, act.beta, act.in_scale, gemm.c, gemm.c}));
+    }
+    if (product.residual.defined() && !residual_in_product) {
+      LAIR_RETURN_IF_ERROR(Binary({BinaryOp::kAdd, gemm.c, product.residual, gemm.c}));
+    }
   }
   return absl::OkStatus();
 }

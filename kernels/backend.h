@@ -113,7 +113,8 @@ class Backend {
   // --- Dense operations used by the model skeleton ------------------------
   // Argument structs, shapes and math in kernels/dense.h. CPU: kernels/cpu/dense.cc.
   virtual absl::Status Gemm(const GemmArgs& args) = 0;
-  // The default runs one Gemm per weight, after checking them all.
+  // The default runs one Gemm per weight, each followed by its activation
+  // and residual.
   virtual absl::Status LinearGroup(const LinearGroupArgs& args);
   virtual absl::Status Embedding(const EmbeddingArgs& args) = 0;
   virtual absl::Status EmbeddingBackward(const EmbeddingBackwardArgs& args) = 0;

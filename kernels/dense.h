@@ -71,20 +71,16 @@ enum class NormGate {
 // Normalization over groups of `group_size` consecutive elements of each row
 // (group_size 0 means the whole row). `weight` spans the whole row, so a
 // per-head norm whose weight is shared by every head is run on x viewed as
-// [rows·heads, head_dim]. With `residual` (ungated forward only) the op
-// normalizes u = x + residual and writes u to `sum`: a residual add and the
-// next sublayer's norm in one pass.
+// [rows·heads, head_dim].
 struct NormArgs {
   NormKind kind = NormKind::kRms;
   NormGate gate_mode = NormGate::kNone;
   float eps = 1e-6f;
   int group_size = 0;
-  Tensor x;         // [R,C] F32
-  Tensor weight;    // [C] F32 or undefined (no affine weight)
-  Tensor gate;      // [R,C] F32 when gate_mode != kNone
-  Tensor y;         // written [R,C] F32
-  Tensor residual;  // [R,C] F32 or undefined
-  Tensor sum;       // written [R,C] F32 (x + residual) when residual is defined
+  Tensor x;       // [R,C] F32
+  Tensor weight;  // [C] F32 or undefined (no affine weight)
+  Tensor gate;    // [R,C] F32 when gate_mode != kNone
+  Tensor y;       // written [R,C] F32
 };
 
 struct NormBackwardArgs {
@@ -138,16 +134,20 @@ struct Activation {
 };
 
 // Linear layers that read the same input: outs[i] = act_i(x · weights[i]ᵀ
-// (+ biases[i])), each product exactly GemmArgs{x, weights[i], outs[i]}
-// (trans_b) and each act_i a Unary on it. One op so that a backend may read
-// x once and stream every weight in one launch (a decode step's q/k/v/gate
-// projections, an MLP's gate and up) with the activations in its epilogue.
+// (+ biases[i])) (+ residuals[i]), each product exactly GemmArgs{x,
+// weights[i], outs[i]} (trans_b), each act_i a Unary on it and the residual
+// added last. One op so that a backend may read x once and stream every
+// weight in one launch (a decode step's q/k/v/gate projections, an MLP's
+// gate and up) with the activations and the residual add in its epilogue (a
+// block's last product joining the residual stream). An out may alias its
+// residual, nothing else.
 struct LinearGroupArgs {
   Tensor x;                                      // [M,K] F32
   std::span<const Tensor> weights;               // each [N_i,K] (dtypes as GemmArgs::b)
   std::span<const Tensor> biases;                // empty, or one per weight: [N_i] F32 or undefined
   std::span<const Tensor> outs;                  // written, each [M,N_i] F32
   std::span<const Activation> activations = {};  // empty (none), or one per weight
+  std::span<const Tensor> residuals = {};  // empty, or one per weight: [M,N_i] F32 or undefined
 };
 
 enum class BinaryOp {

@@ -207,7 +207,8 @@ absl::StatusOr<GemmDims> CheckGemmArgs(const GemmArgs& args, Device device,
   return dims;
 }
 
-absl::StatusOr<std::vector<LinearProduct>> LinearGroupProducts(const LinearGroupArgs& args) {
+absl::StatusOr<std::vector<LinearProduct>> LinearGroupProducts(const LinearGroupArgs& args,
+                                                               Device device) {
   constexpr std::string_view kOp = "LinearGroup";
   if (args.weights.empty()) return InvalidDenseArg(kOp, "weights", "empty group");
   if (args.outs.size() != args.weights.size()) {
@@ -223,6 +224,11 @@ absl::StatusOr<std::vector<LinearProduct>> LinearGroupProducts(const LinearGroup
         kOp, "activations",
         absl::StrCat(args.activations.size(), " for ", args.weights.size(), " weights"));
   }
+  if (!args.residuals.empty() && args.residuals.size() != args.weights.size()) {
+    return InvalidDenseArg(
+        kOp, "residuals",
+        absl::StrCat(args.residuals.size(), " for ", args.weights.size(), " weights"));
+  }
   std::vector<LinearProduct> products;
   for (size_t i = 0; i < args.weights.size(); ++i) {
     LinearProduct product;
@@ -231,6 +237,14 @@ absl::StatusOr<std::vector<LinearProduct>> LinearGroupProducts(const LinearGroup
     product.gemm.c = args.outs[i];
     if (!args.biases.empty()) product.gemm.bias = args.biases[i];
     if (!args.activations.empty()) product.activation = args.activations[i];
+    if (!args.residuals.empty() && args.residuals[i].defined()) {
+      const std::string name = absl::StrCat("residuals[", i, "]");
+      LAIR_RETURN_IF_ERROR(CheckTensor(kOp, name, args.residuals[i], device, DType::kF32, 2));
+      LAIR_RETURN_IF_ERROR(
+          CheckTensor(kOp, absl::StrCat("outs[", i, "]"), args.outs[i], device, DType::kF32, 2));
+      LAIR_RETURN_IF_ERROR(CheckShape(kOp, name, args.residuals[i], args.outs[i].shape()));
+      product.residual = args.residuals[i];
+    }
     products.push_back(std::move(product));
   }
   return products;
@@ -257,15 +271,6 @@ absl::StatusOr<int64_t> CheckNormArgs(const NormArgs& args, Device device) {
   LAIR_ASSIGN_OR_RETURN(int64_t group, CheckNormInputs(kOp, args, device));
   LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y, device, DType::kF32, 2));
   LAIR_RETURN_IF_ERROR(CheckShape(kOp, "y", args.y, args.x.shape()));
-  if (args.residual.defined()) {
-    if (args.gate_mode != NormGate::kNone) {
-      return InvalidDenseArg(kOp, "residual", "only an ungated norm adds a residual");
-    }
-    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "residual", args.residual, device, DType::kF32, 2));
-    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "residual", args.residual, args.x.shape()));
-    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "sum", args.sum, device, DType::kF32, 2));
-    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "sum", args.sum, args.x.shape()));
-  }
   return group;
 }
 
@@ -273,9 +278,6 @@ absl::StatusOr<int64_t> CheckNormBackwardArgs(const NormBackwardArgs& args, Devi
   constexpr std::string_view kOp = "NormBackward";
   const NormArgs& fwd = args.fwd;
   LAIR_ASSIGN_OR_RETURN(int64_t group, CheckNormInputs(kOp, fwd, device));
-  if (fwd.residual.defined()) {
-    return InvalidDenseArg(kOp, "fwd.residual", "a residual norm has no backward (add, then norm)");
-  }
   LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_y", args.d_y, device, DType::kF32, 2));
   LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_y", args.d_y, fwd.x.shape()));
   LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dx", args.dx, device, DType::kF32, 2));

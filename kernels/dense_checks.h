@@ -36,15 +36,19 @@ struct GemmDims {
 absl::StatusOr<GemmDims> CheckGemmArgs(const GemmArgs& args, Device device,
                                        std::span<const DType> weight_dtypes);
 
-// One member of a linear group: its product and the activation applied to it.
+// One member of a linear group: its product, the activation applied to it
+// and the residual added last.
 struct LinearProduct {
   GemmArgs gemm;
   Activation activation;
+  Tensor residual;  // [M,N] F32 or undefined
 };
-// The group's members, after checking that the spans agree in length and
-// that the group is not empty (each product's own fields are checked by the
-// Gemm that runs it, or by CheckGemmArgs).
-absl::StatusOr<std::vector<LinearProduct>> LinearGroupProducts(const LinearGroupArgs& args);
+// The group's members, after checking that the spans agree in length, that
+// the group is not empty and that residuals match their outputs (each
+// product's own fields are checked by the Gemm that runs it, or by
+// CheckGemmArgs).
+absl::StatusOr<std::vector<LinearProduct>> LinearGroupProducts(const LinearGroupArgs& args,
+                                                               Device device);
 
 absl::Status CheckEmbeddingArgs(const EmbeddingArgs& args, Device device);
 absl::Status CheckEmbeddingBackwardArgs(const EmbeddingBackwardArgs& args, Device device);

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <map>
 #include <set>
-#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -221,33 +220,30 @@ absl::StatusOr<Var> Decoder::Run(Graph& g, StepContext ctx, const Tensor& tokens
     LAIR_ASSIGN_OR_RETURN(extras, spec_.layer_extras(g));
   }
   LAIR_ASSIGN_OR_RETURN(Var x, g.Embedding(spec_.embedding, tokens));
-  // x is the residual stream, h the normed input of the next sublayer; each
-  // sublayer's output joins x in the pass that norms it for the next one.
-  LAIR_ASSIGN_OR_RETURN(Var h, g.Norm(x, spec_.layers.front().mixer_norm, NormKind::kRms, eps));
+  // x is the residual stream. Each block's first products form its input
+  // norm and its last product adds its output back to x.
   for (size_t i = 0; i < spec_.layers.size(); ++i) {
     const LayerSpec& layer = spec_.layers[i];
     ctx.state_base = state_base_[i];
     ctx.layer_extra = extras.empty() ? Var{} : extras[i];
-    LAIR_ASSIGN_OR_RETURN(Var branch, layer.mixer->Forward(g, h, ctx));
+    LAIR_ASSIGN_OR_RETURN(
+        x, layer.mixer->Forward(g, LinearInput::Normed(x, layer.mixer_norm, NormKind::kRms, eps),
+                                ctx));
     if (layer.mlp_norm >= 0) {
-      LAIR_ASSIGN_OR_RETURN(auto joined, g.AddNorm(x, branch, layer.mlp_norm, NormKind::kRms, eps));
-      std::tie(x, h) = std::move(joined);
-      LAIR_ASSIGN_OR_RETURN(Var act, g.SwiGlu(h, layer.mlp_gate, layer.mlp_up));
-      LAIR_ASSIGN_OR_RETURN(branch, g.Linear(act, layer.mlp_down));
-    }
-    if (i + 1 < spec_.layers.size()) {
+      const LinearWeight gate_up[] = {{layer.mlp_gate}, {layer.mlp_up}};
       LAIR_ASSIGN_OR_RETURN(
-          auto joined, g.AddNorm(x, branch, spec_.layers[i + 1].mixer_norm, NormKind::kRms, eps));
-      std::tie(x, h) = std::move(joined);
-    } else {
-      LAIR_ASSIGN_OR_RETURN(x, g.Add(x, branch));
+          std::vector<Var> proj,
+          g.Linears(LinearInput::Normed(x, layer.mlp_norm, NormKind::kRms, eps), gate_up));
+      LAIR_ASSIGN_OR_RETURN(x,
+                            g.Linear(LinearInput::SiluMul(proj[0], proj[1]), {layer.mlp_down}, x));
     }
   }
   if (last_rows.defined()) {
     LAIR_ASSIGN_OR_RETURN(x, g.GatherRows(x, last_rows));
   }
-  LAIR_ASSIGN_OR_RETURN(x, g.Norm(x, spec_.final_norm, NormKind::kRms, eps));
-  LAIR_ASSIGN_OR_RETURN(Var logits, g.Linear(x, spec_.lm_head));
+  LAIR_ASSIGN_OR_RETURN(
+      Var logits,
+      g.Linear(LinearInput::Normed(x, spec_.final_norm, NormKind::kRms, eps), {spec_.lm_head}));
   if (spec_.logit_soft_cap > 0) {
     LAIR_ASSIGN_OR_RETURN(logits, g.Unary(UnaryOp::kTanh, logits, spec_.logit_soft_cap, 0.0f,
                                           1.0f / spec_.logit_soft_cap));

@@ -51,8 +51,11 @@ class Mixer {
   // cache holds `max_context` tokens), in the order State(i) reads them.
   virtual void DeclareState(const std::string& prefix, int max_context,
                             StateLayout* layout) const = 0;
-  // x: [N, hidden] normalized block input; returns [N, hidden].
-  virtual absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const = 0;
+  // in: the residual stream in.x [N, hidden] under the block's input norm,
+  // which the mixer's first products form (Graph::Linears); returns in.x
+  // plus the mixer's output, added by its last product.
+  virtual absl::StatusOr<Var> Forward(Graph& g, const LinearInput& in,
+                                      const StepContext& ctx) const = 0;
 };
 
 // Checkpoint names of the skeleton's weights ("{i}" is the layer index).

@@ -107,7 +107,7 @@ void ProjectionTriple::DeclareState(const std::string& prefix, StateLayout* layo
 }
 
 absl::StatusOr<std::vector<Var>> ProjectionTriple::Forward(
-    Graph& g, const Var& x, const StepContext& ctx, int first_state,
+    Graph& g, const LinearInput& x, const StepContext& ctx, int first_state,
     std::span<const LinearWeight> also) const {
   std::vector<LinearWeight> weights = {{proj[0]}, {proj[1]}, {proj[2]}};
   weights.insert(weights.end(), also.begin(), also.end());
@@ -135,16 +135,18 @@ absl::StatusOr<HeadOutputGate> HeadOutputGate::Declare(Params& params, const std
   return out;
 }
 
-absl::StatusOr<Var> HeadOutputGate::Forward(Graph& g, const Var& gate_proj, const Var& o) const {
-  Var normed;
+LinearInput HeadOutputGate::Input(Graph& g, const Var& gate_proj, const Var& o) const {
+  LinearInput in;
+  in.x = g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)});
+  in.kind = LinearInput::Kind::kNorm;
+  in.eps = eps;
+  in.group_size = static_cast<int>(o.dim(2));
+  in.norm_weight = norm;
   if (gate >= 0) {
-    LAIR_ASSIGN_OR_RETURN(
-        normed, g.Norm(o, norm, kernels::NormKind::kRms, eps, 0, kernels::NormGate::kAfter,
-                       g.Reshape(gate_proj, o.shape())));
-  } else {
-    LAIR_ASSIGN_OR_RETURN(normed, g.Norm(o, norm, kernels::NormKind::kRms, eps));
+    in.gate_mode = kernels::NormGate::kAfter;
+    in.gate = gate_proj;
   }
-  return g.Reshape(normed, {o.dim(0), o.dim(1) * o.dim(2)});
+  return in;
 }
 
 absl::StatusOr<Var> Activation(Graph& g, const std::string& name, const Var& x) {

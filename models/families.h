@@ -85,7 +85,7 @@ struct ProjectionTriple {
   void DeclareState(const std::string& prefix, StateLayout* layout) const;
   // The three projections of x (each convolved when use_conv), followed by
   // the projections `also` of x (not convolved), all from one Graph::Linears.
-  absl::StatusOr<std::vector<Var>> Forward(Graph& g, const Var& x, const StepContext& ctx,
+  absl::StatusOr<std::vector<Var>> Forward(Graph& g, const LinearInput& x, const StepContext& ctx,
                                            int first_state,
                                            std::span<const LinearWeight> also = {}) const;
 };
@@ -116,9 +116,10 @@ struct HeadOutputGate {
   std::vector<LinearWeight> Projections() const {
     return gate >= 0 ? std::vector<LinearWeight>{{gate}} : std::vector<LinearWeight>{};
   }
-  // gate_proj: g_proj(x) [N, H·head_v_dim] when gated (else unused); o:
-  // [N, H, head_v_dim]. Returns [N, H·head_v_dim].
-  absl::StatusOr<Var> Forward(Graph& g, const Var& gate_proj, const Var& o) const;
+  // The input of o_proj: o [N, H, head_v_dim] as [N, H·head_v_dim] under the
+  // per-head norm, gated by gate_proj = g_proj(x) [N, H·head_v_dim] when
+  // gated (else unused); o_proj's product forms it.
+  LinearInput Input(Graph& g, const Var& gate_proj, const Var& o) const;
 };
 
 // An activation by its fla/transformers ACT2FN name (relu, sigmoid,

@@ -30,7 +30,8 @@ class GlaMixer : public Mixer {
     qkv_.DeclareState(prefix, layout);
   }
 
-  absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const override {
+  absl::StatusOr<Var> Forward(Graph& g, const LinearInput& x,
+                              const StepContext& ctx) const override {
     const int groups = config_.num_heads / config_.num_kv_heads;
     // q, k, v, the gate's low-rank input and g_proj all read x: one group.
     std::vector<LinearWeight> also = {{gk0_}};
@@ -54,8 +55,7 @@ class GlaMixer : public Mixer {
       LAIR_ASSIGN_OR_RETURN(in.k, Activation(g, config_.feature_map, in.k));
     }
     LAIR_ASSIGN_OR_RETURN(Var o, g.Decay(ctx.batch, in, ctx.State(0), ctx.form));
-    LAIR_ASSIGN_OR_RETURN(o, output_.Forward(g, qkv.size() > 4 ? qkv[4] : Var{}, o));
-    return g.Linear(o, o_);
+    return g.Linear(output_.Input(g, qkv.size() > 4 ? qkv[4] : Var{}, o), {o_}, x.x);
   }
 
  private:

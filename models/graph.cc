@@ -113,9 +113,52 @@ absl::StatusOr<Var> Graph::Linear(const Var& x, const LinearWeight& weight) {
 
 absl::StatusOr<std::vector<Var>> Graph::Linears(const Var& x,
                                                 std::span<const LinearWeight> weights) {
+  LinearInput in;
+  in.x = x;
+  return Products(in, weights, {});
+}
+
+absl::StatusOr<std::vector<Var>> Graph::Linears(const LinearInput& in,
+                                                std::span<const LinearWeight> weights) {
+  return Products(in, weights, {});
+}
+
+absl::StatusOr<Var> Graph::Linear(const LinearInput& in, const LinearWeight& weight,
+                                  const Var& residual) {
+  LAIR_ASSIGN_OR_RETURN(std::vector<Var> out, Products(in, {&weight, 1}, {&residual, 1}));
+  return std::move(out.front());
+}
+
+absl::StatusOr<Var> Graph::Form(const LinearInput& in) {
+  switch (in.kind) {
+    case LinearInput::Kind::kX:
+      return in.x;
+    case LinearInput::Kind::kSiluMul:
+      return Binary(BinaryOp::kSiluMul, in.gate, in.x);
+    case LinearInput::Kind::kNorm:
+      break;
+  }
+  // A weight of one group's length is shared by the groups: norm rows of one group each.
+  const int64_t cols = in.x.dim(-1);
+  const bool per_group = in.norm_weight >= 0 && in.group_size > 0 && in.group_size != cols &&
+                         Param(in.norm_weight).dim(0) == in.group_size;
+  if (!per_group) {
+    return Norm(in.x, in.norm_weight, in.norm, in.eps, in.group_size, in.gate_mode, in.gate);
+  }
+  const Shape groups = {in.x.t.numel() / in.group_size, in.group_size};
+  const Var gate = in.gate_mode == kernels::NormGate::kNone ? Var{} : Reshape(in.gate, groups);
+  LAIR_ASSIGN_OR_RETURN(Var normed, Norm(Reshape(in.x, groups), in.norm_weight, in.norm, in.eps, 0,
+                                         in.gate_mode, gate));
+  return Reshape(normed, in.x.shape());
+}
+
+absl::StatusOr<std::vector<Var>> Graph::Products(const LinearInput& in,
+                                                 std::span<const LinearWeight> weights,
+                                                 std::span<const Var> residuals) {
+  LAIR_ASSIGN_OR_RETURN(const Var x, Form(in));
   const Tensor x2 = As2d(x.t);
   std::vector<Var> w, b;
-  std::vector<Tensor> w_t, b_t, y_t;
+  std::vector<Tensor> w_t, b_t, y_t, r_t;
   std::vector<kernels::Activation> activations;
   for (const LinearWeight& weight : weights) {
     w.push_back(Param(weight.weight));
@@ -126,19 +169,28 @@ absl::StatusOr<std::vector<Var>> Graph::Linears(const Var& x,
     y_t.push_back(std::move(y));
     activations.push_back(weight.activation);
   }
-  // A recording graph applies the activations as Unary ops, which keep the
-  // products their backward needs.
-  LAIR_RETURN_IF_ERROR(backend_->LinearGroup(
-      {x2, w_t, b_t, y_t, record_ ? std::span<const kernels::Activation>() : activations}));
+  // A recording graph applies the activations and adds the residuals as
+  // Unary and Add ops, which keep what their backward needs.
+  kernels::LinearGroupArgs args{x2, w_t, b_t, y_t};
+  if (!record_) {
+    args.activations = activations;
+    for (const Var& r : residuals) r_t.push_back(r.t.defined() ? As2d(r.t) : Tensor());
+    args.residuals = r_t;
+  }
+  LAIR_RETURN_IF_ERROR(backend_->LinearGroup(args));
   std::vector<Var> out;
   for (size_t i = 0; i < weights.size(); ++i) {
     out.push_back(
         Var{y_t[i].Reshape(WithLast(x.shape(), w[i].dim(0))), NewGrad({&x, &w[i], &b[i]})});
     if (out.back().grad >= 0) RecordLinearBackward(x, x2, w[i], b[i], out.back());
+    if (!record_) continue;
     const kernels::Activation& act = weights[i].activation;
-    if (record_ && !act.identity()) {
+    if (!act.identity()) {
       LAIR_ASSIGN_OR_RETURN(out.back(),
                             Unary(act.op, out.back(), act.alpha, act.beta, act.in_scale));
+    }
+    if (i < residuals.size() && residuals[i].t.defined()) {
+      LAIR_ASSIGN_OR_RETURN(out.back(), Add(residuals[i], out.back()));
     }
   }
   return out;
@@ -227,35 +279,6 @@ absl::StatusOr<Var> Graph::GatherRows(const Var& x, const Tensor& ids) {
   LAIR_ASSIGN_OR_RETURN(Tensor y, New({ids.numel(), x2.dim(1)}));
   LAIR_RETURN_IF_ERROR(backend_->Embedding({x2, ids, y}));
   return Var{y, -1};
-}
-
-absl::StatusOr<Var> Graph::SwiGlu(const Var& x, int gate_id, int up_id) {
-  const LinearWeight gate_up[] = {{gate_id}, {up_id}};
-  LAIR_ASSIGN_OR_RETURN(std::vector<Var> proj, Linears(x, gate_up));
-  return Binary(BinaryOp::kSiluMul, proj[0], proj[1]);
-}
-
-absl::StatusOr<std::pair<Var, Var>> Graph::AddNorm(const Var& x, const Var& r, int weight_id,
-                                                   kernels::NormKind kind, float eps) {
-  if (record_) {
-    LAIR_ASSIGN_OR_RETURN(Var sum, Add(x, r));
-    LAIR_ASSIGN_OR_RETURN(Var normed, Norm(sum, weight_id, kind, eps));
-    return std::pair{std::move(sum), std::move(normed)};
-  }
-  if (x.shape() != r.shape()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "AddNorm: operands differ in shape: ", x.t.DebugString(), ", ", r.t.DebugString()));
-  }
-  kernels::NormArgs args;
-  args.kind = kind;
-  args.eps = eps;
-  args.x = As2d(x.t);
-  args.residual = As2d(r.t);
-  args.weight = weight_id >= 0 ? Param(weight_id).t : Tensor();
-  LAIR_ASSIGN_OR_RETURN(args.y, New(args.x.shape()));
-  LAIR_ASSIGN_OR_RETURN(args.sum, New(args.x.shape()));
-  LAIR_RETURN_IF_ERROR(backend_->Norm(args));
-  return std::pair{Var{args.sum.Reshape(x.shape())}, Var{args.y.Reshape(x.shape())}};
 }
 
 absl::StatusOr<Var> Graph::Norm(const Var& x, int weight_id, kernels::NormKind kind, float eps,

@@ -48,6 +48,42 @@ struct LinearWeight {
   kernels::Activation activation = {};
 };
 
+// What linear layers multiply, formed from x: x itself, Norm(x) or
+// silu(gate)·x (Graph::Form). A block's products take their input this way,
+// so the mixer sees the residual stream x beside its norm. (Forming the input
+// inside the decode GEMV, staged in shared memory or per element, measured
+// slower on an H100 than this separate pass: docs/benchmarks.md.)
+struct LinearInput {
+  enum class Kind { kX, kNorm, kSiluMul };
+  Var x;  // [N, K]
+  Kind kind = Kind::kX;
+  kernels::NormKind norm = kernels::NormKind::kRms;
+  kernels::NormGate gate_mode = kernels::NormGate::kNone;
+  float eps = 1e-6f;
+  int group_size = 0;    // columns per norm; 0: the whole row
+  int norm_weight = -1;  // parameter [K] or [group_size] (shared by the groups); -1: none
+  Var gate = {};         // [N, K]: the norm's gate (gate_mode), or kSiluMul's
+
+  // RMS or layer norm over whole rows with weight `norm_weight`: a block's input norm.
+  static LinearInput Normed(Var x, int norm_weight, kernels::NormKind norm, float eps) {
+    LinearInput in;
+    in.x = std::move(x);
+    in.kind = Kind::kNorm;
+    in.norm = norm;
+    in.eps = eps;
+    in.norm_weight = norm_weight;
+    return in;
+  }
+  // silu(gate)·x: SwiGLU.
+  static LinearInput SiluMul(Var gate, Var x) {
+    LinearInput in;
+    in.x = std::move(x);
+    in.kind = Kind::kSiluMul;
+    in.gate = std::move(gate);
+    return in;
+  }
+};
+
 struct DecayInputs {
   kernels::DecayKind kind = kernels::DecayKind::kNone;
   float scale = 1.0f;
@@ -92,6 +128,14 @@ class Graph {
   // Several linear layers of the same input, as one backend LinearGroup
   // (one launch where the backend can); one value per weight, in order.
   absl::StatusOr<std::vector<Var>> Linears(const Var& x, std::span<const LinearWeight> weights);
+  absl::StatusOr<std::vector<Var>> Linears(const LinearInput& in,
+                                           std::span<const LinearWeight> weights);
+  // One linear layer of a formed input, plus `residual` (same shape as the
+  // output) when defined: a block's last product joining the residual stream.
+  absl::StatusOr<Var> Linear(const LinearInput& in, const LinearWeight& weight,
+                             const Var& residual = {});
+  // The input `in` describes, computed.
+  absl::StatusOr<Var> Form(const LinearInput& in);
   // op(a) · op(b) for rank-2 values.
   absl::StatusOr<Var> MatMul(const Var& a, const Var& b, bool trans_a, bool trans_b);
   // Rows of `table` (a parameter) picked by `ids` [N] I32 → [N, D].
@@ -104,13 +148,6 @@ class Graph {
                            int group_size = 0,
                            kernels::NormGate gate_mode = kernels::NormGate::kNone,
                            const Var& gate = {});
-  // silu(x · W_gateᵀ) ∘ (x · W_upᵀ): a gated MLP's input products (one
-  // linear group) and their SwiGLU (one elementwise pass).
-  absl::StatusOr<Var> SwiGlu(const Var& x, int gate_id, int up_id);
-  // {x + r, Norm(x + r)} (ungated, whole rows): a residual add and the next
-  // sublayer's norm, one backend pass when not recording.
-  absl::StatusOr<std::pair<Var, Var>> AddNorm(const Var& x, const Var& r, int weight_id,
-                                              kernels::NormKind kind, float eps);
   // alpha · f(in_scale · x) + beta.
   absl::StatusOr<Var> Unary(kernels::UnaryOp op, const Var& x, float alpha = 1.0f,
                             float beta = 0.0f, float in_scale = 1.0f);
@@ -167,6 +204,11 @@ class Graph {
   void RecordLinearBackward(const Var& x, const Tensor& x2, const Var& w, const Var& b,
                             const Var& y);
   void Record(std::function<absl::Status()> backward) { tape_.push_back(std::move(backward)); }
+  // The products of Form(in) by `weights` (one LinearGroup), each plus its
+  // residual when given.
+  absl::StatusOr<std::vector<Var>> Products(const LinearInput& in,
+                                            std::span<const LinearWeight> weights,
+                                            std::span<const Var> residuals);
 
   kernels::Backend* backend_;
   const std::vector<Tensor>* params_;

@@ -23,7 +23,8 @@ class GsaMixer : public Mixer {
     qkv_.DeclareState(prefix, layout);
   }
 
-  absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const override {
+  absl::StatusOr<Var> Forward(Graph& g, const LinearInput& x,
+                              const StepContext& ctx) const override {
     const int groups = config_.num_heads / config_.num_kv_heads;
     // The forget gate, logsigmoid(f_proj(x)) / gate_logit_normalizer, in the group's epilogue.
     const LinearWeight forget[] = {
@@ -46,9 +47,9 @@ class GsaMixer : public Mixer {
     LAIR_ASSIGN_OR_RETURN(Var o, g.Gsa(ctx.batch, in, ctx.State(0), ctx.State(1), ctx.form));
     o = g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)});
     LAIR_ASSIGN_OR_RETURN(o, g.Unary(UnaryOp::kSilu, o));
-    LAIR_ASSIGN_OR_RETURN(
-        o, g.Norm(o, norm_, kernels::NormKind::kRms, static_cast<float>(config_.output_norm_eps)));
-    return g.Linear(o, o_);
+    return g.Linear(LinearInput::Normed(o, norm_, kernels::NormKind::kRms,
+                                        static_cast<float>(config_.output_norm_eps)),
+                    {o_}, x.x);
   }
 
  private:

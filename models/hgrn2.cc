@@ -26,7 +26,8 @@ class Hgrn2Mixer : public Mixer {
     qfi_.DeclareState(prefix, layout);
   }
 
-  absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const override {
+  absl::StatusOr<Var> Forward(Graph& g, const LinearInput& x,
+                              const StepContext& ctx) const override {
     LAIR_ASSIGN_OR_RETURN(auto qfi, qfi_.Forward(g, x, ctx, 1));
     Var gate;
     if (ctx.layer_extra.t.defined()) {
@@ -50,9 +51,9 @@ class Hgrn2Mixer : public Mixer {
     in.gk = SplitHeads(g, gate, config_.num_heads);
     LAIR_ASSIGN_OR_RETURN(Var o, g.Decay(ctx.batch, in, ctx.State(0), ctx.form));
     o = g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)});
-    LAIR_ASSIGN_OR_RETURN(
-        o, g.Norm(o, norm_, kernels::NormKind::kRms, static_cast<float>(config_.base.norm_eps)));
-    return g.Linear(o, o_);
+    return g.Linear(LinearInput::Normed(o, norm_, kernels::NormKind::kRms,
+                                        static_cast<float>(config_.base.norm_eps)),
+                    {o_}, x.x);
   }
 
  private:

@@ -37,7 +37,8 @@ class LinearAttnMixer : public Mixer {
                                {config_.num_heads, config_.head_k_dim, config_.head_v_dim}});
   }
 
-  absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const override {
+  absl::StatusOr<Var> Forward(Graph& g, const LinearInput& x,
+                              const StepContext& ctx) const override {
     const int groups = config_.num_heads / config_.num_kv_heads;
     LAIR_ASSIGN_OR_RETURN(auto qkv, qkv_.Forward(g, x, ctx, 1));
     DecayInputs in;
@@ -52,7 +53,7 @@ class LinearAttnMixer : public Mixer {
     LAIR_ASSIGN_OR_RETURN(Var o, g.Decay(ctx.batch, in, ctx.State(0), ctx.form));
     LAIR_ASSIGN_OR_RETURN(
         o, g.Norm(o, norm_, kernels::NormKind::kRms, static_cast<float>(config_.base.norm_eps)));
-    return g.Linear(g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)}), o_);
+    return g.Linear(LinearInput{g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)})}, {o_}, x.x);
   }
 
  private:

@@ -19,7 +19,8 @@ class LlamaAttention : public Mixer {
     layout->tensors.push_back({prefix + "v_cache", DType::kF32, shape});
   }
 
-  absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const override {
+  absl::StatusOr<Var> Forward(Graph& g, const LinearInput& x,
+                              const StepContext& ctx) const override {
     const float theta = static_cast<float>(config_.rope_theta);
     const LinearWeight projections[] = {{q_}, {k_}, {v_}};
     LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv, g.Linears(x, projections));
@@ -32,7 +33,7 @@ class LlamaAttention : public Mixer {
         Var o,
         g.Attention(ctx.batch, q, k, v, 1.0f / std::sqrt(static_cast<float>(config_.head_dim)),
                     ctx.State(0), ctx.State(1), ctx.start_positions, ctx.start_positions_device));
-    return g.Linear(g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)}), o_);
+    return g.Linear(LinearInput{g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)})}, {o_}, x.x);
   }
 
  private:

@@ -28,10 +28,11 @@ class Mamba2Mixer : public Mixer {
         {prefix + "ssm", DType::kF32, {config_.num_heads, config_.state_size, config_.head_dim}});
   }
 
-  absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const override {
-    const int64_t n = x.dim(0), heads = config_.num_heads, inner = config_.intermediate_size;
+  absl::StatusOr<Var> Forward(Graph& g, const LinearInput& x,
+                              const StepContext& ctx) const override {
+    const int64_t n = x.x.dim(0), heads = config_.num_heads, inner = config_.intermediate_size;
     const int64_t group_state = static_cast<int64_t>(config_.n_groups) * config_.state_size;
-    LAIR_ASSIGN_OR_RETURN(Var proj, g.Linear(x, w_.in_proj, w_.in_bias));
+    LAIR_ASSIGN_OR_RETURN(Var proj, g.Linear(x, {w_.in_proj, w_.in_bias}));
     LAIR_ASSIGN_OR_RETURN(Var z, g.Columns(proj, 0, inner));
     LAIR_ASSIGN_OR_RETURN(Var xbc, g.Columns(proj, inner, config_.conv_dim));
     LAIR_ASSIGN_OR_RETURN(Var dt, g.Columns(proj, inner + config_.conv_dim, heads));
@@ -57,10 +58,11 @@ class Mamba2Mixer : public Mixer {
     LAIR_ASSIGN_OR_RETURN(Var skip, g.Mul(xs, g.Reshape(g.Param(w_.d), {1, heads, 1})));
     LAIR_ASSIGN_OR_RETURN(y, g.Add(y, skip));
     y = g.Reshape(y, {n, inner});
-    LAIR_ASSIGN_OR_RETURN(
-        y, g.Norm(y, w_.norm, kernels::NormKind::kRms, static_cast<float>(config_.base.norm_eps), 0,
-                  kernels::NormGate::kBefore, z));
-    return g.Linear(y, w_.out_proj, w_.out_bias);
+    LinearInput out_in = LinearInput::Normed(y, w_.norm, kernels::NormKind::kRms,
+                                             static_cast<float>(config_.base.norm_eps));
+    out_in.gate_mode = kernels::NormGate::kBefore;
+    out_in.gate = z;
+    return g.Linear(out_in, {w_.out_proj, w_.out_bias}, x.x);
   }
 
  private:

@@ -22,7 +22,8 @@ class RetentionMixer : public Mixer {
     qkv_.DeclareState(prefix, layout);
   }
 
-  absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const override {
+  absl::StatusOr<Var> Forward(Graph& g, const LinearInput& x,
+                              const StepContext& ctx) const override {
     const int groups = config_.num_heads / config_.num_kv_heads;
     LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv, qkv_.Forward(g, x, ctx, 1, output_.Projections()));
     Var q = SplitHeads(g, qkv[0], config_.num_heads);
@@ -41,8 +42,7 @@ class RetentionMixer : public Mixer {
     LAIR_ASSIGN_OR_RETURN(in.v,
                           RepeatKvHeads(g, SplitHeads(g, qkv[2], config_.num_kv_heads), groups));
     LAIR_ASSIGN_OR_RETURN(Var o, g.Decay(ctx.batch, in, ctx.State(0), ctx.form));
-    LAIR_ASSIGN_OR_RETURN(o, output_.Forward(g, qkv.size() > 3 ? qkv[3] : Var{}, o));
-    return g.Linear(o, o_);
+    return g.Linear(output_.Input(g, qkv.size() > 3 ? qkv[3] : Var{}, o), {o_}, x.x);
   }
 
  private:

@@ -27,7 +27,8 @@ class MlstmMixer : public Mixer {
     layout->tensors.push_back({prefix + "m", DType::kF32, {h}});
   }
 
-  absl::StatusOr<Var> Forward(Graph& g, const Var& x, const StepContext& ctx) const override {
+  absl::StatusOr<Var> Forward(Graph& g, const LinearInput& x,
+                              const StepContext& ctx) const override {
     const int h = config_.num_heads;
     const float cap = static_cast<float>(config_.gate_soft_cap);
     MlstmInputs in;
@@ -56,7 +57,7 @@ class MlstmMixer : public Mixer {
                           g.Norm(cell, w_.norm, kernels::NormKind::kLayer,
                                  static_cast<float>(config_.base.norm_eps), config_.v_head_dim));
     LAIR_ASSIGN_OR_RETURN(Var gated, g.Mul(p[5], normed));
-    return g.Linear(gated, w_.out);
+    return g.Linear(LinearInput{gated}, {w_.out}, x.x);
   }
 
  private:

@@ -19,7 +19,8 @@
 #   ref     scripts/bench_reference.py, one process per op of REF_OPS, at
 #           REF_SEQ_LENS and REF_MODES, each under REF_TIMEOUT seconds
 #   model   `lair bench decode|prefill` on random bf16 checkpoints of each
-#           MODEL_PRESETS shape (BENCH_ARGS adds flags, e.g. "--no-graphs")
+#           MODEL_PRESETS shape (BENCH_ARGS adds flags, e.g. "--no-graphs"; MODEL_RUNS,
+#           ';'-separated, replaces the four default runs)
 #   profile one decode step's kernels under Nsight Compute (PROFILE_PRESET, PROFILE_BATCHES;
 #           PROFILE_PREFILL=P adds a P-token prefill)
 #   hf      scripts/bench_hf_baseline.py: HF generate + fla, GLA 1.3B shape
@@ -150,8 +151,8 @@ if has model && [ -x $LAIR ]; then
     start=$(date +%s)
     timeout ${INIT_TIMEOUT:-300} $LAIR init --preset $preset --dtype bf16 --out "$MODEL_DIR" >>"$OUT/bench_model.log" 2>&1
     echo "init $preset: $(( $(date +%s) - start )) s, $(du -sh "$MODEL_DIR" | cut -f1) on disk" | tee -a "$OUT/bench_model.log"
-    for args in "decode --batch 1 --prompt-len 512 --gen-len 128" "decode --batch 32 --prompt-len 512 --gen-len 128" \
-                "decode --batch 256 --prompt-len 64 --gen-len 32" "prefill --batch 1 --prompt-len 4096"; do
+    IFS=';' read -ra runs <<<"${MODEL_RUNS:-decode --batch 1 --prompt-len 512 --gen-len 128;decode --batch 32 --prompt-len 512 --gen-len 128;decode --batch 256 --prompt-len 64 --gen-len 32;prefill --batch 1 --prompt-len 4096}"
+    for args in "${runs[@]}"; do
       timeout ${MODEL_TIMEOUT:-180} $LAIR bench $args --model "$MODEL_DIR" --device cuda --dtype bf16 \
         ${BENCH_ARGS:-} >>"$OUT/bench_model.log" 2>&1
       echo "exit $?: $(grep '^lair bench' "$OUT/bench_model.log" | tail -1)"

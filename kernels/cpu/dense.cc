@@ -130,12 +130,6 @@ absl::Status NormCpu(const NormArgs& args) {
       for (int64_t i = 0; i < group; ++i) {
         u[i] = args.gate_mode == NormGate::kBefore ? x[i] * Silu(args.gate.f32()[base + i]) : x[i];
       }
-      if (args.residual.defined()) {
-        for (int64_t i = 0; i < group; ++i) {
-          u[i] += args.residual.f32()[base + i];
-          args.sum.f32()[base + i] = u[i];
-        }
-      }
       double mean, rstd;
       NormStats(args.kind, u.data(), group, args.eps, &mean, &rstd);
       for (int64_t i = 0; i < group; ++i) {

@@ -98,10 +98,11 @@ struct GemvGroup {
   float alpha = 1.0f, beta = 0.0f;
   int count = 0;
   int64_t first_row[kGemvMembers + 1] = {};
-  const T* w[kGemvMembers] = {};         // [n_i, k]
-  const float* bias[kGemvMembers] = {};  // [n_i] or null
-  float* c[kGemvMembers] = {};           // [rows, n_i]
-  Activation act[kGemvMembers] = {};     // applied to each output
+  const T* w[kGemvMembers] = {};             // [n_i, k]
+  const float* bias[kGemvMembers] = {};      // [n_i] or null
+  float* c[kGemvMembers] = {};               // [rows, n_i]
+  Activation act[kGemvMembers] = {};         // applied to each output
+  const float* residual[kGemvMembers] = {};  // [rows, n_i] or null, added last
 };
 
 // A lane's kGemvUnroll 16-byte loads of a weight row from vector `base` on
@@ -187,6 +188,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const GemvGroup<T>
   float* c = g.c[0];
   int64_t n = g.first_row[1];
   Activation act = g.act[0];
+  const float* residual = g.residual[0];
 #pragma unroll
   for (int i = 1; i < kGemvMembers; ++i) {
     if (member == i) {
@@ -194,6 +196,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const GemvGroup<T>
       c = g.c[i];
       n = g.first_row[i + 1] - g.first_row[i];
       act = g.act[i];
+      residual = g.residual[i];
     }
   }
 #pragma unroll
@@ -201,7 +204,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const GemvGroup<T>
     float* out = c + r * n + j;
     const float y =
         g.alpha * sum[r] + (g.beta == 0.0f ? 0.0f : g.beta * *out) + (bias ? bias[j] : 0.0f);
-    *out = act.alpha * ApplyUnary(act.op, act.in_scale * y) + act.beta;  // y when identity
+    // act is the identity unless set; out may alias residual (read first).
+    *out = act.alpha * ApplyUnary(act.op, act.in_scale * y) + act.beta +
+           (residual ? residual[r * n + j] : 0.0f);
   }
 }
 
@@ -254,6 +259,7 @@ cudaError_t LaunchGemv(std::span<const GemmCall> calls, cudaStream_t stream) {
     g.bias[i] = calls[i].bias;
     g.c[i] = calls[i].c;
     g.act[i] = calls[i].act;
+    g.residual[i] = calls[i].residual;
   }
   switch (first.m) {
     case 1:
@@ -310,7 +316,8 @@ cudaDataType_t CudaType(DType t) {
   }
 }
 
-// One column-major cuBLASLt problem: C[rows, cols] = α·op_a(A)·op_b(B) + β·C (+ bias[row]).
+// One column-major cuBLASLt problem: C[rows, cols] = α·op_a(A)·op_b(B) + β·C_in (+ bias[row]),
+// C_in being C unless set.
 struct LtProblem {
   cudaDataType_t ab_type = CUDA_R_32F;
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
@@ -324,6 +331,7 @@ struct LtProblem {
   int64_t ldc = 0;
   float alpha = 1.0f, beta = 0.0f;
   const float* bias = nullptr;
+  const float* c_in = nullptr;  // read instead of c when beta ≠ 0 (a residual), or null
 };
 
 // Row-major c[m, n] (+)= op(a)·op(b) as the transposed column-major problem.
@@ -347,6 +355,11 @@ LtProblem FromRowMajor(const GemmCall& g, const void* a, const void* b, int64_t 
   p.alpha = g.alpha;
   p.beta = g.beta;
   p.bias = bias;
+  // Without an activation the residual is the product's C (a linear group's beta is 0).
+  if (g.residual && g.act.identity() && g.beta == 0.0f) {
+    p.beta = 1.0f;
+    p.c_in = g.residual + (c - g.c);
+  }
   return p;
 }
 
@@ -376,10 +389,11 @@ struct GemmRunner::Impl {
   }
 
   absl::StatusOr<Plan*> GetPlan(const LtProblem& p, bool with_bias) {
+    const uint32_t align_c = std::min(Alignment(p.c), p.c_in ? Alignment(p.c_in) : 256u);
     const PlanKey key = {p.ab_type,      p.compute,      p.trans_a, p.trans_b,
                          p.rows,         p.cols,         p.inner,   p.lda,
                          p.ldb,          p.ldc,          with_bias, Alignment(p.a),
-                         Alignment(p.b), Alignment(p.c), 0,         0};
+                         Alignment(p.b), Alignment(p.c), align_c,   0};
     auto it = plans.find(key);
     if (it != plans.end()) return it->second.get();
     if (plans.size() >= kMaxPlans) plans.clear();
@@ -416,7 +430,7 @@ struct GemmRunner::Impl {
     cublasLtMatmulPreference_t pref = nullptr;
     LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref), "preference"));
     const uint64_t bytes = kLtWorkspaceBytes;
-    const uint32_t align_a = Alignment(p.a), align_b = Alignment(p.b), align_c = Alignment(p.c);
+    const uint32_t align_a = Alignment(p.a), align_b = Alignment(p.b), align_d = Alignment(p.c);
     cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes));
     if (st == CUBLAS_STATUS_SUCCESS)
@@ -430,7 +444,7 @@ struct GemmRunner::Impl {
                                                 &align_c, sizeof(align_c));
     if (st == CUBLAS_STATUS_SUCCESS)
       st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                &align_c, sizeof(align_c));
+                                                &align_d, sizeof(align_d));
     cublasLtMatmulHeuristicResult_t result{};
     int count = 0;
     if (st == CUBLAS_STATUS_SUCCESS) {
@@ -469,10 +483,11 @@ struct GemmRunner::Impl {
                                                   &p.bias, sizeof(p.bias)),
                    "bias"));
     }
-    LAIR_RETURN_IF_ERROR(LtStatus(
-        cublasLtMatmul(handle, plan->desc, &p.alpha, p.a, plan->a, p.b, plan->b, &p.beta, p.c,
-                       plan->c, p.c, plan->c, &plan->algo, workspace, kLtWorkspaceBytes, stream),
-        "matmul"));
+    LAIR_RETURN_IF_ERROR(
+        LtStatus(cublasLtMatmul(handle, plan->desc, &p.alpha, p.a, plan->a, p.b, plan->b, &p.beta,
+                                p.c_in ? p.c_in : p.c, plan->c, p.c, plan->c, &plan->algo,
+                                workspace, kLtWorkspaceBytes, stream),
+                 "matmul"));
     if (p.bias && !fused_bias) {
       // Row-major view: [cols, rows] with row stride ldc.
       ScaleBiasKernel<<<GridFor(p.rows * p.cols), kThreads, 0, stream>>>(p.c, p.ldc, p.cols, p.rows,
@@ -495,24 +510,37 @@ struct GemmRunner::Impl {
     for (const GemmCall& g : calls) {
       LAIR_RETURN_IF_ERROR(Matmul(FromRowMajor(g, a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias,
                                                CudaType(g.b_type), CUBLAS_COMPUTE_32F)));
-      LAIR_RETURN_IF_ERROR(Activate(g));
+      LAIR_RETURN_IF_ERROR(Finish(g, /*product_added_residual=*/true));
     }
     return absl::OkStatus();
   }
 
-  // g.c ← g.act(g.c) in one elementwise pass, after a product that has no
-  // epilogue for it (the GEMV applies it itself).
-  absl::Status Activate(const GemmCall& g) {
-    if (g.act.identity() || g.m == 0 || g.n == 0) return absl::OkStatus();
-    UnaryParams p;
-    p.op = g.act.op;
-    p.alpha = g.act.alpha;
-    p.beta = g.act.beta;
-    p.in_scale = g.act.in_scale;
-    p.x = g.c;
-    p.y = g.c;
-    p.count = g.m * g.n;
-    return CudaStatus(LaunchUnary(p, stream), "activation");
+  // g.c ← g.act(g.c) + g.residual in elementwise passes, after a product
+  // that has no epilogue for them (the GEMV applies them itself). A product
+  // without an activation adds the residual as its C (FromRowMajor) unless
+  // it did not run (k = 0).
+  absl::Status Finish(const GemmCall& g, bool product_added_residual) {
+    if (g.m == 0 || g.n == 0) return absl::OkStatus();
+    if (!g.act.identity()) {
+      UnaryParams p;
+      p.op = g.act.op;
+      p.alpha = g.act.alpha;
+      p.beta = g.act.beta;
+      p.in_scale = g.act.in_scale;
+      p.x = g.c;
+      p.y = g.c;
+      p.count = g.m * g.n;
+      LAIR_RETURN_IF_ERROR(CudaStatus(LaunchUnary(p, stream), "activation"));
+    }
+    if (g.residual && (!g.act.identity() || !product_added_residual)) {
+      BinaryParams p;
+      p.a = g.c;
+      p.b = g.residual;
+      p.y = g.c;
+      p.count = g.m * g.n;
+      LAIR_RETURN_IF_ERROR(CudaStatus(LaunchBinary(p, stream), "residual"));
+    }
+    return absl::OkStatus();
   }
 
   // F32 activations × BF16/F16 weights in fp32: b widened per column block.
@@ -602,7 +630,7 @@ absl::Status GemmRunner::RunOne(const GemmCall& g, GemmPrecision precision) {
     ScaleBiasKernel<<<GridFor(g.m * g.n), kThreads, 0, im.stream>>>(g.c, g.n, g.m, g.n, g.beta,
                                                                     g.bias);
     LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "gemm k = 0"));
-    return im.Activate(g);
+    return im.Finish(g, /*product_added_residual=*/false);
   }
   const bool fast = precision == GemmPrecision::kFast;
   if (GemvFits(g, precision)) return im.Gemv({&g, 1});
@@ -620,7 +648,7 @@ absl::Status GemmRunner::RunOne(const GemmCall& g, GemmPrecision precision) {
           im.Matmul(FromRowMajor(g, g.a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias, CUDA_R_32F,
                                  fast ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F)));
   }
-  return im.Activate(g);
+  return im.Finish(g, /*product_added_residual=*/true);
 }
 
 }  // namespace lair::kernels::cuda::dense

@@ -79,8 +79,9 @@ struct GemmCall {
   bool trans_b = true;
   float* c = nullptr;  // [m,n]
   float alpha = 1.0f, beta = 0.0f;
-  const float* bias = nullptr;  // [n] or null
-  Activation act;               // then c ← act(c) (kernels/dense.h)
+  const float* bias = nullptr;      // [n] or null
+  Activation act;                   // then c ← act(c) (kernels/dense.h)
+  const float* residual = nullptr;  // [m,n] or null: then c ← c + residual (c may alias it)
 };
 
 // Owns the cuBLASLt handle, its workspace, a scratch for converted operands
@@ -216,8 +217,6 @@ struct NormParams {
   const float* weight = nullptr;  // [cols] or null
   const float* gate = nullptr;    // [rows, cols] when gated
   float* y = nullptr;
-  const float* residual = nullptr;  // [rows, cols] or null: u = x + residual
-  float* sum = nullptr;             // written with u when residual is set
 };
 cudaError_t LaunchNorm(const NormParams& p, cudaStream_t stream);
 

@@ -4,7 +4,7 @@
 // are few groups). The team walks its group in kVec-wide steps (16-byte loads
 // when the group and pointers allow), once per statistic; re-reads hit L1/L2.
 // fp32 math:
-//   u = x · silu(gate) (kBefore), x + residual (written to sum) or x,  μ = mean(u) (Layer) or 0,
+//   u = x · silu(gate) (kBefore) or x,  μ = mean(u) (Layer) or 0,
 //   r = 1/√(mean((u − μ)²) + ε),  x̂ = (u − μ)·r,
 //   y = x̂ · w · silu(gate) (kAfter) or x̂ · w.
 // Backward, with dz = dy·silu(gate) (kAfter) or dy and ĝ = dz·w:
@@ -49,16 +49,10 @@ __device__ __forceinline__ bool FindGroup(const NormParams& p, int64_t* base, in
   return true;
 }
 
-// u = x·silu(gate) (kBefore), x + residual or x, kVec elements at offset `at`.
+// u = x·silu(gate) (kBefore) or x, kVec elements at offset `at`.
 template <int kVec>
 __device__ __forceinline__ void LoadU(const NormParams& p, int64_t at, float (&u)[kVec]) {
   LoadVec<kVec>(p.x + at, u);
-  if (p.residual) {
-    float r[kVec];
-    LoadVec<kVec>(p.residual + at, r);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) u[e] += r[e];
-  }
   if (p.gate_mode == NormGate::kBefore) {
     float g[kVec];
     LoadVec<kVec>(p.gate + at, g);
@@ -105,7 +99,6 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
   for (int64_t i = tid * kVec; i < p.group; i += kTeam * kVec) {
     float y[kVec], w[kVec];
     LoadU<kVec>(p, base + i, y);
-    if (p.sum) StoreVec<kVec>(p.sum + base + i, y);
     if (p.weight) {
       LoadVec<kVec>(p.weight + g0 + i, w);
     } else {
@@ -229,8 +222,7 @@ __global__ void __launch_bounds__(kColumnThreads) NormWeightGradKernel(const Nor
 
 bool Vectorizable(const NormParams& p) {
   return p.group % 4 == 0 && Aligned16(p.x) && Aligned16(p.y) &&
-         (p.weight == nullptr || Aligned16(p.weight)) && (p.gate == nullptr || Aligned16(p.gate)) &&
-         (p.residual == nullptr || Aligned16(p.residual)) && (p.sum == nullptr || Aligned16(p.sum));
+         (p.weight == nullptr || Aligned16(p.weight)) && (p.gate == nullptr || Aligned16(p.gate));
 }
 
 template <int kTeam, int kVec>

@@ -63,7 +63,6 @@ dense::NormParams NormLaunch(const NormArgs& args, int64_t group) {
   p.x = args.x.f32();
   p.weight = args.weight.defined() ? args.weight.f32() : nullptr;
   p.gate = args.gate_mode != NormGate::kNone ? args.gate.f32() : nullptr;
-  p.residual = args.residual.defined() ? args.residual.f32() : nullptr;
   return p;
 }
 
@@ -248,11 +247,13 @@ absl::Status CudaDenseOps::Gemm(const GemmArgs& args) {
 }
 
 absl::Status CudaDenseOps::LinearGroup(const LinearGroupArgs& args) {
-  LAIR_ASSIGN_OR_RETURN(std::vector<LinearProduct> products, LinearGroupProducts(args));
+  LAIR_ASSIGN_OR_RETURN(std::vector<LinearProduct> products,
+                        LinearGroupProducts(args, Device::kCuda));
   std::vector<dense::GemmCall> calls;
   for (const LinearProduct& product : products) {
     LAIR_ASSIGN_OR_RETURN(dense::GemmCall call, CheckedGemmCall(product.gemm));
     call.act = product.activation;
+    call.residual = product.residual.defined() ? product.residual.f32() : nullptr;
     calls.push_back(call);
   }
   return gemm_->RunGroup(calls, precision_);
@@ -291,7 +292,6 @@ absl::Status CudaDenseOps::Norm(const NormArgs& args) {
   LAIR_ASSIGN_OR_RETURN(int64_t group, CheckNormArgs(args, Device::kCuda));
   dense::NormParams p = NormLaunch(args, group);
   p.y = args.y.f32();
-  p.sum = args.residual.defined() ? args.sum.f32() : nullptr;
   return CudaStatus(dense::LaunchNorm(p, stream_), kOp);
 }
 

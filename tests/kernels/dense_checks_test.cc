@@ -69,7 +69,7 @@ TEST(DenseChecksTest, LinearGroupIsOneGemmPerWeight) {
   const Tensor biases[] = {Tensor(), F32({2})};
   const Activation activations[] = {{}, {UnaryOp::kSigmoid}};
   absl::StatusOr<std::vector<LinearProduct>> products =
-      LinearGroupProducts({x, weights, biases, outs, activations});
+      LinearGroupProducts({x, weights, biases, outs, activations}, Device::kCpu);
   ASSERT_TRUE(products.ok()) << products.status();
   ASSERT_EQ(products->size(), 2u);
   EXPECT_TRUE((*products)[1].gemm.trans_b);
@@ -79,13 +79,31 @@ TEST(DenseChecksTest, LinearGroupIsOneGemmPerWeight) {
   EXPECT_TRUE((*products)[0].activation.identity());
   EXPECT_EQ((*products)[1].activation.op, UnaryOp::kSigmoid);
 
-  ExpectInvalid(LinearGroupProducts({x, {}, {}, {}}).status(), "LinearGroup: weights: empty");
-  ExpectInvalid(LinearGroupProducts({x, weights, {}, {outs, 1}}).status(),
+  ExpectInvalid(LinearGroupProducts({x, {}, {}, {}}, Device::kCpu).status(),
+                "LinearGroup: weights: empty");
+  ExpectInvalid(LinearGroupProducts({x, weights, {}, {outs, 1}}, Device::kCpu).status(),
                 "LinearGroup: outs: 1 for 2 weights");
-  ExpectInvalid(LinearGroupProducts({x, weights, {biases, 1}, outs}).status(),
+  ExpectInvalid(LinearGroupProducts({x, weights, {biases, 1}, outs}, Device::kCpu).status(),
                 "LinearGroup: biases: 1 for 2 weights");
-  ExpectInvalid(LinearGroupProducts({x, weights, biases, outs, {activations, 1}}).status(),
-                "LinearGroup: activations: 1 for 2 weights");
+  ExpectInvalid(
+      LinearGroupProducts({x, weights, biases, outs, {activations, 1}}, Device::kCpu).status(),
+      "LinearGroup: activations: 1 for 2 weights");
+
+  // Residuals: one per weight, each undefined or of its output's shape.
+  LinearGroupArgs with_residuals{x, weights, biases, outs};
+  const Tensor residuals[] = {F32({3, 7}), Tensor()};
+  with_residuals.residuals = residuals;
+  products = LinearGroupProducts(with_residuals, Device::kCpu);
+  ASSERT_TRUE(products.ok()) << products.status();
+  EXPECT_TRUE((*products)[0].residual.defined());
+  EXPECT_FALSE((*products)[1].residual.defined());
+  with_residuals.residuals = {residuals, 1};
+  ExpectInvalid(LinearGroupProducts(with_residuals, Device::kCpu).status(),
+                "LinearGroup: residuals: 1 for 2 weights");
+  const Tensor misshapen[] = {F32({3, 6}), Tensor()};
+  with_residuals.residuals = misshapen;
+  ExpectInvalid(LinearGroupProducts(with_residuals, Device::kCpu).status(),
+                "LinearGroup: residuals[0]");
 }
 
 TEST(DenseChecksTest, BinaryBroadcastStrides) {

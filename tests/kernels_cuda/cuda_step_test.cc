@@ -38,13 +38,15 @@ class CudaStepTest : public ::testing::Test {
     for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = dist(rng_);
     return t;
   }
-  Tensor Up(const Tensor& host, DType dtype = DType::kF32) {
-    absl::StatusOr<Tensor> t = gpu_->Upload(host, dtype);
+  // Through `on` (default: the fast backend): the backend that runs the op,
+  // so that the copies are ordered with it on its stream.
+  Tensor Up(const Tensor& host, DType dtype = DType::kF32, Backend* on = nullptr) {
+    absl::StatusOr<Tensor> t = (on ? on : gpu_.get())->Upload(host, dtype);
     EXPECT_TRUE(t.ok()) << t.status();
     return *t;
   }
-  Tensor Down(const Tensor& device) {
-    absl::StatusOr<Tensor> t = gpu_->Download(device);
+  Tensor Down(const Tensor& device, Backend* on = nullptr) {
+    absl::StatusOr<Tensor> t = (on ? on : gpu_.get())->Download(device);
     EXPECT_TRUE(t.ok()) << t.status();
     return *t;
   }
@@ -138,12 +140,14 @@ TEST_F(CudaStepTest, LinearGroupMatchesOneProductPerMember) {
             cpu_->Unary({act.op, act.alpha, act.beta, act.in_scale, product.c, product.c}).ok());
         want.push_back(product.c);
         weights.push_back(*w_bf16);
-        biases.push_back(bias.defined() ? Up(bias) : Tensor());
-        outs.push_back(Up(Rand({m, widths[i]})));  // overwritten whole
+        biases.push_back(bias.defined() ? Up(bias, DType::kF32, &gpu) : Tensor());
+        outs.push_back(Up(Rand({m, widths[i]}), DType::kF32, &gpu));  // overwritten whole
       }
-      ASSERT_TRUE(gpu.LinearGroup({Up(a), weights, biases, outs, activations}).ok()) << what;
+      ASSERT_TRUE(
+          gpu.LinearGroup({Up(a, DType::kF32, &gpu), weights, biases, outs, activations}).ok())
+          << what;
       for (size_t i = 0; i < widths.size(); ++i) {
-        EXPECT_LE(RelativeError(Down(outs[i]), want[i]),
+        EXPECT_LE(RelativeError(Down(outs[i], &gpu), want[i]),
                   fast && m > kFastGemvRows ? kBf16Tol : 1e-5)
             << what << " member " << i;
       }
@@ -155,6 +159,49 @@ TEST_F(CudaStepTest, LinearGroupMatchesOneProductPerMember) {
   absl::Status st = gpu_->LinearGroup({Up(Rand({1, k})), one_weight, {}, {}});
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("LinearGroup: outs"), std::string::npos) << st;
+}
+
+// Residuals join a LinearGroup's outputs last, as the CPU's separate ops
+// compute them: one member adds its residual in place (a residual stream),
+// one after its activation, one has none; in the GEMV's epilogue (m up to 2
+// fast, 8 exact), as cuBLASLt's C, or in an elementwise pass.
+TEST_F(CudaStepTest, LinearGroupAddsResiduals) {
+  BackendOptions exact_options;
+  auto exact = MakeBackend("cuda", exact_options);
+  ASSERT_TRUE(exact.ok());
+  const int64_t k = 264;
+  const std::vector<int64_t> widths = {389, 16, 7};
+  const Activation activations[] = {{}, {UnaryOp::kSigmoid}, {}};
+  for (int64_t m : {1, 2, 3, 9, 64}) {
+    for (bool fast : {false, true}) {
+      Backend& gpu = fast ? *gpu_ : **exact;
+      const std::string what = absl::StrCat("m=", m, " fast=", fast);
+      const Tensor x = Rand({m, k});
+      std::vector<Tensor> weights, rounded, cpu_outs, gpu_outs, cpu_res, gpu_res;
+      for (size_t i = 0; i < widths.size(); ++i) {
+        auto w_bf16 = gpu.Upload(Rand({widths[i], k}), DType::kBF16);
+        ASSERT_TRUE(w_bf16.ok());
+        auto w_rounded = gpu.Download(*w_bf16);
+        ASSERT_TRUE(w_rounded.ok());
+        weights.push_back(*w_bf16);
+        rounded.push_back(w_rounded->ToF32());
+        const Tensor r = Rand({m, widths[i]});
+        cpu_outs.push_back(i == 0 ? r.Clone() : Tensor::Zeros(DType::kF32, {m, widths[i]}));
+        gpu_outs.push_back(Up(i == 0 ? r : Rand({m, widths[i]}), DType::kF32, &gpu));
+        cpu_res.push_back(i == 0 ? cpu_outs[0] : i == 1 ? r : Tensor());
+        gpu_res.push_back(i == 0 ? gpu_outs[0] : i == 1 ? Up(r, DType::kF32, &gpu) : Tensor());
+      }
+      ASSERT_TRUE(cpu_->LinearGroup({x, rounded, {}, cpu_outs, activations, cpu_res}).ok()) << what;
+      const absl::Status st =
+          gpu.LinearGroup({Up(x, DType::kF32, &gpu), weights, {}, gpu_outs, activations, gpu_res});
+      ASSERT_TRUE(st.ok()) << what << ": " << st;
+      for (size_t i = 0; i < widths.size(); ++i) {
+        EXPECT_LE(RelativeError(Down(gpu_outs[i], &gpu), cpu_outs[i]),
+                  fast && m > kFastGemvRows ? kBf16Tol : 1e-5)
+            << what << " member " << i;
+      }
+    }
+  }
 }
 
 // xLSTM 7B's head shape (key_dim 256, value_dim 512) through the mLSTM
