@@ -38,7 +38,7 @@ int RunVerifyModel(const VerifyModelFlags& flags) {
   models::ModelReport report = models::VerifyModel(flags.dir, backend->get(), options);
   int passed = 0, failed = 0;
   for (const models::ModelCheck& check : report.checks) {
-    std::printf("%s  %-48s rel. error %.2e  tolerance %.0e\n", check.passed() ? "PASS" : "FAIL",
+    std::printf("%s  %-48s rel. error %.2e  tolerance %.1e\n", check.passed() ? "PASS" : "FAIL",
                 check.label.c_str(), check.relative_error, check.tolerance);
     ++(check.passed() ? passed : failed);
   }

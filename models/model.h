@@ -23,7 +23,7 @@
 namespace lair::models {
 
 struct LoadOptions {
-  DType weight_dtype = DType::kF32;  // kBF16 on CUDA for serving
+  DType weight_dtype = DType::kF32;  // kBF16 on CUDA for serving (emulated in F32 on the CPU)
   int max_context = 4096;            // KV-cache length per slot (softmax-attention families)
   // Record each decode batch size's step (one new token per sequence, last
   // logits) as a backend step graph (CUDA graphs) and replay it; see

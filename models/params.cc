@@ -74,8 +74,11 @@ absl::StatusOr<int> Params::Add(const std::string& name, const Shape& shape, Ini
   if (backend_ == nullptr) {
     tensors_.push_back(std::move(host));
   } else {
-    LAIR_ASSIGN_OR_RETURN(Tensor device,
-                          backend_->Upload(host, matrix ? matrix_dtype_ : DType::kF32));
+    const DType dtype = matrix ? matrix_dtype_ : DType::kF32;
+    LAIR_ASSIGN_OR_RETURN(Tensor device, backend_->Upload(host, dtype));
+    // The CPU multiplies F32 weights only: it holds 16-bit matrices as the
+    // F32 values of their rounding, so it computes exactly what they say.
+    if (backend_->device() == Device::kCpu && dtype != DType::kF32) device = device.ToF32();
     tensors_.push_back(std::move(device));
   }
   names_.push_back(name);

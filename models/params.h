@@ -75,7 +75,8 @@ class RandomSource : public ParamSource {
 class Params {
  public:
   // Values go to `backend` (weight matrices as `matrix_dtype`, everything else
-  // F32); with a null backend the host tensors are kept (for `lair init`).
+  // F32; the CPU backend holds a 16-bit matrix_dtype as F32 values rounded to
+  // it); with a null backend the host tensors are kept (for `lair init`).
   Params(ParamSource* source, kernels::Backend* backend, DType matrix_dtype = DType::kF32);
 
   // Declares a parameter and returns its id. `matrix` marks projection
