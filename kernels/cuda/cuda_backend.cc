@@ -1123,12 +1123,15 @@ class CudaBackend : public Backend {
   absl::StatusOr<int> KeyBlocks(const ScanParams& p, bool step, std::string_view what) const {
     const bool row_sums = p.norm == cuda::NormKind::kNone && !p.stabilize && !p.key_weight.ptr &&
                           !p.n_final && !p.n_init;
+    // The step kernel takes wide keys whole (no repeated operands and no
+    // partial sums to add: GSA's key pass at key_dim 512).
+    const int max_dk = step ? cuda::kMaxStepKeyDim : kMaxScanKeyDim;
     int blocks = 1;
-    while (p.dk / blocks > kMaxScanKeyDim && p.dk % (2 * blocks) == 0) blocks *= 2;
-    if (p.dk / blocks > kMaxScanKeyDim || (p.dk / blocks) % 4 != 0 || (blocks > 1 && !row_sums))
+    while (p.dk / blocks > max_dk && p.dk % (2 * blocks) == 0) blocks *= 2;
+    if (p.dk / blocks > max_dk || (p.dk / blocks) % 4 != 0 || (blocks > 1 && !row_sums))
       return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": key_dim ", p.dk,
                                                      " does not split into blocks of at most ",
-                                                     kMaxScanKeyDim, " keys"));
+                                                     max_dk, " keys"));
     cuda::ScanParams block = p;
     block.dk = p.dk / blocks;
     if (step || !row_sums) return blocks;

@@ -93,6 +93,9 @@ cudaError_t LaunchScan(const ScanParams& p, cudaStream_t stream);
 // their slots. Same fields as the scan; reverse and shift are not allowed;
 // s_init and s_final must be the same pool (in place); dv multiple of 32.
 cudaError_t LaunchStep(const ScanParams& p, cudaStream_t stream);
+// The widest key dim LaunchStep takes (its token operands sit in shared
+// memory; the state streams through in row groups, so any width works).
+constexpr int kMaxStepKeyDim = 1024;
 
 // --- Elementwise helpers ----------------------------------------------------
 // dst[i] = (T) src[i] between element types.

@@ -17,7 +17,7 @@ struct StepTraits {
   static constexpr int kColThreads = kCols / kVec;           // 8
   static constexpr int kRowGroups = kThreads / kColThreads;  // 32
   static constexpr int kUnroll = 4;                          // rows in flight per thread
-  static constexpr int kMaxDk = 256;
+  static constexpr int kMaxDk = kMaxStepKeyDim;
   static_assert(kRowGroups == 32, "the reduction uses one warp over the row groups");
 };
 
