@@ -108,12 +108,19 @@ void ProjectionTriple::DeclareState(const std::string& prefix, StateLayout* layo
 
 absl::StatusOr<std::vector<Var>> ProjectionTriple::Forward(
     Graph& g, const LinearInput& x, const StepContext& ctx, int first_state,
-    std::span<const LinearWeight> also) const {
-  std::vector<LinearWeight> weights = {{proj[0]}, {proj[1]}, {proj[2]}};
+    std::span<const LinearWeight> also,
+    const std::array<kernels::Activation, 3>& activations) const {
+  std::vector<LinearWeight> weights;
+  for (int i = 0; i < 3; ++i) {
+    weights.push_back({proj[i], -1, use_conv ? kernels::Activation{} : activations[i]});
+  }
   weights.insert(weights.end(), also.begin(), also.end());
   LAIR_ASSIGN_OR_RETURN(std::vector<Var> out, g.Linears(x, weights));
   for (int i = 0; use_conv && i < 3; ++i) {
     LAIR_ASSIGN_OR_RETURN(out[i], conv[i].Forward(g, out[i], ctx, first_state + i));
+    const kernels::Activation& act = activations[i];
+    if (act.identity()) continue;
+    LAIR_ASSIGN_OR_RETURN(out[i], g.Unary(act.op, out[i], act.alpha, act.beta, act.in_scale));
   }
   return out;
 }
@@ -149,10 +156,11 @@ LinearInput HeadOutputGate::Input(Graph& g, const Var& gate_proj, const Var& o) 
   return in;
 }
 
-absl::StatusOr<Var> Activation(Graph& g, const std::string& name, const Var& x) {
-  if (name == "relu") return g.Unary(kernels::UnaryOp::kRelu, x);
-  if (name == "sigmoid") return g.Unary(kernels::UnaryOp::kSigmoid, x);
-  if (name == "silu" || name == "swish") return g.Unary(kernels::UnaryOp::kSilu, x);
+absl::StatusOr<kernels::Activation> ActivationNamed(const std::string& name) {
+  if (name.empty()) return kernels::Activation{};
+  if (name == "relu") return kernels::Activation{kernels::UnaryOp::kRelu};
+  if (name == "sigmoid") return kernels::Activation{kernels::UnaryOp::kSigmoid};
+  if (name == "silu" || name == "swish") return kernels::Activation{kernels::UnaryOp::kSilu};
   return absl::InvalidArgumentError(absl::StrCat("unsupported activation '", name, "'"));
 }
 

@@ -83,11 +83,14 @@ struct ProjectionTriple {
   }
   // Appends the conv windows (none without convolutions).
   void DeclareState(const std::string& prefix, StateLayout* layout) const;
-  // The three projections of x (each convolved when use_conv), followed by
-  // the projections `also` of x (not convolved), all from one Graph::Linears.
-  absl::StatusOr<std::vector<Var>> Forward(Graph& g, const LinearInput& x, const StepContext& ctx,
-                                           int first_state,
-                                           std::span<const LinearWeight> also = {}) const;
+  // The three projections of x (each convolved when use_conv, then put
+  // through its activation: in the products' epilogue without convolutions),
+  // followed by the projections `also` of x (not convolved), all from one
+  // Graph::Linears.
+  absl::StatusOr<std::vector<Var>> Forward(
+      Graph& g, const LinearInput& x, const StepContext& ctx, int first_state,
+      std::span<const LinearWeight> also = {},
+      const std::array<kernels::Activation, 3>& activations = {}) const;
 };
 
 // fla's per-head output stage of GLA and RetNet: RMSNorm over each head's
@@ -123,7 +126,7 @@ struct HeadOutputGate {
 };
 
 // An activation by its fla/transformers ACT2FN name (relu, sigmoid,
-// silu/swish) applied elementwise.
-absl::StatusOr<Var> Activation(Graph& g, const std::string& name, const Var& x);
+// silu/swish; "" is the identity), for a projection's epilogue.
+absl::StatusOr<kernels::Activation> ActivationNamed(const std::string& name);
 
 }  // namespace lair::models

@@ -36,7 +36,10 @@ class GlaMixer : public Mixer {
     // q, k, v, the gate's low-rank input and g_proj all read x: one group.
     std::vector<LinearWeight> also = {{gk0_}};
     for (const LinearWeight& w : output_.Projections()) also.push_back(w);
-    LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv, qkv_.Forward(g, x, ctx, 1, also));
+    // q and k through the feature map (if any), in the products.
+    LAIR_ASSIGN_OR_RETURN(const kernels::Activation feature, ActivationNamed(config_.feature_map));
+    LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv,
+                          qkv_.Forward(g, x, ctx, 1, also, {feature, feature, {}}));
     // gk = logsigmoid(gk_proj.1(·)) / gate_logit_normalizer, the activation in the product.
     const LinearWeight gk1{
         gk1_, gk1_bias_, {UnaryOp::kLogSigmoid, 1.0f / config_.gate_logit_normalizer}};
@@ -50,10 +53,6 @@ class GlaMixer : public Mixer {
     LAIR_ASSIGN_OR_RETURN(in.v,
                           RepeatKvHeads(g, SplitHeads(g, qkv[2], config_.num_kv_heads), groups));
     LAIR_ASSIGN_OR_RETURN(in.gk, RepeatKvHeads(g, SplitHeads(g, gk, config_.num_kv_heads), groups));
-    if (!config_.feature_map.empty()) {
-      LAIR_ASSIGN_OR_RETURN(in.q, Activation(g, config_.feature_map, in.q));
-      LAIR_ASSIGN_OR_RETURN(in.k, Activation(g, config_.feature_map, in.k));
-    }
     LAIR_ASSIGN_OR_RETURN(Var o, g.Decay(ctx.batch, in, ctx.State(0), ctx.form));
     return g.Linear(output_.Input(g, qkv.size() > 4 ? qkv[4] : Var{}, o), {o_}, x.x);
   }

@@ -29,15 +29,16 @@ class GsaMixer : public Mixer {
     // The forget gate, logsigmoid(f_proj(x)) / gate_logit_normalizer, in the group's epilogue.
     const LinearWeight forget[] = {
         {f_, -1, {UnaryOp::kLogSigmoid, 1.0f / config_.gate_logit_normalizer}}};
-    LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv, qkv_.Forward(g, x, ctx, 2, forget));
+    // q and k through the feature map, v through silu, in the products.
+    LAIR_ASSIGN_OR_RETURN(const kernels::Activation feature, ActivationNamed(config_.feature_map));
+    LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv,
+                          qkv_.Forward(g, x, ctx, 2, forget,
+                                       {feature, feature, kernels::Activation{UnaryOp::kSilu}}));
     GsaInputs in;
     in.scale = static_cast<float>(config_.scale);
-    LAIR_ASSIGN_OR_RETURN(
-        in.q, Activation(g, config_.feature_map, SplitHeads(g, qkv[0], config_.num_heads)));
-    LAIR_ASSIGN_OR_RETURN(
-        Var k, Activation(g, config_.feature_map, SplitHeads(g, qkv[1], config_.num_kv_heads)));
-    LAIR_ASSIGN_OR_RETURN(Var v,
-                          g.Unary(UnaryOp::kSilu, SplitHeads(g, qkv[2], config_.num_kv_heads)));
+    in.q = SplitHeads(g, qkv[0], config_.num_heads);
+    const Var k = SplitHeads(g, qkv[1], config_.num_kv_heads);
+    const Var v = SplitHeads(g, qkv[2], config_.num_kv_heads);
     const Var gate = SplitHeads(g, qkv[3], config_.num_kv_heads);
     LAIR_ASSIGN_OR_RETURN(Var s, g.Unary(UnaryOp::kExp, gate, -1.0f, 1.0f));
     LAIR_ASSIGN_OR_RETURN(in.k, RepeatKvHeads(g, k, groups));

@@ -28,7 +28,9 @@ class Hgrn2Mixer : public Mixer {
 
   absl::StatusOr<Var> Forward(Graph& g, const LinearInput& x,
                               const StepContext& ctx) const override {
-    LAIR_ASSIGN_OR_RETURN(auto qfi, qfi_.Forward(g, x, ctx, 1));
+    // q = silu(q_proj(x)), in the product.
+    LAIR_ASSIGN_OR_RETURN(
+        auto qfi, qfi_.Forward(g, x, ctx, 1, {}, {kernels::Activation{UnaryOp::kSilu}, {}, {}}));
     Var gate;
     if (ctx.layer_extra.t.defined()) {
       const Var& lb = ctx.layer_extra;  // [1, forget_dim]
@@ -43,7 +45,7 @@ class Hgrn2Mixer : public Mixer {
     DecayInputs in;
     in.kind = kernels::DecayKind::kVector;
     in.scale = 1.0f / std::sqrt(static_cast<float>(config_.expand_ratio));
-    LAIR_ASSIGN_OR_RETURN(Var q, g.Unary(UnaryOp::kSilu, qfi[0]));
+    const Var& q = qfi[0];
     LAIR_ASSIGN_OR_RETURN(Var k, g.Unary(UnaryOp::kExp, gate, -1.0f, 1.0f));
     in.q = SplitHeads(g, q, config_.num_heads);
     in.k = SplitHeads(g, k, config_.num_heads);

@@ -25,13 +25,12 @@ class RetentionMixer : public Mixer {
   absl::StatusOr<Var> Forward(Graph& g, const LinearInput& x,
                               const StepContext& ctx) const override {
     const int groups = config_.num_heads / config_.num_kv_heads;
-    LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv, qkv_.Forward(g, x, ctx, 1, output_.Projections()));
-    Var q = SplitHeads(g, qkv[0], config_.num_heads);
+    // q and k through the feature map (if any), in the products.
+    LAIR_ASSIGN_OR_RETURN(const kernels::Activation feature, ActivationNamed(config_.feature_map));
+    LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv, qkv_.Forward(g, x, ctx, 1, output_.Projections(),
+                                                             {feature, feature, {}}));
+    const Var q = SplitHeads(g, qkv[0], config_.num_heads);
     Var k = SplitHeads(g, qkv[1], config_.num_kv_heads);
-    if (!config_.feature_map.empty()) {
-      LAIR_ASSIGN_OR_RETURN(q, Activation(g, config_.feature_map, q));
-      LAIR_ASSIGN_OR_RETURN(k, Activation(g, config_.feature_map, k));
-    }
     DecayInputs in;
     in.kind = kernels::DecayKind::kConstant;
     in.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_k_dim));
