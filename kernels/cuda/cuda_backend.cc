@@ -1113,7 +1113,8 @@ class CudaBackend : public Backend {
   // per row, right decays on every row alike) and o_t = Σ_a q_t[a]·S_t[a, :],
   // so the dk rows split into blocks whose partial outputs add. Splitting
   // into B blocks is a reshape of q, k, vector gates and states to B·H heads
-  // of dk/B keys; v and the other gates repeat per block. Keys wider than a
+  // of dk/B keys; the B heads of a block share v (ScanParams::v_head_share)
+  // and the other gates repeat per block. Keys wider than a
   // launch's tile need it; chunked scans also take it while fewer CTAs than
   // multiprocessors would run (GSA's first pass at batch 1: four heads of
   // one 64-column tile each; GLA 1.3B's prefill: 32 tiles), down to
@@ -1191,7 +1192,7 @@ class CudaBackend : public Backend {
       p.right.ptr = static_cast<const float*>(copy);
       p.right.token_stride = heads * blocks * p.dv;
     }
-    LAIR_ASSIGN_OR_RETURN(p.v.ptr, repeat(p.v.ptr, p.v.type, tokens * heads, p.dv));
+    p.v_head_share = blocks;  // the blocks of a head read its v in place
     LAIR_ASSIGN_OR_RETURN(Tensor parts, Temporary(DType::kF32, {tokens * heads * blocks, p.dv}));
     keep.push_back(parts);
     p.o = parts.raw();

@@ -133,7 +133,9 @@ __global__ void __launch_bounds__(ScanTraits::kThreads) ScanKernel(const ScanPar
       float vv = 0.0f, lg = 0.0f;
       if (i < lc && e < tv) {
         const int t = token(i);
-        vv = LoadElem(p.v.ptr, p.v.type, ((bos + t) * p.heads + h) * p.dv + e0 + e);
+        vv =
+            LoadElem(p.v.ptr, p.v.type,
+                     ((bos + t) * (p.heads / p.v_head_share) + h / p.v_head_share) * p.dv + e0 + e);
         if (has_right) lg = GateAt(p.right, bos, len, t, h, e0 + e);
       }
       vs[i * TVP + e] = vv;

@@ -81,6 +81,10 @@ struct ScanParams {
   float* m_final = nullptr;
   void* o = nullptr;  // [N, H, dv]
   ElemType o_type = ElemType::kF32;
+  // Consecutive heads sharing one head of v: v is [N, H / v_head_share, dv]
+  // and head h reads its head h / v_head_share (key blocks scanned as heads
+  // of their own, cuda_backend.cc).
+  int v_head_share = 1;
 };
 
 // Chunked scan, one CTA per (sequence, head, 64-wide dv tile), sequential over

@@ -329,7 +329,11 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
     for (int idx = tid; idx < C * (TV / 8); idx += T::kThreads) {
       const int i = idx / (TV / 8), c = 8 * (idx % (TV / 8));
       const bool live = i < lc && c < tv;
-      const int64_t off = live ? ((bos + tok0 + dir * i) * p.heads + h) * p.dv + e0 + c : 0;
+      // v is [N, heads / share, dv]: head h reads head h / share.
+      const int64_t off =
+          live ? ((bos + tok0 + dir * i) * (p.heads / p.v_head_share) + h / p.v_head_share) * p.dv +
+                     e0 + c
+               : 0;
       if (v_async) {
         CpAsync16(vd + i * ldv + c, static_cast<const bf16*>(p.v.ptr) + off, live);
       } else {
