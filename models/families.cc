@@ -111,6 +111,7 @@ absl::StatusOr<std::vector<Var>> ProjectionTriple::Forward(
     std::span<const LinearWeight> also,
     const std::array<kernels::Activation, 3>& activations) const {
   std::vector<LinearWeight> weights;
+  weights.reserve(3 + also.size());
   for (int i = 0; i < 3; ++i) {
     weights.push_back({proj[i], -1, use_conv ? kernels::Activation{} : activations[i]});
   }
