@@ -199,15 +199,18 @@ absl::Status AddWeightRounding(const std::string& dir, const Goldens& golden, DT
   LAIR_ASSIGN_OR_RETURN(StatePool pool, StatePool::Create(cpu.get(), model->state_layout(), 2));
   std::vector<ModelCheck> rounded;
   LAIR_RETURN_IF_ERROR(AddLogitsChecks(golden, *model, pool, true, logits_tol, &rounded));
-  for (ModelCheck& check : *checks) {
-    for (const ModelCheck& reference : rounded) {
-      if (reference.label != check.label || check.label.starts_with("greedy tokens")) continue;
-      check.tolerance += reference.relative_error;
-      absl::StrAppend(&check.label,
-                      absl::StrFormat(" (tolerance %.0e + %.1e, the fp32 reference on the same "
-                                      "bf16 weights)",
-                                      logits_tol, reference.relative_error));
-    }
+  // Both lists come from AddLogitsChecks, check for check in the same order.
+  if (rounded.size() != checks->size()) {
+    return absl::InternalError("the weight-rounding reference made other checks");
+  }
+  for (size_t i = 0; i < rounded.size(); ++i) {
+    ModelCheck& check = (*checks)[i];
+    if (check.label.starts_with("greedy tokens")) continue;  // judged by its margins
+    check.tolerance += rounded[i].relative_error;
+    absl::StrAppend(&check.label,
+                    absl::StrFormat(" (tolerance %.0e + %.1e, the fp32 reference on the same "
+                                    "bf16 weights)",
+                                    logits_tol, rounded[i].relative_error));
   }
   return absl::OkStatus();
 }

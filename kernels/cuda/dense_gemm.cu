@@ -334,6 +334,13 @@ struct LtProblem {
   const float* c_in = nullptr;  // read instead of c when beta ≠ 0 (a residual), or null
 };
 
+// Whether cuBLASLt adds g's residual as its C operand: without an activation
+// to apply first, and when the product does not already read c (beta = 0, as
+// in a linear group). Otherwise Finish adds it after the product.
+bool ResidualAsC(const GemmCall& g) {
+  return g.residual != nullptr && g.act.identity() && g.beta == 0.0f;
+}
+
 // Row-major c[m, n] (+)= op(a)·op(b) as the transposed column-major problem.
 LtProblem FromRowMajor(const GemmCall& g, const void* a, const void* b, int64_t n, int64_t ldb_row,
                        float* c, const float* bias, cudaDataType_t ab_type,
@@ -355,8 +362,7 @@ LtProblem FromRowMajor(const GemmCall& g, const void* a, const void* b, int64_t 
   p.alpha = g.alpha;
   p.beta = g.beta;
   p.bias = bias;
-  // Without an activation the residual is the product's C (a linear group's beta is 0).
-  if (g.residual && g.act.identity() && g.beta == 0.0f) {
+  if (ResidualAsC(g)) {
     p.beta = 1.0f;
     p.c_in = g.residual + (c - g.c);
   }
@@ -510,16 +516,16 @@ struct GemmRunner::Impl {
     for (const GemmCall& g : calls) {
       LAIR_RETURN_IF_ERROR(Matmul(FromRowMajor(g, a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias,
                                                CudaType(g.b_type), CUBLAS_COMPUTE_32F)));
-      LAIR_RETURN_IF_ERROR(Finish(g, /*product_added_residual=*/true));
+      LAIR_RETURN_IF_ERROR(Finish(g, /*product_ran=*/true));
     }
     return absl::OkStatus();
   }
 
   // g.c ← g.act(g.c) + g.residual in elementwise passes, after a product
-  // that has no epilogue for them (the GEMV applies them itself). A product
-  // without an activation adds the residual as its C (FromRowMajor) unless
-  // it did not run (k = 0).
-  absl::Status Finish(const GemmCall& g, bool product_added_residual) {
+  // that has no epilogue for them (the GEMV applies them itself). A cuBLASLt
+  // product that ran has added the residual when ResidualAsC; one that did
+  // not run (k = 0) has not.
+  absl::Status Finish(const GemmCall& g, bool product_ran) {
     if (g.m == 0 || g.n == 0) return absl::OkStatus();
     if (!g.act.identity()) {
       UnaryParams p;
@@ -532,7 +538,7 @@ struct GemmRunner::Impl {
       p.count = g.m * g.n;
       LAIR_RETURN_IF_ERROR(CudaStatus(LaunchUnary(p, stream), "activation"));
     }
-    if (g.residual && (!g.act.identity() || !product_added_residual)) {
+    if (g.residual && !(product_ran && ResidualAsC(g))) {
       BinaryParams p;
       p.a = g.c;
       p.b = g.residual;
@@ -630,7 +636,7 @@ absl::Status GemmRunner::RunOne(const GemmCall& g, GemmPrecision precision) {
     ScaleBiasKernel<<<GridFor(g.m * g.n), kThreads, 0, im.stream>>>(g.c, g.n, g.m, g.n, g.beta,
                                                                     g.bias);
     LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "gemm k = 0"));
-    return im.Finish(g, /*product_added_residual=*/false);
+    return im.Finish(g, /*product_ran=*/false);
   }
   const bool fast = precision == GemmPrecision::kFast;
   if (GemvFits(g, precision)) return im.Gemv({&g, 1});
@@ -648,7 +654,7 @@ absl::Status GemmRunner::RunOne(const GemmCall& g, GemmPrecision precision) {
           im.Matmul(FromRowMajor(g, g.a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias, CUDA_R_32F,
                                  fast ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F)));
   }
-  return im.Finish(g, /*product_added_residual=*/true);
+  return im.Finish(g, /*product_ran=*/true);
 }
 
 }  // namespace lair::kernels::cuda::dense
