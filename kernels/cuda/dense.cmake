@@ -6,6 +6,7 @@
 lair_library(lair_cuda_dense STATIC
   ${CMAKE_CURRENT_LIST_DIR}/dense_ops.cc
   ${CMAKE_CURRENT_LIST_DIR}/dense_gemm.cu
+  ${CMAKE_CURRENT_LIST_DIR}/dense_small_gemm.cu
   ${CMAKE_CURRENT_LIST_DIR}/dense_norm.cu
   ${CMAKE_CURRENT_LIST_DIR}/dense_elementwise.cu
   ${CMAKE_CURRENT_LIST_DIR}/dense_conv.cu

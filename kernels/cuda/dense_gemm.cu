@@ -16,12 +16,11 @@
 #include <map>
 #include <span>
 #include <string>
-#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/dense_common.cuh"
 #include "kernels/cuda/dense_launch.h"
-#include "kernels/cuda/dependent_launch.cuh"
+#include "kernels/cuda/dense_small_gemm.h"
 
 namespace lair::kernels::cuda::dense {
 namespace {
@@ -62,222 +61,6 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t r = i / n, j = i - r * n;
     float* at = c + r * ldc + j;
     *at = (beta == 0.0f ? 0.0f : beta * *at) + (bias ? bias[j] : 0.0f);
-  }
-}
-
-// Decode-sized products (m ≤ kGemvMaxRows) with 16-bit weights in the
-// nn.Linear layout: c[i, j] = alpha·Σ_k a[i, k]·w[j, k] + beta·c[i, j] + bias[j].
-// Memory-bound on w, so one warp streams one weight row in 16-byte loads
-// (kGemvUnroll in flight per lane) against fp32 activations read through
-// the cache, and keeps one fp32 sum per activation row; no activation
-// rounding and no conversion pass.
-constexpr int kGemvMaxRows = 8;
-// The fast path's limit. Every row rereads the fp32 activations through L1,
-// so the GEMV's cost grows with rows: on an H100 (GLA 1.3B decode) it beat
-// bf16 cuBLASLt at 2 rows (2.09 against 2.47 ms per step) and lost at 4
-// (2.87 against 2.55) and 8 (4.39 against 2.73).
-constexpr int kGemvFastMaxRows = 2;
-constexpr int kGemvWarps = 8;
-// 8 (a whole 2048-wide row per round trip) measured slower on an H100: GLA
-// 1.3B decode at batch 1 went from 2.13 to 2.28 ms per step.
-constexpr int kGemvUnroll = 4;
-
-__device__ __forceinline__ float2 Pair(const __nv_bfloat162& v) { return __bfloat1622float2(v); }
-__device__ __forceinline__ float2 Pair(const __half2& v) { return __half22float2(v); }
-
-// A GEMV launch covers up to kGemvMembers products of the same activations
-// (a LinearGroup): member i owns the output rows [first_row[i],
-// first_row[i + 1]) of the launch, in its own c. All members share k, alpha
-// and beta.
-constexpr int kGemvMembers = 8;
-
-template <typename T>
-struct GemvGroup {
-  const float* a = nullptr;  // [rows, k]
-  int64_t k = 0;
-  float alpha = 1.0f, beta = 0.0f;
-  int count = 0;
-  int64_t first_row[kGemvMembers + 1] = {};
-  const T* w[kGemvMembers] = {};             // [n_i, k]
-  const float* bias[kGemvMembers] = {};      // [n_i] or null
-  float* c[kGemvMembers] = {};               // [rows, n_i]
-  Activation act[kGemvMembers] = {};         // applied to each output
-  const float* residual[kGemvMembers] = {};  // [rows, n_i] or null, added last
-};
-
-// A lane's kGemvUnroll 16-byte loads of a weight row from vector `base` on
-// (zeros past the row's end).
-__device__ __forceinline__ void LoadWeightChunk(const uint4* row, int64_t vectors, int64_t base,
-                                                int lane, uint4 (&chunk)[kGemvUnroll]) {
-#pragma unroll
-  for (int u = 0; u < kGemvUnroll; ++u) {
-    const int64_t v = base + u * 32 + lane;
-    chunk[u] = v < vectors ? __ldg(row + v) : make_uint4(0, 0, 0, 0);
-  }
-}
-
-// sum[r] += the chunk's weights · the matching activations of row r.
-template <typename T, int kRows>
-__device__ __forceinline__ void AccumulateChunk(const uint4 (&chunk)[kGemvUnroll], const float* a,
-                                                int64_t k, int64_t vectors, int64_t base, int lane,
-                                                float (&sum)[kRows]) {
-  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-#pragma unroll
-  for (int u = 0; u < kGemvUnroll; ++u) {
-    const int64_t v = base + u * 32 + lane;
-    if (v >= vectors) break;
-    const T2* pairs = reinterpret_cast<const T2*>(&chunk[u]);
-    float2 wf[4];
-#pragma unroll
-    for (int p = 0; p < 4; ++p) wf[p] = Pair(pairs[p]);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float4* x = reinterpret_cast<const float4*>(a + r * k + v * 8);
-      const float4 x0 = __ldg(x), x1 = __ldg(x + 1);
-      sum[r] += x0.x * wf[0].x + x0.y * wf[0].y + x0.z * wf[1].x + x0.w * wf[1].y + x1.x * wf[2].x +
-                x1.y * wf[2].y + x1.z * wf[3].x + x1.w * wf[3].y;
-    }
-  }
-}
-
-template <int kRows>
-__device__ __forceinline__ void WarpSums(float (&sum)[kRows]) {
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    for (int offset = 16; offset > 0; offset /= 2)
-      sum[r] += __shfl_down_sync(0xffffffffu, sum[r], offset);
-  }
-}
-
-// Launched as a dependent (dependent_launch.cuh): the first weight chunk is
-// in flight before the wait for the kernel that writes the activations.
-template <typename T, int kRows>
-__global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const GemvGroup<T> g) {
-  AllowDependents();
-  const int lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + threadIdx.x / 32;
-  if (row >= g.first_row[g.count]) return;
-  // The member owning `row` and the row within it. Fields are read by
-  // constant indices: a dynamic index would copy the parameters to local memory.
-  int member = 0;
-#pragma unroll
-  for (int i = 1; i < kGemvMembers; ++i) member += i < g.count && row >= g.first_row[i];
-  const T* w = g.w[0];
-  int64_t j = row;
-#pragma unroll
-  for (int i = 1; i < kGemvMembers; ++i) {
-    if (member == i) {
-      w = g.w[i];
-      j = row - g.first_row[i];
-    }
-  }
-  const int64_t k = g.k;
-  const int64_t vectors = k / 8;
-  const uint4* weights = reinterpret_cast<const uint4*>(w + j * k);  // 8 weights per uint4
-  float sum[kRows] = {};
-  uint4 chunk[kGemvUnroll];
-  LoadWeightChunk(weights, vectors, 0, lane, chunk);
-  WaitForPrerequisites();  // a (and c when beta ≠ 0) come from earlier kernels
-  for (int64_t base = 0; base < vectors; base += 32 * kGemvUnroll) {
-    if (base > 0) LoadWeightChunk(weights, vectors, base, lane, chunk);
-    AccumulateChunk<T, kRows>(chunk, g.a, k, vectors, base, lane, sum);
-  }
-  WarpSums(sum);
-  if (lane != 0) return;
-  const float* bias = g.bias[0];
-  float* c = g.c[0];
-  int64_t n = g.first_row[1];
-  Activation act = g.act[0];
-  const float* residual = g.residual[0];
-#pragma unroll
-  for (int i = 1; i < kGemvMembers; ++i) {
-    if (member == i) {
-      bias = g.bias[i];
-      c = g.c[i];
-      n = g.first_row[i + 1] - g.first_row[i];
-      act = g.act[i];
-      residual = g.residual[i];
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    float* out = c + r * n + j;
-    const float y =
-        g.alpha * sum[r] + (g.beta == 0.0f ? 0.0f : g.beta * *out) + (bias ? bias[j] : 0.0f);
-    // act is the identity unless set; out may alias residual (read first).
-    *out = act.alpha * ApplyUnary(act.op, act.in_scale * y) + act.beta +
-           (residual ? residual[r * n + j] : 0.0f);
-  }
-}
-
-template <typename T, int kRows>
-cudaError_t LaunchGemvRows(const GemvGroup<T>& g, cudaStream_t stream) {
-  const int64_t rows = g.first_row[g.count];
-  return LaunchDependent(GemvKernel<T, kRows>,
-                         dim3(static_cast<unsigned>((rows + kGemvWarps - 1) / kGemvWarps)),
-                         dim3(kGemvWarps * 32), stream, g);
-}
-
-// Whether the GEMV kernel takes `g`: few rows (fewer on the fast path, where
-// cuBLASLt is the alternative), nn.Linear layout, 16-bit weights, 16-byte
-// aligned rows of weights and activations.
-bool GemvFits(const GemmCall& g, GemmPrecision precision) {
-  const int max_rows = precision == GemmPrecision::kFast ? kGemvFastMaxRows : kGemvMaxRows;
-  return (g.b_type == DType::kBF16 || g.b_type == DType::kF16) && g.m <= max_rows && !g.trans_a &&
-         g.trans_b && g.k % 8 == 0 && reinterpret_cast<uintptr_t>(g.a) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(g.b) % 16 == 0;
-}
-
-// Whether one GEMV launch takes all of `calls`: each fits and is not empty,
-// and they share the activations, the weight type, k, alpha and beta.
-bool GemvGroupFits(std::span<const GemmCall> calls, GemmPrecision precision) {
-  if (calls.empty() || calls.size() > kGemvMembers) return false;
-  const GemmCall& first = calls.front();
-  for (const GemmCall& g : calls) {
-    if (!GemvFits(g, precision) || g.m == 0 || g.n == 0 || g.k == 0 || g.a != first.a ||
-        g.m != first.m || g.k != first.k || g.b_type != first.b_type || g.alpha != first.alpha ||
-        g.beta != first.beta) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// `calls` as one launch (GemvGroupFits).
-template <typename T>
-cudaError_t LaunchGemv(std::span<const GemmCall> calls, cudaStream_t stream) {
-  GemvGroup<T> g;
-  const GemmCall& first = calls.front();
-  g.a = first.a;
-  g.k = first.k;
-  g.alpha = first.alpha;
-  g.beta = first.beta;
-  g.count = static_cast<int>(calls.size());
-  for (int i = 0; i < g.count; ++i) {
-    g.first_row[i + 1] = g.first_row[i] + calls[i].n;
-    g.w[i] = static_cast<const T*>(calls[i].b);
-    g.bias[i] = calls[i].bias;
-    g.c[i] = calls[i].c;
-    g.act[i] = calls[i].act;
-    g.residual[i] = calls[i].residual;
-  }
-  switch (first.m) {
-    case 1:
-      return LaunchGemvRows<T, 1>(g, stream);
-    case 2:
-      return LaunchGemvRows<T, 2>(g, stream);
-    case 3:
-      return LaunchGemvRows<T, 3>(g, stream);
-    case 4:
-      return LaunchGemvRows<T, 4>(g, stream);
-    case 5:
-      return LaunchGemvRows<T, 5>(g, stream);
-    case 6:
-      return LaunchGemvRows<T, 6>(g, stream);
-    case 7:
-      return LaunchGemvRows<T, 7>(g, stream);
-    default:
-      return LaunchGemvRows<T, 8>(g, stream);
   }
 }
 
@@ -522,7 +305,7 @@ struct GemmRunner::Impl {
   }
 
   // g.c ← g.act(g.c) + g.residual in elementwise passes, after a product
-  // that has no epilogue for them (the GEMV applies them itself). A cuBLASLt
+  // that has no epilogue for them (the small products apply them). A cuBLASLt
   // product that ran has added the residual when ResidualAsC; one that did
   // not run (k = 0) has not.
   absl::Status Finish(const GemmCall& g, bool product_ran) {
@@ -579,14 +362,6 @@ struct GemmRunner::Impl {
   cudaStream_t stream;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  // Calls that GemvGroupFits takes, in one launch.
-  absl::Status Gemv(std::span<const GemmCall> calls) {
-    return CudaStatus(calls.front().b_type == DType::kBF16
-                          ? LaunchGemv<__nv_bfloat16>(calls, stream)
-                          : LaunchGemv<__half>(calls, stream),
-                      "gemv");
-  }
-
   DeviceScratch scratch;  // narrowed activations or widened weight blocks
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
 };
@@ -609,9 +384,10 @@ absl::Status GemmRunner::Run(const GemmCall& g, GemmPrecision precision) {
 absl::Status GemmRunner::RunGroup(std::span<const GemmCall> group, GemmPrecision precision) {
   Impl& im = *impl_;
   if (group.empty()) return absl::OkStatus();
-  // Decode-sized products stream the 16-bit weights once, in fp32 arithmetic
-  // (exact products, so both precisions take them), the whole group in one launch.
-  if (GemvGroupFits(group, precision)) return im.Gemv(group);
+  // Decode-sized products stream the 16-bit weights once, the whole group in
+  // one launch.
+  if (const SmallProduct kind = SmallProductFor(group, precision); kind != SmallProduct::kNone)
+    return CudaStatus(LaunchSmallProduct(kind, group, im.stream), "small product");
   // Products sharing activations and a 16-bit weight type share one rounding
   // of the activations on the fast path.
   const GemmCall& first = group.front();
@@ -639,7 +415,8 @@ absl::Status GemmRunner::RunOne(const GemmCall& g, GemmPrecision precision) {
     return im.Finish(g, /*product_ran=*/false);
   }
   const bool fast = precision == GemmPrecision::kFast;
-  if (GemvFits(g, precision)) return im.Gemv({&g, 1});
+  if (const SmallProduct kind = SmallProductFor({&g, 1}, precision); kind != SmallProduct::kNone)
+    return CudaStatus(LaunchSmallProduct(kind, {&g, 1}, im.stream), "small product");
   switch (g.b_type) {
     case DType::kBF16:
       if (fast) return im.RunNarrowed<__nv_bfloat16>({&g, 1});

@@ -11,9 +11,10 @@
 // starts as this one's blocks exit. Both are no-ops before sm_90.
 //
 // LaunchDependent launches a kernel that way (normally before sm_90). Only
-// the decode GEMVs use it: on an H100 (GLA 1.3B, batch 1) they gained about
-// 2%, and launching the norms and elementwise kernels the same way lost 2%
-// (docs/benchmarks.md). The kernels that precede GEMVs call AllowDependents.
+// the decode products (dense_small_gemm.cu) use it: on an H100 (GLA 1.3B,
+// batch 1) the GEMVs gained about 2%, and launching the norms and
+// elementwise kernels the same way lost 2% (docs/benchmarks.md). The kernels
+// that precede the products call AllowDependents.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,9 +23,9 @@
 
 namespace lair::kernels::cuda {
 
-// Whether the current device takes programmatic dependent launches (sm_90+;
-// read once per process).
-inline bool DependentLaunchSupported() {
+// Whether the current device is sm_90 or later: it takes programmatic
+// dependent launches and thread-block clusters (read once per process).
+inline bool HopperOrLater() {
   static const bool supported = [] {
     int device = 0, major = 0;
     return cudaGetDevice(&device) == cudaSuccess &&
@@ -35,22 +36,43 @@ inline bool DependentLaunchSupported() {
   return supported;
 }
 
-// kernel<<<grid, block, 0, stream>>>(args...) as a programmatic dependent of
-// the previous kernel in `stream`: the kernel must call WaitForPrerequisites
-// before it touches memory.
+// kernel<<<grid, block, shared_bytes, stream>>>(args...) in clusters of
+// `cluster` CTAs (sm_90; dim3(1, 1, 1) launches without clusters) and as a
+// programmatic dependent of the previous kernel in `stream`: the kernel must
+// call WaitForPrerequisites before it touches memory.
 template <typename... Params, typename... Args>
-cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                            Args&&... args) {
+cudaError_t LaunchDependentInClusters(void (*kernel)(Params...), dim3 grid, dim3 block,
+                                      dim3 cluster, size_t shared_bytes, cudaStream_t stream,
+                                      Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = DependentLaunchSupported() ? 1 : 0;
+  cudaLaunchAttribute attributes[2] = {};
+  unsigned count = 0;
+  if (HopperOrLater()) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = cluster.x;
+    attributes[count].val.clusterDim.y = cluster.y;
+    attributes[count].val.clusterDim.z = cluster.z;
+    ++count;
+  }
+  config.attrs = attributes;
+  config.numAttrs = count;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                            Args&&... args) {
+  return LaunchDependentInClusters(kernel, grid, block, dim3(1, 1, 1), 0, stream,
+                                   std::forward<Args>(args)...);
 }
 
 __device__ __forceinline__ void WaitForPrerequisites() {

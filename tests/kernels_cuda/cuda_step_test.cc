@@ -1,8 +1,8 @@
 // The CUDA backend's step machinery: GEMMs and linear groups on bf16
-// weights in both precisions (kFast: bf16 tensor cores, at a bf16 tolerance) against the
-// CPU, the mLSTM forward at xLSTM 7B's head shape, StageInts, ArgmaxRows,
-// the step arena's address reuse and CaptureStep's graphs replaying what
-// they recorded.
+// weights in both precisions (kFast: bf16 tensor cores, at a bf16 tolerance,
+// and exactly on bf16-rounded activations) against the CPU, the mLSTM
+// forward at xLSTM 7B's head shape, StageInts, ArgmaxRows, the step arena's
+// address reuse and CaptureStep's graphs replaying what they recorded.
 // Skips when no GPU is present.
 #include <algorithm>
 #include <memory>
@@ -55,16 +55,17 @@ class CudaStepTest : public ::testing::Test {
   std::mt19937 rng_{5};
 };
 
-// Decode-sized products (the GEMV kernel: m ≤ 8 exact, m ≤ 2 fast) and
-// larger ones (cuBLASLt), with and without bias and beta, in both
-// precisions, against the CPU on the bf16-rounded weights.
+// Decode-sized products (the GEMV kernel: m ≤ 8 exact, m ≤ 2 fast; the
+// tensor-core kernel: 3 to 8 rows fast) and larger ones (cuBLASLt), with and
+// without bias and beta, in both precisions, against the CPU on the
+// bf16-rounded weights.
 TEST_F(CudaStepTest, GemmOnBf16WeightsMatchesCpuInBothPrecisions) {
   BackendOptions exact_options;
   auto exact = MakeBackend("cuda", exact_options);
   ASSERT_TRUE(exact.ok());
   // Narrow and wide products, short and long rows.
   for (const auto& [k, n] : {std::pair<int64_t, int64_t>{264, 389}, {264, 1500}, {2056, 2500}})
-    for (int64_t m : {1, 2, 3, 8, 9, 64, 300}) {
+    for (int64_t m : {1, 2, 3, 8, 9, 32, 64, 300}) {
       for (bool with_bias : {false, true}) {
         for (bool fast : {false, true}) {
           Backend& gpu = fast ? *gpu_ : **exact;
@@ -99,8 +100,9 @@ TEST_F(CudaStepTest, GemmOnBf16WeightsMatchesCpuInBothPrecisions) {
 }
 
 // A LinearGroup with activations equals one CPU product and Unary per
-// member: one GEMV launch applying them in its epilogue for decode-sized m,
-// cuBLASLt (one shared activation rounding) and an elementwise pass above.
+// member: one small-product launch applying them in its epilogue for
+// decode-sized m, cuBLASLt (one shared activation rounding) and an
+// elementwise pass above.
 // Members of different widths, some with a bias, some narrower than a GEMV
 // block.
 TEST_F(CudaStepTest, LinearGroupMatchesOneProductPerMember) {
@@ -163,8 +165,8 @@ TEST_F(CudaStepTest, LinearGroupMatchesOneProductPerMember) {
 
 // Residuals join a LinearGroup's outputs last, as the CPU's separate ops
 // compute them: one member adds its residual in place (a residual stream),
-// one after its activation, one has none; in the GEMV's epilogue (m up to 2
-// fast, 8 exact), as cuBLASLt's C, or in an elementwise pass.
+// one after its activation, one has none; in the small products' epilogue
+// (m up to 8), as cuBLASLt's C, or in an elementwise pass.
 TEST_F(CudaStepTest, LinearGroupAddsResiduals) {
   BackendOptions exact_options;
   auto exact = MakeBackend("cuda", exact_options);
@@ -172,7 +174,7 @@ TEST_F(CudaStepTest, LinearGroupAddsResiduals) {
   const int64_t k = 264;
   const std::vector<int64_t> widths = {389, 16, 7};
   const Activation activations[] = {{}, {UnaryOp::kSigmoid}, {}};
-  for (int64_t m : {1, 2, 3, 9, 64}) {
+  for (int64_t m : {1, 2, 3, 9, 64, 65}) {
     for (bool fast : {false, true}) {
       Backend& gpu = fast ? *gpu_ : **exact;
       const std::string what = absl::StrCat("m=", m, " fast=", fast);
@@ -200,6 +202,61 @@ TEST_F(CudaStepTest, LinearGroupAddsResiduals) {
                   fast && m > kFastGemvRows ? kBf16Tol : 1e-5)
             << what << " member " << i;
       }
+    }
+  }
+}
+
+// On the fast path every product above 2 rows rounds its activations to bf16
+// and sums in fp32, so against the CPU on bf16-rounded activations and
+// weights it is exact up to summation order (1e-5), wherever it runs: the
+// GEMV (m ≤ 2, exact on the activations as given), the tensor-core kernel
+// (3 to 8 rows, k split over up to eight CTAs of a cluster: 2 for k = 40,
+// 5 for 264, 8 for 2048) or cuBLASLt (above). Groups whose widths leave
+// partial 16-row tiles, k with a partial 32-wide step, a bias, activations,
+// a residual in place, and a single product with beta ≠ 0.
+TEST_F(CudaStepTest, FastProductsAreExactOnRoundedActivations) {
+  const std::vector<int64_t> widths = {389, 16, 3, 1500};
+  const Activation activations[] = {{}, {UnaryOp::kSigmoid}, {}, {UnaryOp::kSilu}};
+  const auto rounded = [&](const Tensor& t) {
+    auto down = gpu_->Download(Up(t, DType::kBF16));
+    EXPECT_TRUE(down.ok()) << down.status();
+    return down->ToF32();
+  };
+  for (int64_t k : {40, 264, 2048}) {
+    for (int64_t m : {1, 2, 3, 5, 8, 9, 33}) {
+      const std::string what = absl::StrCat("k=", k, " m=", m);
+      const Tensor x = Rand({m, k});
+      const Tensor cpu_x = m <= kFastGemvRows ? x : rounded(x);
+      std::vector<Tensor> weights, cpu_weights, biases, cpu_biases, cpu_outs, gpu_outs, cpu_res,
+          gpu_res;
+      for (size_t i = 0; i < widths.size(); ++i) {
+        const Tensor w = Rand({widths[i], k});
+        weights.push_back(Up(w, DType::kBF16));
+        cpu_weights.push_back(rounded(w));
+        const Tensor bias = i == 1 ? Rand({widths[i]}) : Tensor();
+        cpu_biases.push_back(bias);
+        biases.push_back(bias.defined() ? Up(bias) : Tensor());
+        const Tensor r = Rand({m, widths[i]});
+        cpu_outs.push_back(i == 0 ? r.Clone() : Tensor::Zeros(DType::kF32, {m, widths[i]}));
+        gpu_outs.push_back(Up(i == 0 ? r : Rand({m, widths[i]})));
+        cpu_res.push_back(i == 0 ? cpu_outs[0] : Tensor());
+        gpu_res.push_back(i == 0 ? gpu_outs[0] : Tensor());
+      }
+      ASSERT_TRUE(
+          cpu_->LinearGroup({cpu_x, cpu_weights, cpu_biases, cpu_outs, activations, cpu_res}).ok())
+          << what;
+      const absl::Status st =
+          gpu_->LinearGroup({Up(x), weights, biases, gpu_outs, activations, gpu_res});
+      ASSERT_TRUE(st.ok()) << what << ": " << st;
+      for (size_t i = 0; i < widths.size(); ++i)
+        EXPECT_LE(RelativeError(Down(gpu_outs[i]), cpu_outs[i]), 1e-5) << what << " member " << i;
+
+      const Tensor c0 = Rand({m, widths[0]});
+      GemmArgs want{cpu_x, cpu_weights[0], c0.Clone(), false, true, 1.5f, 0.5f, Tensor()};
+      ASSERT_TRUE(cpu_->Gemm(want).ok()) << what;
+      GemmArgs got{Up(x), weights[0], Up(c0), false, true, 1.5f, 0.5f, Tensor()};
+      ASSERT_TRUE(gpu_->Gemm(got).ok()) << what;
+      EXPECT_LE(RelativeError(Down(got.c), want.c), 1e-5) << what << " beta";
     }
   }
 }

@@ -1,0 +1,592 @@
+// Decode-sized products: c[i, j] = act(alpha·Σ_k a[i, k]·w[j, k] + beta·c[i, j]
+// + bias[j]) + residual[i, j] for a handful of activation rows i, fp32
+// activations and 16-bit weights w [n, k]. Memory-bound on w: both kernels
+// keep many 16-byte weight loads in flight and read each weight once.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels/cuda/dense_common.cuh"
+#include "kernels/cuda/dense_small_gemm.h"
+#include "kernels/cuda/dependent_launch.cuh"
+
+namespace lair::kernels::cuda::dense {
+namespace {
+
+constexpr int kMembers = kSmallProductMembers;
+
+// One launch's products: member i owns weight rows [first_row[i],
+// first_row[i + 1]) of the launch's concatenated outputs, in its own c; for
+// the tensor-core kernel also the 16-row tiles [first_tile[i],
+// first_tile[i + 1]). All members share a, m, k, alpha and beta.
+template <typename T>
+struct SmallGroup {
+  const float* a = nullptr;  // [m, k]
+  int64_t m = 0, k = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  int count = 0;
+  int64_t first_row[kMembers + 1] = {};
+  int64_t first_tile[kMembers + 1] = {};
+  const T* w[kMembers] = {};             // [n_i, k]
+  const float* bias[kMembers] = {};      // [n_i] or null
+  float* c[kMembers] = {};               // [m, n_i]
+  Activation act[kMembers] = {};         // applied to each output
+  const float* residual[kMembers] = {};  // [m, n_i] or null, added last
+};
+
+// values[index] by constant indices: a dynamic index into a kernel parameter
+// would copy the parameter to local memory.
+template <typename V, int kCount>
+__device__ __forceinline__ V Select(const V (&values)[kCount], int index) {
+  V v = values[0];
+#pragma unroll
+  for (int i = 1; i < kCount; ++i) {
+    if (index == i) v = values[i];
+  }
+  return v;
+}
+
+// The member whose range in `first` (first_row or first_tile) holds `index`.
+__device__ __forceinline__ int MemberOf(const int64_t (&first)[kMembers + 1], int count,
+                                        int64_t index) {
+  int member = 0;
+#pragma unroll
+  for (int i = 1; i < kMembers; ++i) member += i < count && index >= first[i];
+  return member;
+}
+
+// Where a member's outputs go, and its epilogue.
+struct Output {
+  float* c;
+  int64_t n;
+  const float* bias;
+  Activation act;
+  const float* residual;
+};
+
+template <typename T>
+__device__ __forceinline__ Output OutputOf(const SmallGroup<T>& g, int member) {
+  return {Select(g.c, member), Select(g.first_row, member + 1) - Select(g.first_row, member),
+          Select(g.bias, member), Select(g.act, member), Select(g.residual, member)};
+}
+
+// What an output's epilogue reads besides the product's sum: c[r, j] (when
+// beta ≠ 0) and the residual. Read before any store, since c may alias the
+// residual and the compiler cannot tell which outputs alias.
+struct Prior {
+  float c = 0.0f, residual = 0.0f;
+};
+
+template <typename T>
+__device__ __forceinline__ Prior PriorOf(const SmallGroup<T>& g, const Output& o, int64_t r,
+                                         int64_t j) {
+  Prior p;
+  if (g.beta != 0.0f) p.c = o.c[r * o.n + j];
+  if (o.residual) p.residual = o.residual[r * o.n + j];
+  return p;
+}
+
+// c[r, j] ← act(alpha·sum + beta·c[r, j] + bias[j]) + residual[r, j] (act is
+// the identity unless set).
+template <typename T>
+__device__ __forceinline__ void Store(const SmallGroup<T>& g, const Output& o, int64_t r, int64_t j,
+                                      float sum, const Prior& p) {
+  const float y = g.alpha * sum + g.beta * p.c + (o.bias ? o.bias[j] : 0.0f);
+  o.c[r * o.n + j] =
+      o.act.alpha * ApplyUnary(o.act.op, o.act.in_scale * y) + o.act.beta + p.residual;
+}
+
+// A 16-byte weight load that skips L1: each weight is read once.
+[[maybe_unused]] __device__ __forceinline__ uint4 LoadStreaming(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// ---------------------------------------------------------------------------
+// GEMV: one warp streams one weight row in 16-byte loads (kGemvUnroll in
+// flight per lane) against fp32 activations read through the cache, keeping
+// one fp32 sum per activation row.
+
+constexpr int kGemvMaxRows = 8;
+// The fast path's limit. Every row rereads the fp32 activations through L1,
+// so the GEMV's cost grows with rows: on an H100 (GLA 1.3B decode) it beat
+// bf16 cuBLASLt at 2 rows (2.09 against 2.47 ms per step) and lost at 4
+// (2.87 against 2.55) and 8 (4.39 against 2.73). Against the tensor-core
+// kernel it wins at 1 row (573 against 479 tokens/s) and ties at 2.
+constexpr int kGemvFastMaxRows = 2;
+constexpr int kGemvWarps = 8;
+// 8 (a whole 2048-wide row per round trip) measured slower on an H100: GLA
+// 1.3B decode at batch 1 went from 2.13 to 2.28 ms per step.
+constexpr int kGemvUnroll = 4;
+
+__device__ __forceinline__ float2 Pair(const __nv_bfloat162& v) { return __bfloat1622float2(v); }
+__device__ __forceinline__ float2 Pair(const __half2& v) { return __half22float2(v); }
+
+// A lane's kGemvUnroll 16-byte loads of a weight row from vector `base` on
+// (zeros past the row's end).
+__device__ __forceinline__ void LoadWeightChunk(const uint4* row, int64_t vectors, int64_t base,
+                                                int lane, uint4 (&chunk)[kGemvUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kGemvUnroll; ++u) {
+    const int64_t v = base + u * 32 + lane;
+    chunk[u] = v < vectors ? __ldg(row + v) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// sum[r] += the chunk's weights · the matching activations of row r.
+template <typename T, int kRows>
+__device__ __forceinline__ void AccumulateChunk(const uint4 (&chunk)[kGemvUnroll], const float* a,
+                                                int64_t k, int64_t vectors, int64_t base, int lane,
+                                                float (&sum)[kRows]) {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+#pragma unroll
+  for (int u = 0; u < kGemvUnroll; ++u) {
+    const int64_t v = base + u * 32 + lane;
+    if (v >= vectors) break;
+    const T2* pairs = reinterpret_cast<const T2*>(&chunk[u]);
+    float2 wf[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) wf[p] = Pair(pairs[p]);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float4* x = reinterpret_cast<const float4*>(a + r * k + v * 8);
+      const float4 x0 = __ldg(x), x1 = __ldg(x + 1);
+      sum[r] += x0.x * wf[0].x + x0.y * wf[0].y + x0.z * wf[1].x + x0.w * wf[1].y + x1.x * wf[2].x +
+                x1.y * wf[2].y + x1.z * wf[3].x + x1.w * wf[3].y;
+    }
+  }
+}
+
+// Launched as a dependent (dependent_launch.cuh): the first weight chunk is
+// in flight before the wait for the kernel that writes the activations.
+template <typename T, int kRows>
+__global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const SmallGroup<T> g) {
+  AllowDependents();
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + threadIdx.x / 32;
+  if (row >= g.first_row[g.count]) return;
+  const int member = MemberOf(g.first_row, g.count, row);
+  const int64_t j = row - Select(g.first_row, member);
+  const int64_t k = g.k;
+  const int64_t vectors = k / 8;
+  // 8 weights per uint4.
+  const uint4* weights = reinterpret_cast<const uint4*>(Select(g.w, member) + j * k);
+  float sum[kRows] = {};
+  uint4 chunk[kGemvUnroll];
+  LoadWeightChunk(weights, vectors, 0, lane, chunk);
+  WaitForPrerequisites();  // a (and c when beta ≠ 0) come from earlier kernels
+  for (int64_t base = 0; base < vectors; base += 32 * kGemvUnroll) {
+    if (base > 0) LoadWeightChunk(weights, vectors, base, lane, chunk);
+    AccumulateChunk<T, kRows>(chunk, g.a, k, vectors, base, lane, sum);
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) sum[r] = WarpSum(sum[r]);
+  if (lane != 0) return;
+  const Output out = OutputOf(g, member);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) Store(g, out, r, j, sum[r], PriorOf(g, out, r, j));
+}
+
+template <typename T, int kRows>
+cudaError_t LaunchGemvRows(const SmallGroup<T>& g, cudaStream_t stream) {
+  const int64_t rows = g.first_row[g.count];
+  return LaunchDependent(GemvKernel<T, kRows>,
+                         dim3(static_cast<unsigned>((rows + kGemvWarps - 1) / kGemvWarps)),
+                         dim3(kGemvWarps * 32), stream, g);
+}
+
+template <typename T>
+cudaError_t LaunchGemv(const SmallGroup<T>& g, cudaStream_t stream) {
+  switch (g.m) {
+    case 1:
+      return LaunchGemvRows<T, 1>(g, stream);
+    case 2:
+      return LaunchGemvRows<T, 2>(g, stream);
+    case 3:
+      return LaunchGemvRows<T, 3>(g, stream);
+    case 4:
+      return LaunchGemvRows<T, 4>(g, stream);
+    case 5:
+      return LaunchGemvRows<T, 5>(g, stream);
+    case 6:
+      return LaunchGemvRows<T, 6>(g, stream);
+    case 7:
+      return LaunchGemvRows<T, 7>(g, stream);
+    default:
+      return LaunchGemvRows<T, 8>(g, stream);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Tensor-core product for 3 to 8 activation rows: mma.sync.m16n8k16 with the
+// weights as the 16×16 A operand (16 output features of a member, a "tile")
+// and the activation rows as the 16×8 B operand, fp32 accumulators.
+//
+// Within a step of 32 k, lane (g = lane / 4, t = lane % 4) takes 8
+// consecutive weights of tile rows g and g + 8 and 8 consecutive activations
+// of row g, all at k = 8t ... 8t + 7: one 16-byte load each. The step's two
+// mmas read them as the k-slots {2t, 2t + 1, 2t + 8, 2t + 9} of their
+// operands (A regs: row g, row g + 8, row g, row g + 8; B regs in the same
+// k order). A dot product does not care in which order its k terms come as
+// long as both operands agree, so this permutation of k needs no shuffles.
+//
+// A CTA of kMmaWarps warps covers kMmaWarps tiles over one split of the k
+// range. It copies its split of the activations into shared memory
+// (cp.async, every copy in flight at once), rounds them to T once for every
+// warp, and streams its weights straight into registers, two groups of
+// kMmaUnroll steps in flight in turn. The CTAs of one tile column form a
+// cluster: each sums a share of the outputs over every split's partial,
+// read from the others' shared memory in split order (deterministic), and
+// applies the epilogue.
+//
+// On an H100 (GLA 1.3B decode, A/B in one call) this beat bf16 cuBLASLt by
+// 12% at 4 rows and 10% at 8, and lost from 16 rows on (−10% at 16, −24% at
+// 32, −33% at 64): more row tiles multiply every warp's shared-memory loads
+// and mmas per weight byte, and cuBLASLt's tiles reuse them better.
+constexpr int kMmaRows = 8;
+// Eight warps of one tile each: with four warps of two tiles, one warp per
+// scheduler left every instruction's latency exposed (Nsight Compute: ~7
+// cycles per issued instruction), and the per-CTA staging and epilogue
+// dominated.
+constexpr int kMmaWarps = 8;
+constexpr int kMmaThreads = kMmaWarps * 32;
+constexpr int kMmaCtaOutputs = kMmaWarps * 16;
+static_assert(kMmaThreads % kMmaCtaOutputs == 0, "the epilogue gives each thread one output");
+// Threads of the epilogue per output (each takes its own rows).
+[[maybe_unused]] constexpr int kEpilogueTeams = kMmaThreads / kMmaCtaOutputs;
+constexpr int kMmaStepVectors = 4;  // 8-wide vectors per 32-k step
+constexpr int kMmaStepK = kMmaStepVectors * 8;
+constexpr int kMmaMaxSplits = 8;  // the portable cluster size
+// Steps per register group: 2 × 2 rows × 16 bytes per lane, and two groups,
+// so 2–4 KB per warp stay in flight while the other group's products run.
+// (4 steps per group, with four CTAs per SM, measured slower.)
+constexpr int kMmaUnroll = 2;
+// Shared memory for a split's staged activations; it bounds k per split
+// (and so k to kMmaMaxSplits times that).
+constexpr int kMmaMaxSharedBytes = 96 << 10;
+// CTAs per SM that the k splits aim for (when the outputs give fewer).
+constexpr int kMmaCtasPerSm = 2;
+// Partial outputs [row][output] padded so the fragment stores of a warp hit
+// 32 distinct banks (row stride 132 ≡ 4 mod 32, rows 2t apart).
+[[maybe_unused]] constexpr int kPartialStride = kMmaCtaOutputs + 4;
+
+// Row strides of the staged activations, copied as fp32 and then rounded to
+// T: at least `columns`, the rounded rows ≡ 64 bytes mod 128 so that the
+// 16-byte loads of lanes (g, t) and (g + 1, t) fall in different banks.
+struct Staging {
+  int64_t wide = 0, narrow = 0;  // floats, T elements
+  explicit Staging(int64_t columns) : wide(columns) {
+    const int64_t bytes = columns * 2;
+    narrow = (bytes + (64 - bytes % 128 + 128) % 128) / 2;
+  }
+  size_t Bytes() const { return static_cast<size_t>(kMmaRows * (wide * 4 + narrow * 2)); }
+};
+
+// 16 bytes from global `src` to shared `dst` without registers; zeros when
+// `valid` is false (src must still be a valid address).
+[[maybe_unused]] __device__ __forceinline__ void CopyAsync16(void* dst, const void* src,
+                                                             bool valid) {
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+// acc += A (rows g, g + 8 in a0..a3) · B (b0, b1).
+template <typename T>
+__device__ __forceinline__ void Mma(float (&acc)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                    uint32_t a3, uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// A lane's weights of its tile's rows gid (h = 0) and gid + 8 (h = 1) for
+// the kMmaUnroll steps from `first` (zeros past the split, past k and for
+// rows past the member).
+using StepWeights = uint4[kMmaUnroll][2];
+
+template <typename T>
+__device__ __forceinline__ void LoadSteps(StepWeights& w, const T* const (&rows)[2],
+                                          const bool (&row_ok)[2], int64_t first, int64_t end,
+                                          int64_t vectors, int tig) {
+#pragma unroll
+  for (int u = 0; u < kMmaUnroll; ++u) {
+    const int64_t v = (first + u) * kMmaStepVectors + tig;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      w[u][h] = first + u < end && v < vectors && row_ok[h] ? LoadStreaming(rows[h] + v * 8)
+                                                            : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// acc += the steps' weights · the rounded activations (staged from step
+// `begin` on, `stride` elements per row).
+template <typename T>
+__device__ __forceinline__ void MultiplySteps(float (&acc)[4], const StepWeights& w,
+                                              const T* staged, int64_t stride, int64_t first,
+                                              int64_t begin, int64_t end, int gid, int tig) {
+#pragma unroll
+  for (int u = 0; u < kMmaUnroll; ++u) {
+    if (first + u < end) {
+      const int64_t column = (first + u - begin) * kMmaStepK + 8 * tig;
+      const uint4 b = *reinterpret_cast<const uint4*>(staged + gid * stride + column);
+      Mma<T>(acc, w[u][0].x, w[u][1].x, w[u][0].y, w[u][1].y, b.x, b.y);
+      Mma<T>(acc, w[u][0].z, w[u][1].z, w[u][0].w, w[u][1].w, b.z, b.w);
+    }
+  }
+}
+
+// Launched in clusters of (1, splits, 1) CTAs, blockIdx.y the split, each
+// with Staging::Bytes() of dynamic shared memory, as a dependent: the first
+// weights are in flight before the wait.
+template <typename T>
+__global__ void __launch_bounds__(kMmaThreads)
+    MmaKernel(const SmallGroup<T> g, int64_t steps_per_split, Staging stage) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ uint4 shared[];
+  float* wide = reinterpret_cast<float*>(shared);                  // [kMmaRows][stage.wide]
+  T* narrow = reinterpret_cast<T*>(wide + kMmaRows * stage.wide);  // [kMmaRows][stage.narrow]
+  float(*partial)[kPartialStride] = reinterpret_cast<float(*)[kPartialStride]>(shared);
+  AllowDependents();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gid = lane / 4, tig = lane % 4;
+  const int64_t k = g.k, vectors = k / 8;
+  const int64_t tiles = g.first_tile[g.count];
+
+  // This lane's weight rows: its tile's rows gid (h = 0) and gid + 8 (h = 1).
+  const T* rows[2];
+  bool row_ok[2];
+  {
+    const int64_t tile = blockIdx.x * static_cast<int64_t>(kMmaWarps) + warp;
+    const int member = MemberOf(g.first_tile, g.count, tile);
+    const int64_t n = Select(g.first_row, member + 1) - Select(g.first_row, member);
+    const int64_t j = (tile - Select(g.first_tile, member)) * 16 + gid;
+    const T* w = Select(g.w, member);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_ok[h] = tile < tiles && j + 8 * h < n;
+      rows[h] = row_ok[h] ? w + (j + 8 * h) * k : w;
+    }
+  }
+
+  const int64_t steps = (vectors + kMmaStepVectors - 1) / kMmaStepVectors;
+  const int64_t begin = blockIdx.y * steps_per_split;
+  const int64_t end = min(begin + steps_per_split, steps);
+  StepWeights w0, w1;
+  LoadSteps(w0, rows, row_ok, begin, end, vectors, tig);
+  WaitForPrerequisites();  // a (and c when beta ≠ 0) come from earlier kernels
+
+  // Rows < m of the split's activations, zeros past k (the weights there are
+  // zeros too, but 0 · garbage may be NaN); rows ≥ m only feed outputs that
+  // are dropped. Thread i takes quads i, i + kMmaThreads, ... of the rows
+  // laid end to end, advancing (row, column) by additions, not divisions.
+  const int quads = static_cast<int>(end - begin) * (kMmaStepK / 4);
+  const int64_t k0 = begin * kMmaStepK;
+  int r = static_cast<int>(threadIdx.x) / quads, col = static_cast<int>(threadIdx.x) % quads;
+  for (; r < g.m; col += kMmaThreads) {
+    while (col >= quads) col -= quads, ++r;
+    if (r >= g.m) break;
+    const bool inside = k0 + 4 * col < k;
+    CopyAsync16(wide + r * stage.wide + 4 * col, inside ? g.a + r * k + k0 + 4 * col : g.a, inside);
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  __syncthreads();
+  r = static_cast<int>(threadIdx.x) / quads, col = static_cast<int>(threadIdx.x) % quads;
+  for (; r < g.m; col += kMmaThreads) {
+    while (col >= quads) col -= quads, ++r;
+    if (r >= g.m) break;
+    const float4 x = *reinterpret_cast<const float4*>(wide + r * stage.wide + 4 * col);
+    *reinterpret_cast<uint2*>(narrow + r * stage.narrow + 4 * col) =
+        make_uint2(PackPair<T>(x.x, x.y), PackPair<T>(x.z, x.w));
+  }
+  __syncthreads();
+
+  float acc[4] = {};
+  for (int64_t first = begin; first < end; first += 2 * kMmaUnroll) {
+    LoadSteps(w1, rows, row_ok, first + kMmaUnroll, end, vectors, tig);
+    MultiplySteps<T>(acc, w0, narrow, stage.narrow, first, begin, end, gid, tig);
+    LoadSteps(w0, rows, row_ok, first + 2 * kMmaUnroll, end, vectors, tig);
+    MultiplySteps<T>(acc, w1, narrow, stage.narrow, first + kMmaUnroll, begin, end, gid, tig);
+  }
+  __syncthreads();  // the staged activations are read: the partials reuse them
+
+  // c0, c1 are output gid of the warp's tile for rows 2·tig and 2·tig + 1;
+  // c2, c3 output gid + 8.
+  const int o = warp * 16 + gid;
+  partial[2 * tig][o] = acc[0];
+  partial[2 * tig + 1][o] = acc[1];
+  partial[2 * tig][o + 8] = acc[2];
+  partial[2 * tig + 1][o + 8] = acc[3];
+
+  // Thread (team, o) owns output o of the CTA in rows team·splits + q,
+  // (team + kEpilogueTeams)·splits + q, ... of cluster rank q, each summed
+  // over every split in split order.
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every split's partial is in its CTA's shared memory
+  const int splits = static_cast<int>(cluster.num_blocks());
+  const int out_index = threadIdx.x % kMmaCtaOutputs, team = threadIdx.x / kMmaCtaOutputs;
+  const int64_t tile = blockIdx.x * static_cast<int64_t>(kMmaWarps) + out_index / 16;
+  const int member = MemberOf(g.first_tile, g.count, tile);
+  const Output out = OutputOf(g, member);
+  const int64_t j = (tile - Select(g.first_tile, member)) * 16 + out_index % 16;
+  if (tile < tiles && j < out.n) {
+    float sum[kMmaRows] = {};
+    Prior prior[kMmaRows];
+#pragma unroll
+    for (int i = 0; i < kMmaRows; ++i) {
+      const int64_t row = (team + i * kEpilogueTeams) * splits + cluster.block_rank();
+      if (row < g.m) {
+#pragma unroll
+        for (int q = 0; q < kMmaMaxSplits; ++q) {
+          if (q < splits) sum[i] += cluster.map_shared_rank(&partial[row][out_index], q)[0];
+        }
+        prior[i] = PriorOf(g, out, row, j);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kMmaRows; ++i) {
+      const int64_t row = (team + i * kEpilogueTeams) * splits + cluster.block_rank();
+      if (row < g.m) Store(g, out, row, j, sum[i], prior[i]);
+    }
+  }
+  cluster.sync();  // no CTA leaves while another reads its shared memory
+#endif
+}
+
+// How a product is cut: CTAs along the outputs, splits of k (one cluster
+// per CTA column) and steps per split.
+struct MmaShape {
+  int64_t ctas = 0, splits = 0, steps_per_split = 0;
+};
+
+int Multiprocessors() {
+  static const int sms = [] {
+    int device = 0, count = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    return std::max(count, 1);
+  }();
+  return sms;
+}
+
+// Split k until about kMmaCtasPerSm CTAs per SM stream weights (at most a
+// cluster's worth of splits, each at least one step, and at least enough
+// that a split's staged activations fit in shared memory); then even out
+// the splits. Zero splits: k is too long.
+MmaShape ShapeFor(int64_t tiles, int64_t k) {
+  MmaShape s;
+  s.ctas = (tiles + kMmaWarps - 1) / kMmaWarps;
+  const int64_t steps = (k + kMmaStepK - 1) / kMmaStepK;
+  const int64_t max_steps = kMmaMaxSharedBytes / Staging(kMmaStepK).Bytes();
+  int64_t splits = (kMmaCtasPerSm * Multiprocessors() + s.ctas - 1) / s.ctas;
+  splits = std::clamp<int64_t>(splits, (steps + max_steps - 1) / max_steps, kMmaMaxSplits);
+  splits = std::min(splits, steps);
+  s.steps_per_split = (steps + splits - 1) / splits;
+  s.splits = (steps + s.steps_per_split - 1) / s.steps_per_split;
+  if (Staging(s.steps_per_split * kMmaStepK).Bytes() > kMmaMaxSharedBytes) s.splits = 0;
+  return s;
+}
+
+template <typename T>
+cudaError_t LaunchMma(const SmallGroup<T>& g, cudaStream_t stream) {
+  static const cudaError_t configured = cudaFuncSetAttribute(
+      MmaKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaMaxSharedBytes);
+  if (configured != cudaSuccess) return configured;
+  const MmaShape s = ShapeFor(g.first_tile[g.count], g.k);
+  const Staging stage(s.steps_per_split * kMmaStepK);
+  const size_t shared_bytes =
+      std::max(stage.Bytes(), sizeof(float) * kMmaRows * static_cast<size_t>(kPartialStride));
+  return LaunchDependentInClusters(
+      MmaKernel<T>, dim3(static_cast<unsigned>(s.ctas), static_cast<unsigned>(s.splits)),
+      dim3(kMmaThreads), dim3(1, static_cast<unsigned>(s.splits), 1), shared_bytes, stream, g,
+      s.steps_per_split, stage);
+}
+
+template <typename T>
+SmallGroup<T> GroupOf(std::span<const GemmCall> calls) {
+  SmallGroup<T> g;
+  const GemmCall& first = calls.front();
+  g.a = first.a;
+  g.m = first.m;
+  g.k = first.k;
+  g.alpha = first.alpha;
+  g.beta = first.beta;
+  g.count = static_cast<int>(calls.size());
+  for (int i = 0; i < g.count; ++i) {
+    g.first_row[i + 1] = g.first_row[i] + calls[i].n;
+    g.first_tile[i + 1] = g.first_tile[i] + (calls[i].n + 15) / 16;
+    g.w[i] = static_cast<const T*>(calls[i].b);
+    g.bias[i] = calls[i].bias;
+    g.c[i] = calls[i].c;
+    g.act[i] = calls[i].act;
+    g.residual[i] = calls[i].residual;
+  }
+  return g;
+}
+
+template <typename T>
+cudaError_t Launch(SmallProduct kind, std::span<const GemmCall> calls, cudaStream_t stream) {
+  const SmallGroup<T> g = GroupOf<T>(calls);
+  return kind == SmallProduct::kGemv ? LaunchGemv(g, stream) : LaunchMma(g, stream);
+}
+
+}  // namespace
+
+SmallProduct SmallProductFor(std::span<const GemmCall> calls, GemmPrecision precision) {
+  if (calls.empty() || calls.size() > kMembers) return SmallProduct::kNone;
+  const GemmCall& first = calls.front();
+  for (const GemmCall& g : calls) {
+    if ((g.b_type != DType::kBF16 && g.b_type != DType::kF16) || g.trans_a || !g.trans_b ||
+        g.m == 0 || g.n == 0 || g.k == 0 || g.k % 8 != 0 || !Aligned16(g.a) || !Aligned16(g.b) ||
+        g.a != first.a || g.m != first.m || g.k != first.k || g.b_type != first.b_type ||
+        g.alpha != first.alpha || g.beta != first.beta) {
+      return SmallProduct::kNone;
+    }
+  }
+  const bool fast = precision == GemmPrecision::kFast;
+  if (first.m <= (fast ? kGemvFastMaxRows : kGemvMaxRows)) return SmallProduct::kGemv;
+  // Clusters and the dependent launch's wait need sm_90.
+  if (fast && first.m <= kMmaRows && HopperOrLater()) {
+    int64_t tiles = 0;
+    for (const GemmCall& g : calls) tiles += (g.n + 15) / 16;
+    if (ShapeFor(tiles, first.k).splits > 0) return SmallProduct::kTensorCore;
+  }
+  return SmallProduct::kNone;
+}
+
+cudaError_t LaunchSmallProduct(SmallProduct kind, std::span<const GemmCall> calls,
+                               cudaStream_t stream) {
+  return calls.front().b_type == DType::kBF16 ? Launch<__nv_bfloat16>(kind, calls, stream)
+                                              : Launch<__half>(kind, calls, stream);
+}
+
+}  // namespace lair::kernels::cuda::dense

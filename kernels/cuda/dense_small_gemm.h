@@ -1,0 +1,37 @@
+// Products of few activation rows against 16-bit weights in the nn.Linear
+// layout (dense_small_gemm.cu): a decode step's projections. Both kernels
+// stream the weights once and take a whole linear group (up to
+// kSmallProductMembers products of the same activations) in one launch,
+// applying each member's bias, activation and residual in their epilogue.
+//   - kGemv: fp32 arithmetic, one warp per weight row. Exact, so both
+//     precisions take it, up to 8 rows (2 on the fast path).
+//   - kTensorCore (fast path, sm_90): bf16/f16 mma.sync on the activations
+//     rounded to the weights' type, 3 to 8 rows (cuBLASLt is faster above);
+//     the k range is split across the CTAs of a thread-block cluster, which
+//     sum their partials through distributed shared memory in a fixed order
+//     (deterministic).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <span>
+
+#include "kernels/cuda/dense_launch.h"
+#include "kernels/cuda/dense_ops.h"
+
+namespace lair::kernels::cuda::dense {
+
+constexpr int kSmallProductMembers = 8;
+
+enum class SmallProduct { kNone, kGemv, kTensorCore };
+
+// Which kernel, if either, takes all of `calls` in one launch: each is not
+// empty, has 16-bit weights in the nn.Linear layout with 16-byte aligned rows
+// and shares the activations, m, k, the weight type, alpha and beta.
+SmallProduct SmallProductFor(std::span<const GemmCall> calls, GemmPrecision precision);
+
+// `calls` through `kind` (not kNone), which SmallProductFor chose for them.
+cudaError_t LaunchSmallProduct(SmallProduct kind, std::span<const GemmCall> calls,
+                               cudaStream_t stream);
+
+}  // namespace lair::kernels::cuda::dense
