@@ -1,6 +1,7 @@
 // GemmRunner: row-major c = alpha·op(a)·op(b) + beta·c (+ bias) through
 // cuBLASLt, for F32 activations and F32/BF16/F16 weights (GemmPrecision in
-// dense_ops.h says which arithmetic).
+// dense_ops.h says which arithmetic); decode-sized products go to the kernels
+// of dense_small_gemm.h instead.
 //
 // cuBLASLt is column-major; a row-major [r, c] matrix is its transpose there,
 // so the runner computes cᵀ = op(b)ᵀ·op(a)ᵀ: cuBLAS's A is our b (op T when
