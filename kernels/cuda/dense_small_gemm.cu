@@ -18,9 +18,14 @@ namespace {
 
 constexpr int kMembers = kSmallProductMembers;
 
+// Output features per tensor-core tile (the m of mma.m16n8k16).
+constexpr int kTileRows = 16;
+
+inline int64_t TilesOf(int64_t n) { return (n + kTileRows - 1) / kTileRows; }
+
 // One launch's products: member i owns weight rows [first_row[i],
 // first_row[i + 1]) of the launch's concatenated outputs, in its own c; for
-// the tensor-core kernel also the 16-row tiles [first_tile[i],
+// the tensor-core kernel also the kTileRows-row tiles [first_tile[i],
 // first_tile[i + 1]). All members share a, m, k, alpha and beta.
 template <typename T>
 struct SmallGroup {
@@ -275,7 +280,7 @@ constexpr int kMmaRows = 8;
 // dominated.
 constexpr int kMmaWarps = 8;
 constexpr int kMmaThreads = kMmaWarps * 32;
-constexpr int kMmaCtaOutputs = kMmaWarps * 16;
+constexpr int kMmaCtaOutputs = kMmaWarps * kTileRows;
 static_assert(kMmaThreads % kMmaCtaOutputs == 0, "the epilogue gives each thread one output");
 // Threads of the epilogue per output (each takes its own rows).
 [[maybe_unused]] constexpr int kEpilogueTeams = kMmaThreads / kMmaCtaOutputs;
@@ -314,6 +319,19 @@ struct Staging {
   const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(src),
                "r"(valid ? 16 : 0));
+}
+
+// f(row, column) for the 4-wide column groups ("quads") of `rows` rows of
+// `quads` each: thread i takes quads i, i + kMmaThreads, ... of the rows laid
+// end to end, advancing (row, column) by additions, not divisions.
+template <typename F>
+__device__ __forceinline__ void ForEachQuad(int64_t rows, int quads, F f) {
+  int r = static_cast<int>(threadIdx.x) / quads, q = static_cast<int>(threadIdx.x) % quads;
+  for (; r < rows; q += kMmaThreads) {
+    while (q >= quads) q -= quads, ++r;
+    if (r >= rows) break;
+    f(r, 4 * q);
+  }
 }
 
 template <typename T>
@@ -407,7 +425,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t tile = blockIdx.x * static_cast<int64_t>(kMmaWarps) + warp;
     const int member = MemberOf(g.first_tile, g.count, tile);
     const int64_t n = Select(g.first_row, member + 1) - Select(g.first_row, member);
-    const int64_t j = (tile - Select(g.first_tile, member)) * 16 + gid;
+    const int64_t j = (tile - Select(g.first_tile, member)) * kTileRows + gid;
     const T* w = Select(g.w, member);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -425,27 +443,20 @@ __global__ void __launch_bounds__(kMmaThreads)
 
   // Rows < m of the split's activations, zeros past k (the weights there are
   // zeros too, but 0 · garbage may be NaN); rows ≥ m only feed outputs that
-  // are dropped. Thread i takes quads i, i + kMmaThreads, ... of the rows
-  // laid end to end, advancing (row, column) by additions, not divisions.
+  // are dropped.
   const int quads = static_cast<int>(end - begin) * (kMmaStepK / 4);
   const int64_t k0 = begin * kMmaStepK;
-  int r = static_cast<int>(threadIdx.x) / quads, col = static_cast<int>(threadIdx.x) % quads;
-  for (; r < g.m; col += kMmaThreads) {
-    while (col >= quads) col -= quads, ++r;
-    if (r >= g.m) break;
-    const bool inside = k0 + 4 * col < k;
-    CopyAsync16(wide + r * stage.wide + 4 * col, inside ? g.a + r * k + k0 + 4 * col : g.a, inside);
-  }
+  ForEachQuad(g.m, quads, [&](int r, int col) {
+    const bool inside = k0 + col < k;
+    CopyAsync16(wide + r * stage.wide + col, inside ? g.a + r * k + k0 + col : g.a, inside);
+  });
   asm volatile("cp.async.wait_all;" ::: "memory");
   __syncthreads();
-  r = static_cast<int>(threadIdx.x) / quads, col = static_cast<int>(threadIdx.x) % quads;
-  for (; r < g.m; col += kMmaThreads) {
-    while (col >= quads) col -= quads, ++r;
-    if (r >= g.m) break;
-    const float4 x = *reinterpret_cast<const float4*>(wide + r * stage.wide + 4 * col);
-    *reinterpret_cast<uint2*>(narrow + r * stage.narrow + 4 * col) =
+  ForEachQuad(g.m, quads, [&](int r, int col) {
+    const float4 x = *reinterpret_cast<const float4*>(wide + r * stage.wide + col);
+    *reinterpret_cast<uint2*>(narrow + r * stage.narrow + col) =
         make_uint2(PackPair<T>(x.x, x.y), PackPair<T>(x.z, x.w));
-  }
+  });
   __syncthreads();
 
   float acc[4] = {};
@@ -459,7 +470,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 
   // c0, c1 are output gid of the warp's tile for rows 2·tig and 2·tig + 1;
   // c2, c3 output gid + 8.
-  const int o = warp * 16 + gid;
+  const int o = warp * kTileRows + gid;
   partial[2 * tig][o] = acc[0];
   partial[2 * tig + 1][o] = acc[1];
   partial[2 * tig][o + 8] = acc[2];
@@ -473,10 +484,10 @@ __global__ void __launch_bounds__(kMmaThreads)
   cluster.sync();  // every split's partial is in its CTA's shared memory
   const int splits = static_cast<int>(cluster.num_blocks());
   const int out_index = threadIdx.x % kMmaCtaOutputs, team = threadIdx.x / kMmaCtaOutputs;
-  const int64_t tile = blockIdx.x * static_cast<int64_t>(kMmaWarps) + out_index / 16;
+  const int64_t tile = blockIdx.x * static_cast<int64_t>(kMmaWarps) + out_index / kTileRows;
   const int member = MemberOf(g.first_tile, g.count, tile);
   const Output out = OutputOf(g, member);
-  const int64_t j = (tile - Select(g.first_tile, member)) * 16 + out_index % 16;
+  const int64_t j = (tile - Select(g.first_tile, member)) * kTileRows + out_index % kTileRows;
   if (tile < tiles && j < out.n) {
     float sum[kMmaRows] = {};
     Prior prior[kMmaRows];
@@ -562,7 +573,7 @@ SmallGroup<T> GroupOf(std::span<const GemmCall> calls) {
   g.count = static_cast<int>(calls.size());
   for (int i = 0; i < g.count; ++i) {
     g.first_row[i + 1] = g.first_row[i] + calls[i].n;
-    g.first_tile[i + 1] = g.first_tile[i] + (calls[i].n + 15) / 16;
+    g.first_tile[i + 1] = g.first_tile[i] + TilesOf(calls[i].n);
     g.w[i] = static_cast<const T*>(calls[i].b);
     g.bias[i] = calls[i].bias;
     g.c[i] = calls[i].c;
@@ -596,7 +607,7 @@ SmallProduct SmallProductFor(std::span<const GemmCall> calls, GemmPrecision prec
   // Clusters and the dependent launch's wait need sm_90.
   if (fast && first.m <= kMmaRows && HopperOrLater()) {
     int64_t tiles = 0;
-    for (const GemmCall& g : calls) tiles += (g.n + 15) / 16;
+    for (const GemmCall& g : calls) tiles += TilesOf(g.n);
     if (ShapeFor(tiles, first.k).splits > 0) return SmallProduct::kTensorCore;
   }
   return SmallProduct::kNone;
