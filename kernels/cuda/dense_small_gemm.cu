@@ -7,6 +7,9 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "kernels/cuda/dense_common.cuh"
@@ -82,13 +85,14 @@ __device__ __forceinline__ Output OutputOf(const SmallGroup<T>& g, int member) {
 // beta ≠ 0) and the residual. Read before any store, since c may alias the
 // residual and the compiler cannot tell which outputs alias.
 struct Prior {
-  float c = 0.0f, residual = 0.0f;
+  float c = 0.0f, residual = 0.0f, bias = 0.0f;
 };
 
 __device__ __forceinline__ Prior PriorOf(float beta, const Output& o, int64_t r, int64_t j) {
   Prior p;
   if (beta != 0.0f) p.c = o.c[r * o.n + j];
   if (o.residual) p.residual = o.residual[r * o.n + j];
+  if (o.bias) p.bias = o.bias[j];
   return p;
 }
 
@@ -96,7 +100,7 @@ __device__ __forceinline__ Prior PriorOf(float beta, const Output& o, int64_t r,
 // the identity unless set).
 __device__ __forceinline__ void Store(float alpha, float beta, const Output& o, int64_t r,
                                       int64_t j, float sum, const Prior& p) {
-  const float y = alpha * sum + beta * p.c + (o.bias ? o.bias[j] : 0.0f);
+  const float y = alpha * sum + beta * p.c + p.bias;
   o.c[r * o.n + j] =
       o.act.alpha * ApplyUnary(o.act.op, o.act.in_scale * y) + o.act.beta + p.residual;
 }
@@ -271,8 +275,8 @@ cudaError_t LaunchGemv(const SmallGroup<T>& g, cudaStream_t stream) {
 //
 // On an H100 (GLA 1.3B decode, A/B in one call) this beat bf16 cuBLASLt by
 // 12% at 4 rows and 10% at 8, and lost from 16 rows on (−10% at 16, −24% at
-// 32, −33% at 64): more row tiles multiply every warp's shared-memory loads
-// and mmas per weight byte, and cuBLASLt's tiles reuse them better.
+// 32, −33% at 64) with more activation tiles: WideMmaKernel below takes 9 to
+// 16 rows.
 constexpr int kMmaRows = 8;
 // Eight warps of one tile each: with four warps of two tiles, one warp per
 // scheduler left every instruction's latency exposed (Nsight Compute: ~7
@@ -294,8 +298,6 @@ constexpr int kMmaUnroll = 2;
 // Shared memory for a split's staged activations; it bounds k per split
 // (and so k to kMmaMaxSplits times that).
 constexpr int kMmaMaxSharedBytes = 96 << 10;
-// CTAs per SM that the k splits aim for (when the outputs give fewer).
-constexpr int kMmaCtasPerSm = 2;
 // Partial outputs [row][output] padded so the fragment stores of a warp hit
 // 32 distinct banks (row stride 132 ≡ 4 mod 32, rows 2t apart).
 [[maybe_unused]] constexpr int kPartialStride = kMmaCtaOutputs + 4;
@@ -512,6 +514,254 @@ __global__ void __launch_bounds__(kMmaThreads)
 #endif
 }
 
+// ---------------------------------------------------------------------------
+// Tensor-core product for 9 to 16 activation rows: the same mma and k
+// permutation as above, with two 8-row activation tiles as B operands and
+// two weight tiles per warp, so every activation fragment feeds both.
+//
+// MmaKernel stages its whole split of the activations before its first mma;
+// at 16 rows that copy's latency, paid once per CTA, cost more than the
+// kernel saved. Here the split streams through chunks of kChunkSteps steps:
+// cp.async fills chunk c + 1 while the warps multiply chunk c. Each thread
+// rounds the fp32 quads it copied itself into a rounded buffer (two, in
+// turn), so one barrier per chunk publishes them.
+//
+// On an H100 (decode, A/B in one call against bf16 cuBLASLt) this gained
+// 10% at 12 rows and 6–7% at 16 on GLA 1.3B, 10% at 16 on GSA 1.3B. With
+// four and eight activation tiles it lost at 32 rows (−7%) and 64 (−18%):
+// at two CTAs per SM a warp keeps 2–4 KB of weights in flight, too little
+// against cuBLASLt's pipelined loads, and more register groups cost the
+// second CTA.
+constexpr int kWideRows = 16;
+constexpr int kWideActTiles = kWideRows / 8;
+constexpr int kWideWarpTiles = 2;
+constexpr int kWideWarps = 8;
+constexpr int kWideThreads = kWideWarps * 32;
+constexpr int kWideCtaTiles = kWideWarps * kWideWarpTiles;
+constexpr int kWideCtaOutputs = kWideCtaTiles * kTileRows;
+static_assert(kWideCtaOutputs == kWideThreads, "the epilogue gives each thread one output");
+constexpr int kWidePartialStride = kWideCtaOutputs + 4;  // as kPartialStride
+constexpr int kChunkSteps = 4;                           // two groups of kMmaUnroll steps
+static_assert(kChunkSteps % (2 * kMmaUnroll) == 0);
+constexpr int kChunkK = kChunkSteps * kMmaStepK;
+constexpr int kChunkQuads = kChunkK / 4;  // 16-byte copies per staged row and chunk
+constexpr int kChunkStride = kChunkK;     // floats per staged row (each thread reads its own)
+// Elements per rounded row: ≡ 64 bytes mod 128, so the 16-byte loads of
+// lanes (g, t) and (g + 1, t) fall in different banks.
+constexpr int kRoundedStride = kChunkK + 32;
+// Two fp32 chunks and two rounded ones, then the partial outputs.
+constexpr size_t kWideSharedBytes =
+    kWideRows * std::max(2 * (sizeof(float) * kChunkStride + 2 * kRoundedStride),
+                         sizeof(float) * kWidePartialStride);
+
+// A lane's weights of kMmaUnroll consecutive steps (one 128-byte line of
+// each row): rows gid (h = 0) and gid + 8 (h = 1) of each of its warp's
+// tiles.
+using WideGroupWeights = uint4[kMmaUnroll][kWideWarpTiles][2];
+
+// Null rows (past a member or past the outputs) and steps at or past `end`
+// (the split's) or past k load zeros.
+template <typename T>
+__device__ __forceinline__ void LoadWideGroup(WideGroupWeights& w,
+                                              const T* const (&rows)[kWideWarpTiles][2],
+                                              int64_t first, int64_t end, int64_t vectors,
+                                              int tig) {
+#pragma unroll
+  for (int t = 0; t < kWideWarpTiles; ++t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int u = 0; u < kMmaUnroll; ++u) {
+        const int64_t v = (first + u) * kMmaStepVectors + tig;
+        w[u][t][h] = first + u < end && v < vectors && rows[t][h] != nullptr
+                         ? LoadStreaming(rows[t][h] + v * 8)
+                         : make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+}
+
+// acc[t][j] += weight tile t · activation tile j over the group's steps,
+// the first at step `step` of the rounded `chunk`; steps at or past `end`
+// are skipped.
+template <typename T>
+__device__ __forceinline__ void MultiplyWideGroup(float (&acc)[kWideWarpTiles][kWideActTiles][4],
+                                                  const WideGroupWeights& w, const T* chunk,
+                                                  int step, int64_t first, int64_t end, int gid,
+                                                  int tig) {
+#pragma unroll
+  for (int u = 0; u < kMmaUnroll; ++u) {
+    if (first + u >= end) break;
+#pragma unroll
+    for (int j = 0; j < kWideActTiles; ++j) {
+      const uint4 b = *reinterpret_cast<const uint4*>(chunk + (j * 8 + gid) * kRoundedStride +
+                                                      (step + u) * kMmaStepK + 8 * tig);
+#pragma unroll
+      for (int t = 0; t < kWideWarpTiles; ++t) {
+        Mma<T>(acc[t][j], w[u][t][0].x, w[u][t][1].x, w[u][t][0].y, w[u][t][1].y, b.x, b.y);
+        Mma<T>(acc[t][j], w[u][t][0].z, w[u][t][1].z, w[u][t][0].w, w[u][t][1].w, b.z, b.w);
+      }
+    }
+  }
+}
+
+// f(row, column) for this thread's quads of a chunk of m rows: the same
+// quads in every chunk, so the thread that copies a quad also rounds it.
+template <typename F>
+__device__ __forceinline__ void ForEachChunkQuad(int64_t m, F f) {
+  for (int i = static_cast<int>(threadIdx.x); i < m * kChunkQuads; i += kWideThreads) {
+    f(i / kChunkQuads, 4 * (i % kChunkQuads));
+  }
+}
+
+// Issues the copies of the activations' rows < m, columns [k0, k0 +
+// kChunkK), into `slot`; zeros at or past `k_end`.
+[[maybe_unused]] __device__ __forceinline__ void CopyChunk(float* slot, const float* a, int64_t m,
+                                                           int64_t k, int64_t k0, int64_t k_end) {
+  ForEachChunkQuad(m, [&](int r, int col) {
+    const bool inside = k0 + col < k_end;
+    CopyAsync16(slot + r * kChunkStride + col, inside ? a + r * k + k0 + col : a, inside);
+  });
+}
+
+// This thread's quads of `slot` (landed) rounded to T into `rounded`.
+template <typename T>
+__device__ __forceinline__ void RoundChunk(const float* slot, T* rounded, int64_t m) {
+  ForEachChunkQuad(m, [&](int r, int col) {
+    const float4 x = *reinterpret_cast<const float4*>(slot + r * kChunkStride + col);
+    *reinterpret_cast<uint2*>(rounded + r * kRoundedStride + col) =
+        make_uint2(PackPair<T>(x.x, x.y), PackPair<T>(x.z, x.w));
+  });
+}
+
+// Launched as MmaKernel is (clusters of (1, splits, 1), blockIdx.y the
+// split), with kWideSharedBytes of dynamic shared memory.
+template <typename T>
+__global__ void __launch_bounds__(kWideThreads, 2)
+    WideMmaKernel(const SmallGroup<T> g, int64_t steps_per_split) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ uint4 shared[];
+  float* staged = reinterpret_cast<float*>(shared);  // [2][kWideRows][kChunkStride]
+  T* rounded = reinterpret_cast<T*>(staged + 2 * kWideRows * kChunkStride);
+  AllowDependents();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gid = lane / 4, tig = lane % 4;
+  const int64_t k = g.k, vectors = k / 8;
+  const int64_t tiles = g.first_tile[g.count];
+
+  const T* rows[kWideWarpTiles][2];
+#pragma unroll
+  for (int t = 0; t < kWideWarpTiles; ++t) {
+    const int64_t tile =
+        blockIdx.x * static_cast<int64_t>(kWideCtaTiles) + warp * kWideWarpTiles + t;
+    const int member = MemberOf(g.first_tile, g.count, tile);
+    const int64_t n = Select(g.first_row, member + 1) - Select(g.first_row, member);
+    const int64_t j = (tile - Select(g.first_tile, member)) * kTileRows + gid;
+    const T* w = Select(g.w, member);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      rows[t][h] = tile < tiles && j + 8 * h < n ? w + (j + 8 * h) * k : nullptr;
+    }
+  }
+
+  const int64_t steps = (vectors + kMmaStepVectors - 1) / kMmaStepVectors;
+  const int64_t begin = blockIdx.y * steps_per_split;
+  const int64_t end = min(begin + steps_per_split, steps);
+  const int64_t k_end = min(end * kMmaStepK, k);
+  const int chunks = static_cast<int>((end - begin + kChunkSteps - 1) / kChunkSteps);
+  WideGroupWeights w0, w1;
+  LoadWideGroup(w0, rows, begin, end, vectors, tig);
+  WaitForPrerequisites();  // a (and c when beta ≠ 0) come from earlier kernels
+
+  // Rows ≥ m of the rounded chunks hold stale data: they only feed outputs
+  // that are dropped (each column of an mma's B meets only its own column
+  // of C).
+  const auto chunk_k = [&](int c) { return (begin + c * kChunkSteps) * kMmaStepK; };
+  if (chunks > 0) CopyChunk(staged, g.a, g.m, k, chunk_k(0), k_end);
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  float acc[kWideWarpTiles][kWideActTiles][4] = {};
+  for (int c = 0; c < chunks; ++c) {
+    // Chunk c + 1's slot held chunk c - 1, which this thread rounded before
+    // the last barrier.
+    if (c + 1 < chunks) {
+      CopyChunk(staged + ((c + 1) % 2) * kWideRows * kChunkStride, g.a, g.m, k, chunk_k(c + 1),
+                k_end);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    asm volatile("cp.async.wait_group 1;" ::: "memory");  // this thread's copies of chunk c
+    T* chunk = rounded + (c % 2) * kWideRows * kRoundedStride;
+    RoundChunk(staged + (c % 2) * kWideRows * kChunkStride, chunk, g.m);
+    // Publishes chunk c; every warp is past chunk c - 1, whose rounded
+    // buffer the next iteration fills.
+    __syncthreads();
+    const int64_t first = begin + c * kChunkSteps;
+#pragma unroll
+    for (int s = 0; s < kChunkSteps; s += 2 * kMmaUnroll) {
+      LoadWideGroup(w1, rows, first + s + kMmaUnroll, end, vectors, tig);
+      MultiplyWideGroup<T>(acc, w0, chunk, s, first + s, end, gid, tig);
+      LoadWideGroup(w0, rows, first + s + 2 * kMmaUnroll, end, vectors, tig);
+      MultiplyWideGroup<T>(acc, w1, chunk, s + kMmaUnroll, first + s + kMmaUnroll, end, gid, tig);
+    }
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  __syncthreads();  // every warp is done with the chunks: the partials reuse them
+
+  float(*partial)[kWidePartialStride] = reinterpret_cast<float(*)[kWidePartialStride]>(shared);
+#pragma unroll
+  for (int t = 0; t < kWideWarpTiles; ++t) {
+    const int o = (warp * kWideWarpTiles + t) * kTileRows + gid;
+#pragma unroll
+    for (int j = 0; j < kWideActTiles; ++j) {
+      const int r = j * 8 + 2 * tig;
+      partial[r][o] = acc[t][j][0];
+      partial[r + 1][o] = acc[t][j][1];
+      partial[r][o + 8] = acc[t][j][2];
+      partial[r + 1][o + 8] = acc[t][j][3];
+    }
+  }
+
+  // Thread o owns output o of the CTA in rows rank, rank + splits, ... of
+  // the activations, each summed over every split in split order; four rows
+  // at a time, their reads before their stores (c may alias the residual).
+  // (All sixteen rows at once, 64 more live registers, ran GLA 1.3B at
+  // batch 16 at 4,926 tokens/s against 5,671 in the next call.)
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int splits = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int o = static_cast<int>(threadIdx.x);
+  const int64_t tile = blockIdx.x * static_cast<int64_t>(kWideCtaTiles) + o / kTileRows;
+  const int member = MemberOf(g.first_tile, g.count, tile);
+  const Output out = OutputOf(g, member);
+  const int64_t j = (tile - Select(g.first_tile, member)) * kTileRows + o % kTileRows;
+  if (tile < tiles && j < out.n) {
+    constexpr int kBatch = 4;
+    for (int64_t row0 = rank; row0 < g.m; row0 += kBatch * splits) {
+      float sum[kBatch] = {};
+      Prior prior[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int64_t row = row0 + i * splits;
+        if (row < g.m) {
+#pragma unroll
+          for (int q = 0; q < kMmaMaxSplits; ++q) {
+            if (q < splits) sum[i] += cluster.map_shared_rank(&partial[row][o], q)[0];
+          }
+          prior[i] = PriorOf(g.beta, out, row, j);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int64_t row = row0 + i * splits;
+        if (row < g.m) Store(g.alpha, g.beta, out, row, j, sum[i], prior[i]);
+      }
+    }
+  }
+  cluster.sync();  // no CTA leaves while another reads its shared memory
+#endif
+}
+
 // How a product is cut: CTAs along the outputs, splits of k (one cluster
 // per CTA column) and steps per split.
 struct MmaShape {
@@ -528,37 +778,116 @@ int Multiprocessors() {
   return sms;
 }
 
-// Split k until about kMmaCtasPerSm CTAs per SM stream weights (at most a
-// cluster's worth of splits, each at least one step, and at least enough
-// that a split's staged activations fit in shared memory); then even out
-// the splits. Zero splits: k is too long.
-MmaShape ShapeFor(int64_t tiles, int64_t k) {
-  MmaShape s;
-  s.ctas = (tiles + kMmaWarps - 1) / kMmaWarps;
-  const int64_t steps = (k + kMmaStepK - 1) / kMmaStepK;
-  const int64_t max_steps = kMmaMaxSharedBytes / Staging(kMmaStepK).Bytes();
-  int64_t splits = (kMmaCtasPerSm * Multiprocessors() + s.ctas - 1) / s.ctas;
-  splits = std::clamp<int64_t>(splits, (steps + max_steps - 1) / max_steps, kMmaMaxSplits);
-  splits = std::min(splits, steps);
-  s.steps_per_split = (steps + splits - 1) / splits;
-  s.splits = (steps + s.steps_per_split - 1) / s.steps_per_split;
-  if (Staging(s.steps_per_split * kMmaStepK).Bytes() > kMmaMaxSharedBytes) s.splits = 0;
-  return s;
+// Clusters of `size` CTAs (along y) of `kernel`, with `threads` threads and
+// `shared_bytes` of dynamic shared memory each, that run at once. Clusters
+// pack into GPCs with SM slots to spare: on an H100 a version of
+// WideMmaKernel at two CTAs per SM ran 264 CTAs alone but 237 in clusters
+// of 3 and 240 in clusters of 8 (Nsight Compute), so grids cut for 264
+// CTAs took two waves.
+int ActiveClusters(const void* kernel, int threads, size_t shared_bytes, int size) {
+  using Key = std::tuple<const void*, int, size_t, int>;
+  static std::mutex mu;
+  static auto* known = new std::map<Key, int>();
+  const std::lock_guard<std::mutex> lock(mu);
+  const Key key{kernel, threads, shared_bytes, size};
+  if (const auto it = known->find(key); it != known->end()) return it->second;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(1, static_cast<unsigned>(size));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = shared_bytes;
+  cudaLaunchAttribute cluster = {};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = static_cast<unsigned>(size);
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (size == 1) {  // no cluster: CTAs per SM times SMs
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&clusters, kernel, threads, shared_bytes) ==
+        cudaSuccess) {
+      clusters *= Multiprocessors();
+    } else {
+      (void)cudaGetLastError();
+      clusters = 0;
+    }
+  } else if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+    (void)cudaGetLastError();
+    clusters = 0;
+  }
+  return (*known)[key] = clusters;
+}
+
+// A CTA's fixed cost (first loads, the cluster's reduction, the epilogue) in
+// 32-k steps of streaming, for the cut below.
+constexpr int64_t kCtaOverheadSteps = 4;
+
+// Cuts `steps` 32-k steps of a product with `ctas` CTA columns into the
+// splits (the cluster size, at most kMmaMaxSplits) that minimize waves of
+// clusters × (steps per split + kCtaOverheadSteps). shared_bytes(steps per
+// split) is a CTA's dynamic shared memory, 0 when too much. Zero splits:
+// none fits.
+template <typename SharedBytes>
+MmaShape ShapeFor(const void* kernel, int threads, int64_t ctas, int64_t steps,
+                  SharedBytes shared_bytes) {
+  MmaShape best;
+  int64_t best_cost = 0;
+  for (int64_t splits = 1; splits <= std::min<int64_t>(kMmaMaxSplits, steps); ++splits) {
+    const int64_t per_split = (steps + splits - 1) / splits;
+    if ((steps + per_split - 1) / per_split != splits) continue;  // a smaller count's cut
+    const size_t bytes = shared_bytes(per_split);
+    const int clusters =
+        bytes == 0 ? 0 : ActiveClusters(kernel, threads, bytes, static_cast<int>(splits));
+    if (clusters <= 0) continue;
+    const int64_t cost = (ctas + clusters - 1) / clusters * (per_split + kCtaOverheadSteps);
+    if (best.splits == 0 || cost < best_cost) {
+      best = {ctas, splits, per_split};
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+int64_t StepsOf(int64_t k) { return (k + kMmaStepK - 1) / kMmaStepK; }
+
+// MmaKernel's shared memory for splits of `per_split` steps; 0 when the
+// staged activations do not fit.
+size_t MmaSharedBytes(int64_t per_split) {
+  const size_t staged = Staging(per_split * kMmaStepK).Bytes();
+  if (staged > kMmaMaxSharedBytes) return 0;
+  return std::max(staged, sizeof(float) * kMmaRows * static_cast<size_t>(kPartialStride));
+}
+
+template <typename T>
+cudaError_t LaunchWideMma(const SmallGroup<T>& g, cudaStream_t stream) {
+  static const cudaError_t configured = cudaFuncSetAttribute(
+      WideMmaKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWideSharedBytes);
+  if (configured != cudaSuccess) return configured;
+  const MmaShape s = ShapeFor(reinterpret_cast<const void*>(WideMmaKernel<T>), kWideThreads,
+                              (g.first_tile[g.count] + kWideCtaTiles - 1) / kWideCtaTiles,
+                              StepsOf(g.k), [](int64_t) { return kWideSharedBytes; });
+  if (s.splits == 0) return cudaErrorInvalidValue;
+  return LaunchDependentInClusters(
+      WideMmaKernel<T>, dim3(static_cast<unsigned>(s.ctas), static_cast<unsigned>(s.splits)),
+      dim3(kWideThreads), dim3(1, static_cast<unsigned>(s.splits), 1), kWideSharedBytes, stream, g,
+      s.steps_per_split);
 }
 
 template <typename T>
 cudaError_t LaunchMma(const SmallGroup<T>& g, cudaStream_t stream) {
+  if (g.m > kMmaRows) return LaunchWideMma(g, stream);
   static const cudaError_t configured = cudaFuncSetAttribute(
       MmaKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaMaxSharedBytes);
   if (configured != cudaSuccess) return configured;
-  const MmaShape s = ShapeFor(g.first_tile[g.count], g.k);
+  const MmaShape s =
+      ShapeFor(reinterpret_cast<const void*>(MmaKernel<T>), kMmaThreads,
+               (g.first_tile[g.count] + kMmaWarps - 1) / kMmaWarps, StepsOf(g.k), MmaSharedBytes);
+  if (s.splits == 0) return cudaErrorInvalidValue;  // SmallProductFor rules this out
   const Staging stage(s.steps_per_split * kMmaStepK);
-  const size_t shared_bytes =
-      std::max(stage.Bytes(), sizeof(float) * kMmaRows * static_cast<size_t>(kPartialStride));
   return LaunchDependentInClusters(
       MmaKernel<T>, dim3(static_cast<unsigned>(s.ctas), static_cast<unsigned>(s.splits)),
-      dim3(kMmaThreads), dim3(1, static_cast<unsigned>(s.splits), 1), shared_bytes, stream, g,
-      s.steps_per_split, stage);
+      dim3(kMmaThreads), dim3(1, static_cast<unsigned>(s.splits), 1),
+      MmaSharedBytes(s.steps_per_split), stream, g, s.steps_per_split, stage);
 }
 
 template <typename T>
@@ -605,10 +934,11 @@ SmallProduct SmallProductFor(std::span<const GemmCall> calls, GemmPrecision prec
   const bool fast = precision == GemmPrecision::kFast;
   if (first.m <= (fast ? kGemvFastMaxRows : kGemvMaxRows)) return SmallProduct::kGemv;
   // Clusters and the dependent launch's wait need sm_90.
-  if (fast && first.m <= kMmaRows && HopperOrLater()) {
-    int64_t tiles = 0;
-    for (const GemmCall& g : calls) tiles += TilesOf(g.n);
-    if (ShapeFor(tiles, first.k).splits > 0) return SmallProduct::kTensorCore;
+  if (fast && first.m <= kWideRows && HopperOrLater()) {
+    // MmaKernel stages a split of at least k / kMmaMaxSplits.
+    const int64_t steps = StepsOf(first.k);
+    if (first.m > kMmaRows || MmaSharedBytes((steps + kMmaMaxSplits - 1) / kMmaMaxSplits) > 0)
+      return SmallProduct::kTensorCore;
   }
   return SmallProduct::kNone;
 }

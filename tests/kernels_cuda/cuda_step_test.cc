@@ -209,11 +209,12 @@ TEST_F(CudaStepTest, LinearGroupAddsResiduals) {
 // On the fast path every product above 2 rows rounds its activations to bf16
 // and sums in fp32, so against the CPU on bf16-rounded activations and
 // weights it is exact up to summation order (1e-5), wherever it runs: the
-// GEMV (m ≤ 2, exact on the activations as given), the tensor-core kernel
-// (3 to 8 rows, k split over up to eight CTAs of a cluster: 2 for k = 40,
-// 5 for 264, 8 for 2048) or cuBLASLt (above). Groups whose widths leave
-// partial 16-row tiles, k with a partial 32-wide step, a bias, activations,
-// a residual in place, and a single product with beta ≠ 0.
+// GEMV (m ≤ 2, exact on the activations as given), the tensor-core kernels
+// (3 to 8 rows staged whole, 9 to 16 streamed in chunks of 128 k; k split
+// over up to eight CTAs of a cluster, so k = 8192 runs eight chunks per
+// split) or cuBLASLt (17 and 33 rows). Groups whose widths leave partial
+// 16-row tiles, k with a partial 32-wide step, a bias, activations, a
+// residual in place, and a single product with beta ≠ 0.
 TEST_F(CudaStepTest, FastProductsAreExactOnRoundedActivations) {
   const std::vector<int64_t> widths = {389, 16, 3, 1500};
   const Activation activations[] = {{}, {UnaryOp::kSigmoid}, {}, {UnaryOp::kSilu}};
@@ -222,8 +223,8 @@ TEST_F(CudaStepTest, FastProductsAreExactOnRoundedActivations) {
     EXPECT_TRUE(down.ok()) << down.status();
     return down->ToF32();
   };
-  for (int64_t k : {40, 264, 2048}) {
-    for (int64_t m : {1, 2, 3, 5, 8, 9, 33}) {
+  for (int64_t k : {40, 264, 2048, 8192}) {
+    for (int64_t m : {1, 2, 3, 5, 8, 9, 12, 16, 17, 33}) {
       const std::string what = absl::StrCat("k=", k, " m=", m);
       const Tensor x = Rand({m, k});
       const Tensor cpu_x = m <= kFastGemvRows ? x : rounded(x);
