@@ -66,6 +66,21 @@ __device__ __forceinline__ V Select(const V (&values)[kCount], int index) {
   return member;
 }
 
+// Rows gid (h = 0) and gid + 8 (h = 1) of weight tile `tile` (kTileRows
+// rows of one member); null past the member's rows or past the last tile.
+template <typename T>
+__device__ __forceinline__ void TileRows(const SmallGroup<T>& g, int64_t tile, int gid,
+                                         const T* (&rows)[2]) {
+  const int member = MemberOf(g.first_tile, g.count, tile);
+  const int64_t n = Select(g.first_row, member + 1) - Select(g.first_row, member);
+  const int64_t j = (tile - Select(g.first_tile, member)) * kTileRows + gid;
+  const T* w = Select(g.w, member);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    rows[h] = tile < g.first_tile[g.count] && j + 8 * h < n ? w + (j + 8 * h) * g.k : nullptr;
+  }
+}
+
 // Where a member's outputs go, and its epilogue.
 struct Output {
   float* c;
@@ -403,6 +418,36 @@ __device__ __forceinline__ void MultiplySteps(float (&acc)[4], const StepWeights
   }
 }
 
+// The tensor-core kernels' epilogue for output j (column o of the CTA's
+// partials, `partial[row][o]` in every cluster rank's shared memory) in
+// activation rows row_of(0 .. kCount - 1) below m: each summed over the
+// cluster's splits in split order, then stored; all reads before any store,
+// since c may alias the residual.
+template <int kCount, int kStride, typename Cluster, typename RowOf>
+__device__ __forceinline__ void FinishRows(Cluster& cluster, float (*partial)[kStride], int o,
+                                           int64_t m, float alpha, float beta, const Output& out,
+                                           int64_t j, RowOf row_of) {
+  const int splits = static_cast<int>(cluster.num_blocks());
+  float sum[kCount] = {};
+  Prior prior[kCount];
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const int64_t row = row_of(i);
+    if (row < m) {
+#pragma unroll
+      for (int q = 0; q < kMmaMaxSplits; ++q) {
+        if (q < splits) sum[i] += cluster.map_shared_rank(&partial[row][o], q)[0];
+      }
+      prior[i] = PriorOf(beta, out, row, j);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const int64_t row = row_of(i);
+    if (row < m) Store(alpha, beta, out, row, j, sum[i], prior[i]);
+  }
+}
+
 // Launched in clusters of (1, splits, 1) CTAs, blockIdx.y the split, each
 // with Staging::Bytes() of dynamic shared memory, as a dependent: the first
 // weights are in flight before the wait.
@@ -422,19 +467,8 @@ __global__ void __launch_bounds__(kMmaThreads)
 
   // This lane's weight rows: its tile's rows gid (h = 0) and gid + 8 (h = 1).
   const T* rows[2];
-  bool row_ok[2];
-  {
-    const int64_t tile = blockIdx.x * static_cast<int64_t>(kMmaWarps) + warp;
-    const int member = MemberOf(g.first_tile, g.count, tile);
-    const int64_t n = Select(g.first_row, member + 1) - Select(g.first_row, member);
-    const int64_t j = (tile - Select(g.first_tile, member)) * kTileRows + gid;
-    const T* w = Select(g.w, member);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row_ok[h] = tile < tiles && j + 8 * h < n;
-      rows[h] = row_ok[h] ? w + (j + 8 * h) * k : w;
-    }
-  }
+  TileRows(g, blockIdx.x * static_cast<int64_t>(kMmaWarps) + warp, gid, rows);
+  const bool row_ok[2] = {rows[0] != nullptr, rows[1] != nullptr};
 
   const int64_t steps = (vectors + kMmaStepVectors - 1) / kMmaStepVectors;
   const int64_t begin = blockIdx.y * steps_per_split;
@@ -491,24 +525,9 @@ __global__ void __launch_bounds__(kMmaThreads)
   const Output out = OutputOf(g, member);
   const int64_t j = (tile - Select(g.first_tile, member)) * kTileRows + out_index % kTileRows;
   if (tile < tiles && j < out.n) {
-    float sum[kMmaRows] = {};
-    Prior prior[kMmaRows];
-#pragma unroll
-    for (int i = 0; i < kMmaRows; ++i) {
-      const int64_t row = (team + i * kEpilogueTeams) * splits + cluster.block_rank();
-      if (row < g.m) {
-#pragma unroll
-        for (int q = 0; q < kMmaMaxSplits; ++q) {
-          if (q < splits) sum[i] += cluster.map_shared_rank(&partial[row][out_index], q)[0];
-        }
-        prior[i] = PriorOf(g.beta, out, row, j);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kMmaRows; ++i) {
-      const int64_t row = (team + i * kEpilogueTeams) * splits + cluster.block_rank();
-      if (row < g.m) Store(g.alpha, g.beta, out, row, j, sum[i], prior[i]);
-    }
+    FinishRows<kMmaRows>(cluster, partial, out_index, g.m, g.alpha, g.beta, out, j, [&](int i) {
+      return static_cast<int64_t>((team + i * kEpilogueTeams) * splits + cluster.block_rank());
+    });
   }
   cluster.sync();  // no CTA leaves while another reads its shared memory
 #endif
@@ -652,16 +671,8 @@ __global__ void __launch_bounds__(kWideThreads, 2)
   const T* rows[kWideWarpTiles][2];
 #pragma unroll
   for (int t = 0; t < kWideWarpTiles; ++t) {
-    const int64_t tile =
-        blockIdx.x * static_cast<int64_t>(kWideCtaTiles) + warp * kWideWarpTiles + t;
-    const int member = MemberOf(g.first_tile, g.count, tile);
-    const int64_t n = Select(g.first_row, member + 1) - Select(g.first_row, member);
-    const int64_t j = (tile - Select(g.first_tile, member)) * kTileRows + gid;
-    const T* w = Select(g.w, member);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      rows[t][h] = tile < tiles && j + 8 * h < n ? w + (j + 8 * h) * k : nullptr;
-    }
+    TileRows(g, blockIdx.x * static_cast<int64_t>(kWideCtaTiles) + warp * kWideWarpTiles + t, gid,
+             rows[t]);
   }
 
   const int64_t steps = (vectors + kMmaStepVectors - 1) / kMmaStepVectors;
@@ -721,10 +732,9 @@ __global__ void __launch_bounds__(kWideThreads, 2)
   }
 
   // Thread o owns output o of the CTA in rows rank, rank + splits, ... of
-  // the activations, each summed over every split in split order; four rows
-  // at a time, their reads before their stores (c may alias the residual).
-  // (All sixteen rows at once, 64 more live registers, ran GLA 1.3B at
-  // batch 16 at 4,926 tokens/s against 5,671 in the next call.)
+  // the activations, four at a time. (All sixteen rows at once, 64 more
+  // live registers, ran GLA 1.3B at batch 16 at 4,926 tokens/s against
+  // 5,671 in the next call.)
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
@@ -738,24 +748,8 @@ __global__ void __launch_bounds__(kWideThreads, 2)
   if (tile < tiles && j < out.n) {
     constexpr int kBatch = 4;
     for (int64_t row0 = rank; row0 < g.m; row0 += kBatch * splits) {
-      float sum[kBatch] = {};
-      Prior prior[kBatch];
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int64_t row = row0 + i * splits;
-        if (row < g.m) {
-#pragma unroll
-          for (int q = 0; q < kMmaMaxSplits; ++q) {
-            if (q < splits) sum[i] += cluster.map_shared_rank(&partial[row][o], q)[0];
-          }
-          prior[i] = PriorOf(g.beta, out, row, j);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int64_t row = row0 + i * splits;
-        if (row < g.m) Store(g.alpha, g.beta, out, row, j, sum[i], prior[i]);
-      }
+      FinishRows<kBatch>(cluster, partial, o, g.m, g.alpha, g.beta, out, j,
+                         [&](int i) { return row0 + i * splits; });
     }
   }
   cluster.sync();  // no CTA leaves while another reads its shared memory
