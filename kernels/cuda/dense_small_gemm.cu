@@ -762,28 +762,21 @@ struct MmaShape {
   int64_t ctas = 0, splits = 0, steps_per_split = 0;
 };
 
-int Multiprocessors() {
-  static const int sms = [] {
-    int device = 0, count = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    return std::max(count, 1);
-  }();
-  return sms;
-}
-
 // Clusters of `size` CTAs (along y) of `kernel`, with `threads` threads and
 // `shared_bytes` of dynamic shared memory each, that run at once. Clusters
 // pack into GPCs with SM slots to spare: on an H100 a version of
 // WideMmaKernel at two CTAs per SM ran 264 CTAs alone but 237 in clusters
 // of 3 and 240 in clusters of 8 (Nsight Compute), so grids cut for 264
 // CTAs took two waves.
+// (Per device: a process may drive GPUs of different kinds.)
 int ActiveClusters(const void* kernel, int threads, size_t shared_bytes, int size) {
-  using Key = std::tuple<const void*, int, size_t, int>;
+  using Key = std::tuple<int, const void*, int, size_t, int>;
   static std::mutex mu;
   static auto* known = new std::map<Key, int>();
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
   const std::lock_guard<std::mutex> lock(mu);
-  const Key key{kernel, threads, shared_bytes, size};
+  const Key key{device, kernel, threads, shared_bytes, size};
   if (const auto it = known->find(key); it != known->end()) return it->second;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(1, static_cast<unsigned>(size));
@@ -798,9 +791,11 @@ int ActiveClusters(const void* kernel, int threads, size_t shared_bytes, int siz
   config.numAttrs = 1;
   int clusters = 0;
   if (size == 1) {  // no cluster: CTAs per SM times SMs
+    int sms = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&clusters, kernel, threads, shared_bytes) ==
-        cudaSuccess) {
-      clusters *= Multiprocessors();
+            cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess) {
+      clusters *= sms;
     } else {
       (void)cudaGetLastError();
       clusters = 0;
