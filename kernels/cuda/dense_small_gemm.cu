@@ -381,41 +381,79 @@ __device__ __forceinline__ void Mma(float (&acc)[4], uint32_t a0, uint32_t a1, u
   }
 }
 
-// A lane's weights of its tile's rows gid (h = 0) and gid + 8 (h = 1) for
-// the kMmaUnroll steps from `first` (zeros past the split, past k and for
-// rows past the member).
-using StepWeights = uint4[kMmaUnroll][2];
+// A lane's weights of kMmaUnroll consecutive steps (one 128-byte line of
+// each row): rows gid (h = 0) and gid + 8 (h = 1) of each of its warp's
+// kTiles tiles.
+template <int kTiles>
+using GroupWeights = uint4[kMmaUnroll][kTiles][2];
 
-template <typename T>
-__device__ __forceinline__ void LoadSteps(StepWeights& w, const T* const (&rows)[2],
-                                          const bool (&row_ok)[2], int64_t first, int64_t end,
-                                          int64_t vectors, int tig) {
+// Null rows (TileRows) and steps at or past `end` (the split's) or past k
+// load zeros.
+template <typename T, int kTiles>
+__device__ __forceinline__ void LoadGroup(GroupWeights<kTiles>& w,
+                                          const T* const (&rows)[kTiles][2], int64_t first,
+                                          int64_t end, int64_t vectors, int tig) {
 #pragma unroll
-  for (int u = 0; u < kMmaUnroll; ++u) {
-    const int64_t v = (first + u) * kMmaStepVectors + tig;
+  for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      w[u][h] = first + u < end && v < vectors && row_ok[h] ? LoadStreaming(rows[h] + v * 8)
-                                                            : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < kMmaUnroll; ++u) {
+        const int64_t v = (first + u) * kMmaStepVectors + tig;
+        w[u][t][h] = first + u < end && v < vectors && rows[t][h] != nullptr
+                         ? LoadStreaming(rows[t][h] + v * 8)
+                         : make_uint4(0, 0, 0, 0);
+      }
     }
   }
 }
 
-// acc += the steps' weights · the rounded activations (staged from step
-// `begin` on, `stride` elements per row).
-template <typename T>
-__device__ __forceinline__ void MultiplySteps(float (&acc)[4], const StepWeights& w,
-                                              const T* staged, int64_t stride, int64_t first,
-                                              int64_t begin, int64_t end, int gid, int tig) {
+// acc[t][j] += weight tile t · activation tile j over the group's steps, the
+// first at step `step` of the rounded activations `staged` (`stride`
+// elements per row); steps at or past `end` are skipped.
+template <typename T, int kTiles, int kActTiles>
+__device__ __forceinline__ void MultiplyGroup(float (&acc)[kTiles][kActTiles][4],
+                                              const GroupWeights<kTiles>& w, const T* staged,
+                                              int64_t stride, int64_t step, int64_t first,
+                                              int64_t end, int gid, int tig) {
 #pragma unroll
   for (int u = 0; u < kMmaUnroll; ++u) {
-    if (first + u < end) {
-      const int64_t column = (first + u - begin) * kMmaStepK + 8 * tig;
-      const uint4 b = *reinterpret_cast<const uint4*>(staged + gid * stride + column);
-      Mma<T>(acc, w[u][0].x, w[u][1].x, w[u][0].y, w[u][1].y, b.x, b.y);
-      Mma<T>(acc, w[u][0].z, w[u][1].z, w[u][0].w, w[u][1].w, b.z, b.w);
+    if (first + u >= end) break;
+#pragma unroll
+    for (int j = 0; j < kActTiles; ++j) {
+      const uint4 b = *reinterpret_cast<const uint4*>(staged + (j * 8 + gid) * stride +
+                                                      (step + u) * kMmaStepK + 8 * tig);
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        Mma<T>(acc[t][j], w[u][t][0].x, w[u][t][1].x, w[u][t][0].y, w[u][t][1].y, b.x, b.y);
+        Mma<T>(acc[t][j], w[u][t][0].z, w[u][t][1].z, w[u][t][0].w, w[u][t][1].w, b.z, b.w);
+      }
     }
   }
+}
+
+// Issues the copies of rows < m of `a` ([m, k]), columns [k0, k0 + 4·quads),
+// into `dst` (`stride` floats per row); zeros at or past `k_end` (the
+// weights there are zeros too, but 0 · garbage may be NaN).
+[[maybe_unused]] __device__ __forceinline__ void CopyQuads(float* dst, int64_t stride,
+                                                           const float* a, int64_t m, int64_t k,
+                                                           int64_t k0, int64_t k_end, int quads) {
+  ForEachQuad(m, quads, [&](int r, int col) {
+    const bool inside = k0 + col < k_end;
+    CopyAsync16(dst + r * stride + col, inside ? a + r * k + k0 + col : a, inside);
+  });
+}
+
+// The quads CopyQuads gave this thread, landed in `src`, rounded to T into
+// `dst` (`src_stride` floats and `dst_stride` elements per row).
+template <typename T>
+__device__ __forceinline__ void RoundQuads(const float* src, int64_t src_stride, T* dst,
+                                           int64_t dst_stride, int64_t m, int quads) {
+  ForEachQuad(m, quads, [&](int r, int col) {
+    const float4 x = *reinterpret_cast<const float4*>(src + r * src_stride + col);
+    *reinterpret_cast<uint2*>(dst + r * dst_stride + col) =
+        make_uint2(PackPair<T>(x.x, x.y), PackPair<T>(x.z, x.w));
+  });
 }
 
 // The tensor-core kernels' epilogue for output j (column o of the CTA's
@@ -466,51 +504,42 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t tiles = g.first_tile[g.count];
 
   // This lane's weight rows: its tile's rows gid (h = 0) and gid + 8 (h = 1).
-  const T* rows[2];
-  TileRows(g, blockIdx.x * static_cast<int64_t>(kMmaWarps) + warp, gid, rows);
-  const bool row_ok[2] = {rows[0] != nullptr, rows[1] != nullptr};
+  const T* rows[1][2];
+  TileRows(g, blockIdx.x * static_cast<int64_t>(kMmaWarps) + warp, gid, rows[0]);
 
   const int64_t steps = (vectors + kMmaStepVectors - 1) / kMmaStepVectors;
   const int64_t begin = blockIdx.y * steps_per_split;
   const int64_t end = min(begin + steps_per_split, steps);
-  StepWeights w0, w1;
-  LoadSteps(w0, rows, row_ok, begin, end, vectors, tig);
+  GroupWeights<1> w0, w1;
+  LoadGroup(w0, rows, begin, end, vectors, tig);
   WaitForPrerequisites();  // a (and c when beta ≠ 0) come from earlier kernels
 
-  // Rows < m of the split's activations, zeros past k (the weights there are
-  // zeros too, but 0 · garbage may be NaN); rows ≥ m only feed outputs that
-  // are dropped.
+  // The split's activations (rows ≥ m only feed outputs that are dropped),
+  // rounded once for every warp.
   const int quads = static_cast<int>(end - begin) * (kMmaStepK / 4);
-  const int64_t k0 = begin * kMmaStepK;
-  ForEachQuad(g.m, quads, [&](int r, int col) {
-    const bool inside = k0 + col < k;
-    CopyAsync16(wide + r * stage.wide + col, inside ? g.a + r * k + k0 + col : g.a, inside);
-  });
+  CopyQuads(wide, stage.wide, g.a, g.m, k, begin * kMmaStepK, k, quads);
   asm volatile("cp.async.wait_all;" ::: "memory");
   __syncthreads();
-  ForEachQuad(g.m, quads, [&](int r, int col) {
-    const float4 x = *reinterpret_cast<const float4*>(wide + r * stage.wide + col);
-    *reinterpret_cast<uint2*>(narrow + r * stage.narrow + col) =
-        make_uint2(PackPair<T>(x.x, x.y), PackPair<T>(x.z, x.w));
-  });
+  RoundQuads(wide, stage.wide, narrow, stage.narrow, g.m, quads);
   __syncthreads();
 
-  float acc[4] = {};
+  float acc[1][1][4] = {};
   for (int64_t first = begin; first < end; first += 2 * kMmaUnroll) {
-    LoadSteps(w1, rows, row_ok, first + kMmaUnroll, end, vectors, tig);
-    MultiplySteps<T>(acc, w0, narrow, stage.narrow, first, begin, end, gid, tig);
-    LoadSteps(w0, rows, row_ok, first + 2 * kMmaUnroll, end, vectors, tig);
-    MultiplySteps<T>(acc, w1, narrow, stage.narrow, first + kMmaUnroll, begin, end, gid, tig);
+    LoadGroup(w1, rows, first + kMmaUnroll, end, vectors, tig);
+    MultiplyGroup<T>(acc, w0, narrow, stage.narrow, first - begin, first, end, gid, tig);
+    LoadGroup(w0, rows, first + 2 * kMmaUnroll, end, vectors, tig);
+    MultiplyGroup<T>(acc, w1, narrow, stage.narrow, first + kMmaUnroll - begin, first + kMmaUnroll,
+                     end, gid, tig);
   }
   __syncthreads();  // the staged activations are read: the partials reuse them
 
   // c0, c1 are output gid of the warp's tile for rows 2·tig and 2·tig + 1;
   // c2, c3 output gid + 8.
   const int o = warp * kTileRows + gid;
-  partial[2 * tig][o] = acc[0];
-  partial[2 * tig + 1][o] = acc[1];
-  partial[2 * tig][o + 8] = acc[2];
-  partial[2 * tig + 1][o + 8] = acc[3];
+  partial[2 * tig][o] = acc[0][0][0];
+  partial[2 * tig + 1][o] = acc[0][0][1];
+  partial[2 * tig][o + 8] = acc[0][0][2];
+  partial[2 * tig + 1][o + 8] = acc[0][0][3];
 
   // Thread (team, o) owns output o of the CTA in rows team·splits + q,
   // (team + kEpilogueTeams)·splits + q, ... of cluster rank q, each summed
@@ -552,19 +581,21 @@ __global__ void __launch_bounds__(kMmaThreads)
 // against cuBLASLt's pipelined loads, and more register groups cost the
 // second CTA.
 constexpr int kWideRows = 16;
-constexpr int kWideActTiles = kWideRows / 8;
+[[maybe_unused]] constexpr int kWideActTiles = kWideRows / 8;
 constexpr int kWideWarpTiles = 2;
 constexpr int kWideWarps = 8;
 constexpr int kWideThreads = kWideWarps * 32;
 constexpr int kWideCtaTiles = kWideWarps * kWideWarpTiles;
 constexpr int kWideCtaOutputs = kWideCtaTiles * kTileRows;
 static_assert(kWideCtaOutputs == kWideThreads, "the epilogue gives each thread one output");
+static_assert(kWideThreads == kMmaThreads, "ForEachQuad deals quads to kMmaThreads threads");
 constexpr int kWidePartialStride = kWideCtaOutputs + 4;  // as kPartialStride
 constexpr int kChunkSteps = 4;                           // two groups of kMmaUnroll steps
 static_assert(kChunkSteps % (2 * kMmaUnroll) == 0);
 constexpr int kChunkK = kChunkSteps * kMmaStepK;
-constexpr int kChunkQuads = kChunkK / 4;  // 16-byte copies per staged row and chunk
-constexpr int kChunkStride = kChunkK;     // floats per staged row (each thread reads its own)
+[[maybe_unused]] constexpr int kChunkQuads =
+    kChunkK / 4;                       // 16-byte copies per staged row and chunk
+constexpr int kChunkStride = kChunkK;  // floats per staged row (each thread reads its own)
 // Elements per rounded row: ≡ 64 bytes mod 128, so the 16-byte loads of
 // lanes (g, t) and (g + 1, t) fall in different banks.
 constexpr int kRoundedStride = kChunkK + 32;
@@ -572,86 +603,6 @@ constexpr int kRoundedStride = kChunkK + 32;
 constexpr size_t kWideSharedBytes =
     kWideRows * std::max(2 * (sizeof(float) * kChunkStride + 2 * kRoundedStride),
                          sizeof(float) * kWidePartialStride);
-
-// A lane's weights of kMmaUnroll consecutive steps (one 128-byte line of
-// each row): rows gid (h = 0) and gid + 8 (h = 1) of each of its warp's
-// tiles.
-using WideGroupWeights = uint4[kMmaUnroll][kWideWarpTiles][2];
-
-// Null rows (past a member or past the outputs) and steps at or past `end`
-// (the split's) or past k load zeros.
-template <typename T>
-__device__ __forceinline__ void LoadWideGroup(WideGroupWeights& w,
-                                              const T* const (&rows)[kWideWarpTiles][2],
-                                              int64_t first, int64_t end, int64_t vectors,
-                                              int tig) {
-#pragma unroll
-  for (int t = 0; t < kWideWarpTiles; ++t) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int u = 0; u < kMmaUnroll; ++u) {
-        const int64_t v = (first + u) * kMmaStepVectors + tig;
-        w[u][t][h] = first + u < end && v < vectors && rows[t][h] != nullptr
-                         ? LoadStreaming(rows[t][h] + v * 8)
-                         : make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
-}
-
-// acc[t][j] += weight tile t · activation tile j over the group's steps,
-// the first at step `step` of the rounded `chunk`; steps at or past `end`
-// are skipped.
-template <typename T>
-__device__ __forceinline__ void MultiplyWideGroup(float (&acc)[kWideWarpTiles][kWideActTiles][4],
-                                                  const WideGroupWeights& w, const T* chunk,
-                                                  int step, int64_t first, int64_t end, int gid,
-                                                  int tig) {
-#pragma unroll
-  for (int u = 0; u < kMmaUnroll; ++u) {
-    if (first + u >= end) break;
-#pragma unroll
-    for (int j = 0; j < kWideActTiles; ++j) {
-      const uint4 b = *reinterpret_cast<const uint4*>(chunk + (j * 8 + gid) * kRoundedStride +
-                                                      (step + u) * kMmaStepK + 8 * tig);
-#pragma unroll
-      for (int t = 0; t < kWideWarpTiles; ++t) {
-        Mma<T>(acc[t][j], w[u][t][0].x, w[u][t][1].x, w[u][t][0].y, w[u][t][1].y, b.x, b.y);
-        Mma<T>(acc[t][j], w[u][t][0].z, w[u][t][1].z, w[u][t][0].w, w[u][t][1].w, b.z, b.w);
-      }
-    }
-  }
-}
-
-// f(row, column) for this thread's quads of a chunk of m rows: the same
-// quads in every chunk, so the thread that copies a quad also rounds it.
-template <typename F>
-__device__ __forceinline__ void ForEachChunkQuad(int64_t m, F f) {
-  for (int i = static_cast<int>(threadIdx.x); i < m * kChunkQuads; i += kWideThreads) {
-    f(i / kChunkQuads, 4 * (i % kChunkQuads));
-  }
-}
-
-// Issues the copies of the activations' rows < m, columns [k0, k0 +
-// kChunkK), into `slot`; zeros at or past `k_end`.
-[[maybe_unused]] __device__ __forceinline__ void CopyChunk(float* slot, const float* a, int64_t m,
-                                                           int64_t k, int64_t k0, int64_t k_end) {
-  ForEachChunkQuad(m, [&](int r, int col) {
-    const bool inside = k0 + col < k_end;
-    CopyAsync16(slot + r * kChunkStride + col, inside ? a + r * k + k0 + col : a, inside);
-  });
-}
-
-// This thread's quads of `slot` (landed) rounded to T into `rounded`.
-template <typename T>
-__device__ __forceinline__ void RoundChunk(const float* slot, T* rounded, int64_t m) {
-  ForEachChunkQuad(m, [&](int r, int col) {
-    const float4 x = *reinterpret_cast<const float4*>(slot + r * kChunkStride + col);
-    *reinterpret_cast<uint2*>(rounded + r * kRoundedStride + col) =
-        make_uint2(PackPair<T>(x.x, x.y), PackPair<T>(x.z, x.w));
-  });
-}
 
 // Launched as MmaKernel is (clusters of (1, splits, 1), blockIdx.y the
 // split), with kWideSharedBytes of dynamic shared memory.
@@ -680,38 +631,40 @@ __global__ void __launch_bounds__(kWideThreads, 2)
   const int64_t end = min(begin + steps_per_split, steps);
   const int64_t k_end = min(end * kMmaStepK, k);
   const int chunks = static_cast<int>((end - begin + kChunkSteps - 1) / kChunkSteps);
-  WideGroupWeights w0, w1;
-  LoadWideGroup(w0, rows, begin, end, vectors, tig);
+  GroupWeights<kWideWarpTiles> w0, w1;
+  LoadGroup(w0, rows, begin, end, vectors, tig);
   WaitForPrerequisites();  // a (and c when beta ≠ 0) come from earlier kernels
 
   // Rows ≥ m of the rounded chunks hold stale data: they only feed outputs
   // that are dropped (each column of an mma's B meets only its own column
   // of C).
   const auto chunk_k = [&](int c) { return (begin + c * kChunkSteps) * kMmaStepK; };
-  if (chunks > 0) CopyChunk(staged, g.a, g.m, k, chunk_k(0), k_end);
+  if (chunks > 0) CopyQuads(staged, kChunkStride, g.a, g.m, k, chunk_k(0), k_end, kChunkQuads);
   asm volatile("cp.async.commit_group;" ::: "memory");
   float acc[kWideWarpTiles][kWideActTiles][4] = {};
   for (int c = 0; c < chunks; ++c) {
     // Chunk c + 1's slot held chunk c - 1, which this thread rounded before
     // the last barrier.
     if (c + 1 < chunks) {
-      CopyChunk(staged + ((c + 1) % 2) * kWideRows * kChunkStride, g.a, g.m, k, chunk_k(c + 1),
-                k_end);
+      CopyQuads(staged + ((c + 1) % 2) * kWideRows * kChunkStride, kChunkStride, g.a, g.m, k,
+                chunk_k(c + 1), k_end, kChunkQuads);
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
     asm volatile("cp.async.wait_group 1;" ::: "memory");  // this thread's copies of chunk c
     T* chunk = rounded + (c % 2) * kWideRows * kRoundedStride;
-    RoundChunk(staged + (c % 2) * kWideRows * kChunkStride, chunk, g.m);
+    RoundQuads(staged + (c % 2) * kWideRows * kChunkStride, kChunkStride, chunk, kRoundedStride,
+               g.m, kChunkQuads);
     // Publishes chunk c; every warp is past chunk c - 1, whose rounded
     // buffer the next iteration fills.
     __syncthreads();
     const int64_t first = begin + c * kChunkSteps;
 #pragma unroll
     for (int s = 0; s < kChunkSteps; s += 2 * kMmaUnroll) {
-      LoadWideGroup(w1, rows, first + s + kMmaUnroll, end, vectors, tig);
-      MultiplyWideGroup<T>(acc, w0, chunk, s, first + s, end, gid, tig);
-      LoadWideGroup(w0, rows, first + s + 2 * kMmaUnroll, end, vectors, tig);
-      MultiplyWideGroup<T>(acc, w1, chunk, s + kMmaUnroll, first + s + kMmaUnroll, end, gid, tig);
+      LoadGroup(w1, rows, first + s + kMmaUnroll, end, vectors, tig);
+      MultiplyGroup<T>(acc, w0, chunk, kRoundedStride, s, first + s, end, gid, tig);
+      LoadGroup(w0, rows, first + s + 2 * kMmaUnroll, end, vectors, tig);
+      MultiplyGroup<T>(acc, w1, chunk, kRoundedStride, s + kMmaUnroll, first + s + kMmaUnroll, end,
+                       gid, tig);
     }
   }
   asm volatile("cp.async.wait_all;" ::: "memory");
