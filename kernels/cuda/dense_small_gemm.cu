@@ -66,18 +66,21 @@ __device__ __forceinline__ V Select(const V (&values)[kCount], int index) {
   return member;
 }
 
-// Rows gid (h = 0) and gid + 8 (h = 1) of weight tile `tile` (kTileRows
-// rows of one member); null past the member's rows or past the last tile.
-template <typename T>
-__device__ __forceinline__ void TileRows(const SmallGroup<T>& g, int64_t tile, int gid,
-                                         const T* (&rows)[2]) {
+// Rows within[i] (0 ≤ within[i] < kTileRows) of weight tile `tile`
+// (kTileRows rows of one member); null past the member's rows or past the
+// last tile. One member lookup serves them all: each lookup reads kernel
+// parameters before the first weight load can issue.
+template <typename T, int kCount>
+__device__ __forceinline__ void TileRows(const SmallGroup<T>& g, int64_t tile,
+                                         const int (&within)[kCount], const T* (&rows)[kCount]) {
   const int member = MemberOf(g.first_tile, g.count, tile);
   const int64_t n = Select(g.first_row, member + 1) - Select(g.first_row, member);
-  const int64_t j = (tile - Select(g.first_tile, member)) * kTileRows + gid;
+  const int64_t j = (tile - Select(g.first_tile, member)) * kTileRows;
   const T* w = Select(g.w, member);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    rows[h] = tile < g.first_tile[g.count] && j + 8 * h < n ? w + (j + 8 * h) * g.k : nullptr;
+  for (int i = 0; i < kCount; ++i) {
+    rows[i] =
+        tile < g.first_tile[g.count] && j + within[i] < n ? w + (j + within[i]) * g.k : nullptr;
   }
 }
 
@@ -300,9 +303,6 @@ constexpr int kMmaRows = 8;
 constexpr int kMmaWarps = 8;
 constexpr int kMmaThreads = kMmaWarps * 32;
 constexpr int kMmaCtaOutputs = kMmaWarps * kTileRows;
-static_assert(kMmaThreads % kMmaCtaOutputs == 0, "the epilogue gives each thread one output");
-// Threads of the epilogue per output (each takes its own rows).
-[[maybe_unused]] constexpr int kEpilogueTeams = kMmaThreads / kMmaCtaOutputs;
 constexpr int kMmaStepVectors = 4;  // 8-wide vectors per 32-k step
 constexpr int kMmaStepK = kMmaStepVectors * 8;
 constexpr int kMmaMaxSplits = 8;  // the portable cluster size
@@ -340,12 +340,14 @@ struct Staging {
 
 // f(row, column) for the 4-wide column groups ("quads") of `rows` rows of
 // `quads` each: thread i takes quads i, i + kMmaThreads, ... of the rows laid
-// end to end, advancing (row, column) by additions, not divisions.
+// end to end, advancing (row, column) by additions: the divisions happen
+// once (and fold away when `quads` is a constant).
 template <typename F>
 __device__ __forceinline__ void ForEachQuad(int64_t rows, int quads, F f) {
+  const int row_step = kMmaThreads / quads, quad_step = kMmaThreads % quads;
   int r = static_cast<int>(threadIdx.x) / quads, q = static_cast<int>(threadIdx.x) % quads;
-  for (; r < rows; q += kMmaThreads) {
-    while (q >= quads) q -= quads, ++r;
+  for (; r < rows; r += row_step, q += quad_step) {
+    if (q >= quads) q -= quads, ++r;
     if (r >= rows) break;
     f(r, 4 * q);
   }
@@ -456,6 +458,18 @@ __device__ __forceinline__ void RoundQuads(const float* src, int64_t src_stride,
   });
 }
 
+// Accumulator fragment `acc` of a weight tile whose row gid is CTA output o
+// and an activation tile whose row 2·tig is r, into partial[row][output]:
+// c0, c1 are output o for rows r and r + 1; c2, c3 output o + 8.
+template <int kStride>
+__device__ __forceinline__ void StoreFragment(float (*partial)[kStride], const float (&acc)[4],
+                                              int o, int r) {
+  partial[r][o] = acc[0];
+  partial[r + 1][o] = acc[1];
+  partial[r][o + 8] = acc[2];
+  partial[r + 1][o + 8] = acc[3];
+}
+
 // The tensor-core kernels' epilogue for output j (column o of the CTA's
 // partials, `partial[row][o]` in every cluster rank's shared memory) in
 // activation rows row_of(0 .. kCount - 1) below m: each summed over the
@@ -486,6 +500,38 @@ __device__ __forceinline__ void FinishRows(Cluster& cluster, float (*partial)[kS
   }
 }
 
+// The epilogue of a CTA whose kOutputs outputs (kOutputs / kTileRows tiles
+// from blockIdx.x on) have their partials in `partial[row][o]` of every
+// cluster rank: thread i takes output i % kOutputs in a share of the rows
+// (the cluster rank's share, split between the kMmaThreads / kOutputs
+// threads of each output), four at a time.
+template <int kOutputs, int kStride, typename T>
+__device__ __forceinline__ void FinishCta(const SmallGroup<T>& g, float (*partial)[kStride]) {
+  static_assert(kMmaThreads % kOutputs == 0 && kOutputs % kTileRows == 0);
+  constexpr int kShares = kMmaThreads / kOutputs;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every split's partial is in its CTA's shared memory
+  const int o = static_cast<int>(threadIdx.x) % kOutputs;
+  const int64_t stride = static_cast<int64_t>(cluster.num_blocks()) * kShares;
+  const int64_t first_row = cluster.block_rank() * kShares + threadIdx.x / kOutputs;
+  const int64_t tile = blockIdx.x * static_cast<int64_t>(kOutputs / kTileRows) + o / kTileRows;
+  const int member = MemberOf(g.first_tile, g.count, tile);
+  const Output out = OutputOf(g, member);
+  const int64_t j = (tile - Select(g.first_tile, member)) * kTileRows + o % kTileRows;
+  if (tile < g.first_tile[g.count] && j < out.n) {
+    // (All sixteen rows of WideMmaKernel at once, 64 more live registers,
+    // ran GLA 1.3B at batch 16 at 4,926 tokens/s against 5,671 in batches
+    // of four.)
+    constexpr int kBatch = 4;
+    for (int64_t row0 = first_row; row0 < g.m; row0 += kBatch * stride) {
+      FinishRows<kBatch>(cluster, partial, o, g.m, g.alpha, g.beta, out, j,
+                         [&](int i) { return row0 + i * stride; });
+    }
+  }
+  cluster.sync();  // no CTA leaves while another reads its shared memory
+}
+
 // Launched in clusters of (1, splits, 1) CTAs, blockIdx.y the split, each
 // with Staging::Bytes() of dynamic shared memory, as a dependent: the first
 // weights are in flight before the wait.
@@ -501,11 +547,10 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tig = lane % 4;
   const int64_t k = g.k, vectors = k / 8;
-  const int64_t tiles = g.first_tile[g.count];
 
   // This lane's weight rows: its tile's rows gid (h = 0) and gid + 8 (h = 1).
   const T* rows[1][2];
-  TileRows(g, blockIdx.x * static_cast<int64_t>(kMmaWarps) + warp, gid, rows[0]);
+  TileRows(g, blockIdx.x * static_cast<int64_t>(kMmaWarps) + warp, {gid, gid + 8}, rows[0]);
 
   const int64_t steps = (vectors + kMmaStepVectors - 1) / kMmaStepVectors;
   const int64_t begin = blockIdx.y * steps_per_split;
@@ -533,32 +578,9 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
   __syncthreads();  // the staged activations are read: the partials reuse them
 
-  // c0, c1 are output gid of the warp's tile for rows 2·tig and 2·tig + 1;
-  // c2, c3 output gid + 8.
-  const int o = warp * kTileRows + gid;
-  partial[2 * tig][o] = acc[0][0][0];
-  partial[2 * tig + 1][o] = acc[0][0][1];
-  partial[2 * tig][o + 8] = acc[0][0][2];
-  partial[2 * tig + 1][o + 8] = acc[0][0][3];
+  StoreFragment(partial, acc[0][0], warp * kTileRows + gid, 2 * tig);
 
-  // Thread (team, o) owns output o of the CTA in rows team·splits + q,
-  // (team + kEpilogueTeams)·splits + q, ... of cluster rank q, each summed
-  // over every split in split order.
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every split's partial is in its CTA's shared memory
-  const int splits = static_cast<int>(cluster.num_blocks());
-  const int out_index = threadIdx.x % kMmaCtaOutputs, team = threadIdx.x / kMmaCtaOutputs;
-  const int64_t tile = blockIdx.x * static_cast<int64_t>(kMmaWarps) + out_index / kTileRows;
-  const int member = MemberOf(g.first_tile, g.count, tile);
-  const Output out = OutputOf(g, member);
-  const int64_t j = (tile - Select(g.first_tile, member)) * kTileRows + out_index % kTileRows;
-  if (tile < tiles && j < out.n) {
-    FinishRows<kMmaRows>(cluster, partial, out_index, g.m, g.alpha, g.beta, out, j, [&](int i) {
-      return static_cast<int64_t>((team + i * kEpilogueTeams) * splits + cluster.block_rank());
-    });
-  }
-  cluster.sync();  // no CTA leaves while another reads its shared memory
+  FinishCta<kMmaCtaOutputs>(g, partial);
 #endif
 }
 
@@ -579,7 +601,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 // four and eight activation tiles it lost at 32 rows (−7%) and 64 (−18%):
 // at two CTAs per SM a warp keeps 2–4 KB of weights in flight, too little
 // against cuBLASLt's pipelined loads, and more register groups cost the
-// second CTA.
+// second CTA. PipeMmaKernel below takes 17 to 32 rows.
 constexpr int kWideRows = 16;
 [[maybe_unused]] constexpr int kWideActTiles = kWideRows / 8;
 constexpr int kWideWarpTiles = 2;
@@ -587,7 +609,6 @@ constexpr int kWideWarps = 8;
 constexpr int kWideThreads = kWideWarps * 32;
 constexpr int kWideCtaTiles = kWideWarps * kWideWarpTiles;
 constexpr int kWideCtaOutputs = kWideCtaTiles * kTileRows;
-static_assert(kWideCtaOutputs == kWideThreads, "the epilogue gives each thread one output");
 static_assert(kWideThreads == kMmaThreads, "ForEachQuad deals quads to kMmaThreads threads");
 constexpr int kWidePartialStride = kWideCtaOutputs + 4;  // as kPartialStride
 constexpr int kChunkSteps = 4;                           // two groups of kMmaUnroll steps
@@ -617,13 +638,12 @@ __global__ void __launch_bounds__(kWideThreads, 2)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tig = lane % 4;
   const int64_t k = g.k, vectors = k / 8;
-  const int64_t tiles = g.first_tile[g.count];
 
   const T* rows[kWideWarpTiles][2];
 #pragma unroll
   for (int t = 0; t < kWideWarpTiles; ++t) {
-    TileRows(g, blockIdx.x * static_cast<int64_t>(kWideCtaTiles) + warp * kWideWarpTiles + t, gid,
-             rows[t]);
+    TileRows(g, blockIdx.x * static_cast<int64_t>(kWideCtaTiles) + warp * kWideWarpTiles + t,
+             {gid, gid + 8}, rows[t]);
   }
 
   const int64_t steps = (vectors + kMmaStepVectors - 1) / kMmaStepVectors;
@@ -673,39 +693,199 @@ __global__ void __launch_bounds__(kWideThreads, 2)
   float(*partial)[kWidePartialStride] = reinterpret_cast<float(*)[kWidePartialStride]>(shared);
 #pragma unroll
   for (int t = 0; t < kWideWarpTiles; ++t) {
-    const int o = (warp * kWideWarpTiles + t) * kTileRows + gid;
 #pragma unroll
     for (int j = 0; j < kWideActTiles; ++j) {
-      const int r = j * 8 + 2 * tig;
-      partial[r][o] = acc[t][j][0];
-      partial[r + 1][o] = acc[t][j][1];
-      partial[r][o + 8] = acc[t][j][2];
-      partial[r + 1][o + 8] = acc[t][j][3];
+      StoreFragment(partial, acc[t][j], (warp * kWideWarpTiles + t) * kTileRows + gid,
+                    j * 8 + 2 * tig);
     }
   }
 
-  // Thread o owns output o of the CTA in rows rank, rank + splits, ... of
-  // the activations, four at a time. (All sixteen rows at once, 64 more
-  // live registers, ran GLA 1.3B at batch 16 at 4,926 tokens/s against
-  // 5,671 in the next call.)
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();
-  const int splits = static_cast<int>(cluster.num_blocks());
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int o = static_cast<int>(threadIdx.x);
-  const int64_t tile = blockIdx.x * static_cast<int64_t>(kWideCtaTiles) + o / kTileRows;
-  const int member = MemberOf(g.first_tile, g.count, tile);
-  const Output out = OutputOf(g, member);
-  const int64_t j = (tile - Select(g.first_tile, member)) * kTileRows + o % kTileRows;
-  if (tile < tiles && j < out.n) {
-    constexpr int kBatch = 4;
-    for (int64_t row0 = rank; row0 < g.m; row0 += kBatch * splits) {
-      FinishRows<kBatch>(cluster, partial, o, g.m, g.alpha, g.beta, out, j,
-                         [&](int i) { return row0 + i * splits; });
+  FinishCta<kWideCtaOutputs>(g, partial);
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// Tensor-core product for 17 to kPipeRows activation rows: the same mma and
+// k permutation, with weights and activations streamed through a ring of
+// kPipeStages shared-memory stages by cp.async, so each SM keeps tens of KB
+// in flight without holding them in registers (the register-fed kernels
+// above lost to cuBLASLt from 32 rows on for want of bytes in flight).
+//
+// A stage is kStageK columns of the CTA's kPipeCtaOutputs weight rows and
+// of the activation rows: the weights and the rounded activations in
+// 128-byte rows, the fp32 activations as copied. A lane reads 16 bytes of
+// rows gid and gid + 8 at chunk 4·s + tig of a row (s the 32-k step):
+// XOR-ing the chunk with 4 on odd rows puts the eight lanes of each quarter
+// warp (rows 2q and 2q + 1) on 32 distinct banks.
+//
+// In stage i each thread waits for its own copies of stage i, rounds the
+// activation quads it copied, and one barrier publishes the stage (and
+// frees the slot of stage i − 1, which the copies of stage i + kPipeStages
+// − 1 take).
+//
+// On an H100 (decode, A/B in one call against bf16 cuBLASLt after a
+// rounding pass) this gained 4–9% at 24 rows and 1–5% at 32 (GLA and GSA
+// 1.3B). It is still far from the copy bandwidth: under Nsight Compute a
+// GLA 1.3B step's 121 products at 32 rows took 2,320 µs, about 1.2 TB/s
+// (the gate/up product about 1.6 TB/s). Loading the fp32 activations
+// through registers a stage ahead measured the same (2,368 µs), and with
+// eight activation tiles that version lost 11% to cuBLASLt at 64 rows; the
+// fp32 staging here leaves two CTAs per SM room for four tiles only.
+constexpr int kPipeRows = 32;
+constexpr int kPipeWarps = 8;
+constexpr int kPipeThreads = kPipeWarps * 32;
+static_assert(kPipeThreads == kMmaThreads, "FinishCta deals outputs to kMmaThreads threads");
+constexpr int kPipeCtaOutputs = kPipeWarps * kTileRows;
+constexpr int kPipePartialStride = kPipeCtaOutputs + 4;     // as kPartialStride
+constexpr int kStageK = 2 * kMmaStepK;                      // 128-byte rows of 16-bit elements
+[[maybe_unused]] constexpr int kStageChunks = kStageK / 8;  // 16-byte chunks per row
+[[maybe_unused]] constexpr int kStageQuads = kStageK / 4;   // 16-byte fp32 copies per row
+constexpr int kPipeStages = 4;
+
+// A ring slot: weights [kPipeCtaOutputs][kStageK] and rounded activations
+// [kActRows][kStageK] (16-bit), then the fp32 activations [kActRows][kStageK].
+__host__ __device__ constexpr int PipeSlotBytes(int act_tiles) {
+  return kStageK * ((kPipeCtaOutputs + act_tiles * 8) * 2 + act_tiles * 8 * 4);
+}
+
+// The ring and, after the last stage, the partial outputs.
+template <int kActTiles>
+constexpr size_t PipeSharedBytes() {
+  return std::max<size_t>(kPipeStages * PipeSlotBytes(kActTiles),
+                          sizeof(float) * kActTiles * 8 * kPipePartialStride);
+}
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a stage's 16-bit
+// rows.
+[[maybe_unused]] __device__ __forceinline__ int Swizzled(int row, int chunk) {
+  return row * kStageK + ((chunk ^ ((row & 1) << 2)) * 8);
+}
+
+// Launched as MmaKernel is (clusters of (1, splits, 1), blockIdx.y the
+// split), with PipeSharedBytes<kActTiles>() of dynamic shared memory;
+// m ≤ kActTiles · 8.
+template <typename T, int kActTiles>
+__global__ void __launch_bounds__(kPipeThreads, 2)
+    PipeMmaKernel(const SmallGroup<T> g, int64_t stages_per_split) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kActRows = kActTiles * 8;
+  constexpr int kSlotBytes = PipeSlotBytes(kActTiles);
+  // A thread's copies per stage: weight chunks, activation quads.
+  constexpr int kWeightCopies = kPipeCtaOutputs * kStageChunks / kPipeThreads;
+  constexpr int kActCopies = (kActRows * kStageQuads + kPipeThreads - 1) / kPipeThreads;
+  extern __shared__ uint4 shared[];
+  const auto weights_of = [&](int slot) {
+    return reinterpret_cast<T*>(reinterpret_cast<char*>(shared) + slot * kSlotBytes);
+  };
+  const auto rounded_of = [&](int slot) { return weights_of(slot) + kPipeCtaOutputs * kStageK; };
+  const auto staged_of = [&](int slot) {
+    return reinterpret_cast<float*>(rounded_of(slot) + kActRows * kStageK);
+  };
+  AllowDependents();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gid = lane / 4, tig = lane % 4;
+  const int64_t k = g.k;
+
+  // Weight copy u of this thread moves chunk threadIdx.x % 8 of CTA row
+  // (threadIdx.x + u·kPipeThreads) / 8, whose weight row is fixed.
+  const int copy_chunk = static_cast<int>(threadIdx.x) % kStageChunks;
+  const T* weight_rows[kWeightCopies][1];
+#pragma unroll
+  for (int u = 0; u < kWeightCopies; ++u) {
+    const int row = (static_cast<int>(threadIdx.x) + u * kPipeThreads) / kStageChunks;
+    TileRows(g, blockIdx.x * static_cast<int64_t>(kPipeWarps) + row / kTileRows, {row % kTileRows},
+             weight_rows[u]);
+  }
+  const auto copy_weights = [&](int slot, int64_t k0) {
+#pragma unroll
+    for (int u = 0; u < kWeightCopies; ++u) {
+      const int row = (static_cast<int>(threadIdx.x) + u * kPipeThreads) / kStageChunks;
+      const int64_t col = k0 + copy_chunk * 8;
+      const bool inside = weight_rows[u][0] != nullptr && col < k;
+      CopyAsync16(weights_of(slot) + Swizzled(row, copy_chunk),
+                  inside ? weight_rows[u][0] + col : g.w[0], inside);
+    }
+  };
+  // Activation copy u of this thread: quad i % kStageQuads of row
+  // i / kStageQuads, i = threadIdx.x + u·kPipeThreads, for rows < m (rows
+  // ≥ m only feed outputs that are dropped); zeros past k.
+  const auto for_each_act = [&](auto f) {
+#pragma unroll
+    for (int u = 0; u < kActCopies; ++u) {
+      const int i = static_cast<int>(threadIdx.x) + u * kPipeThreads;
+      if (i / kStageQuads < g.m) f(i / kStageQuads, i % kStageQuads);
+    }
+  };
+  const auto copy_activations = [&](int slot, int64_t k0) {
+    for_each_act([&](int row, int quad) {
+      const int64_t col = k0 + 4 * quad;
+      CopyAsync16(staged_of(slot) + row * kStageK + 4 * quad, col < k ? g.a + row * k + col : g.a,
+                  col < k);
+    });
+  };
+  const auto round_activations = [&](int slot) {
+    for_each_act([&](int row, int quad) {
+      const float4 x = *reinterpret_cast<const float4*>(staged_of(slot) + row * kStageK + 4 * quad);
+      *reinterpret_cast<uint2*>(rounded_of(slot) + Swizzled(row, quad / 2) + 4 * (quad % 2)) =
+          make_uint2(PackPair<T>(x.x, x.y), PackPair<T>(x.z, x.w));
+    });
+  };
+
+  const int64_t stages = (k + kStageK - 1) / kStageK;
+  const int64_t begin = blockIdx.y * stages_per_split;
+  const int n = static_cast<int>(min(begin + stages_per_split, stages) - begin);
+  // The weights of the first stages are in flight before the wait; one
+  // commit group per stage after it, so the wait in stage i covers stage i.
+#pragma unroll
+  for (int s = 0; s < kPipeStages - 1; ++s) {
+    if (s < n) copy_weights(s, (begin + s) * kStageK);
+  }
+  WaitForPrerequisites();  // a (and c when beta ≠ 0) come from earlier kernels
+#pragma unroll
+  for (int s = 0; s < kPipeStages - 1; ++s) {
+    if (s < n) copy_activations(s, (begin + s) * kStageK);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+
+  float acc[kActTiles][4] = {};
+  for (int i = 0; i < n; ++i) {
+    const int slot = i % kPipeStages;
+    asm volatile("cp.async.wait_group %0;" ::"n"(kPipeStages - 2) : "memory");
+    round_activations(slot);
+    // Publishes stage i; every warp is done with stage i − 1, whose slot
+    // the copies of stage `next` take.
+    __syncthreads();
+    const int next = i + kPipeStages - 1;
+    if (next < n) {
+      copy_weights(next % kPipeStages, (begin + next) * kStageK);
+      copy_activations(next % kPipeStages, (begin + next) * kStageK);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    const T* weights = weights_of(slot);
+    const T* acts = rounded_of(slot);
+    const int row = warp * kTileRows + gid;
+#pragma unroll
+    for (int step = 0; step < kStageK / kMmaStepK; ++step) {
+      const int chunk = step * kMmaStepVectors + tig;
+      const uint4 lo = *reinterpret_cast<const uint4*>(weights + Swizzled(row, chunk));
+      const uint4 hi = *reinterpret_cast<const uint4*>(weights + Swizzled(row + 8, chunk));
+#pragma unroll
+      for (int j = 0; j < kActTiles; ++j) {
+        const uint4 b = *reinterpret_cast<const uint4*>(acts + Swizzled(j * 8 + gid, chunk));
+        Mma<T>(acc[j], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+        Mma<T>(acc[j], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+      }
     }
   }
-  cluster.sync();  // no CTA leaves while another reads its shared memory
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  __syncthreads();  // every warp is done with the ring: the partials reuse it
+
+  float(*partial)[kPipePartialStride] = reinterpret_cast<float(*)[kPipePartialStride]>(shared);
+#pragma unroll
+  for (int j = 0; j < kActTiles; ++j) {
+    StoreFragment(partial, acc[j], warp * kTileRows + gid, j * 8 + 2 * tig);
+  }
+  FinishCta<kPipeCtaOutputs>(g, partial);
 #endif
 }
 
@@ -764,14 +944,14 @@ int ActiveClusters(const void* kernel, int threads, size_t shared_bytes, int siz
 // 32-k steps of streaming, for the cut below.
 constexpr int64_t kCtaOverheadSteps = 4;
 
-// Cuts `steps` 32-k steps of a product with `ctas` CTA columns into the
-// splits (the cluster size, at most kMmaMaxSplits) that minimize waves of
-// clusters × (steps per split + kCtaOverheadSteps). shared_bytes(steps per
-// split) is a CTA's dynamic shared memory, 0 when too much. Zero splits:
-// none fits.
+// Cuts `steps` steps (of a kernel's k granule) of a product with `ctas` CTA
+// columns into the splits (the cluster size, at most kMmaMaxSplits) that
+// minimize waves of clusters × (steps per split + overhead_steps).
+// shared_bytes(steps per split) is a CTA's dynamic shared memory, 0 when too
+// much. Zero splits: none fits.
 template <typename SharedBytes>
 MmaShape ShapeFor(const void* kernel, int threads, int64_t ctas, int64_t steps,
-                  SharedBytes shared_bytes) {
+                  int64_t overhead_steps, SharedBytes shared_bytes) {
   MmaShape best;
   int64_t best_cost = 0;
   for (int64_t splits = 1; splits <= std::min<int64_t>(kMmaMaxSplits, steps); ++splits) {
@@ -781,7 +961,7 @@ MmaShape ShapeFor(const void* kernel, int threads, int64_t ctas, int64_t steps,
     const int clusters =
         bytes == 0 ? 0 : ActiveClusters(kernel, threads, bytes, static_cast<int>(splits));
     if (clusters <= 0) continue;
-    const int64_t cost = (ctas + clusters - 1) / clusters * (per_split + kCtaOverheadSteps);
+    const int64_t cost = (ctas + clusters - 1) / clusters * (per_split + overhead_steps);
     if (best.splits == 0 || cost < best_cost) {
       best = {ctas, splits, per_split};
       best_cost = cost;
@@ -805,9 +985,10 @@ cudaError_t LaunchWideMma(const SmallGroup<T>& g, cudaStream_t stream) {
   static const cudaError_t configured = cudaFuncSetAttribute(
       WideMmaKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWideSharedBytes);
   if (configured != cudaSuccess) return configured;
-  const MmaShape s = ShapeFor(reinterpret_cast<const void*>(WideMmaKernel<T>), kWideThreads,
-                              (g.first_tile[g.count] + kWideCtaTiles - 1) / kWideCtaTiles,
-                              StepsOf(g.k), [](int64_t) { return kWideSharedBytes; });
+  const MmaShape s =
+      ShapeFor(reinterpret_cast<const void*>(WideMmaKernel<T>), kWideThreads,
+               (g.first_tile[g.count] + kWideCtaTiles - 1) / kWideCtaTiles, StepsOf(g.k),
+               kCtaOverheadSteps, [](int64_t) { return kWideSharedBytes; });
   if (s.splits == 0) return cudaErrorInvalidValue;
   return LaunchDependentInClusters(
       WideMmaKernel<T>, dim3(static_cast<unsigned>(s.ctas), static_cast<unsigned>(s.splits)),
@@ -815,15 +996,48 @@ cudaError_t LaunchWideMma(const SmallGroup<T>& g, cudaStream_t stream) {
       s.steps_per_split);
 }
 
+template <typename T, int kActTiles>
+cudaError_t LaunchPipeMmaTiles(const SmallGroup<T>& g, cudaStream_t stream) {
+  constexpr size_t kBytes = PipeSharedBytes<kActTiles>();
+  // Two CTAs per SM need nearly all of its shared memory (the weights
+  // bypass L1, so it gives up nothing it uses).
+  static const cudaError_t configured = [] {
+    const cudaError_t e = cudaFuncSetAttribute(PipeMmaKernel<T, kActTiles>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+    return e != cudaSuccess ? e
+                            : cudaFuncSetAttribute(PipeMmaKernel<T, kActTiles>,
+                                                   cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                   cudaSharedmemCarveoutMaxShared);
+  }();
+  if (configured != cudaSuccess) return configured;
+  const MmaShape s =
+      ShapeFor(reinterpret_cast<const void*>(PipeMmaKernel<T, kActTiles>), kPipeThreads,
+               (g.first_tile[g.count] + kPipeWarps - 1) / kPipeWarps, (g.k + kStageK - 1) / kStageK,
+               kCtaOverheadSteps * kMmaStepK / kStageK, [](int64_t) { return kBytes; });
+  if (s.splits == 0) return cudaErrorInvalidValue;
+  return LaunchDependentInClusters(
+      PipeMmaKernel<T, kActTiles>,
+      dim3(static_cast<unsigned>(s.ctas), static_cast<unsigned>(s.splits)), dim3(kPipeThreads),
+      dim3(1, static_cast<unsigned>(s.splits), 1), kBytes, stream, g, s.steps_per_split);
+}
+
+// Three activation tiles up to 24 rows, four above.
+template <typename T>
+cudaError_t LaunchPipeMma(const SmallGroup<T>& g, cudaStream_t stream) {
+  if (g.m <= 24) return LaunchPipeMmaTiles<T, 3>(g, stream);
+  return LaunchPipeMmaTiles<T, kPipeRows / 8>(g, stream);
+}
+
 template <typename T>
 cudaError_t LaunchMma(const SmallGroup<T>& g, cudaStream_t stream) {
+  if (g.m > kWideRows) return LaunchPipeMma(g, stream);
   if (g.m > kMmaRows) return LaunchWideMma(g, stream);
   static const cudaError_t configured = cudaFuncSetAttribute(
       MmaKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaMaxSharedBytes);
   if (configured != cudaSuccess) return configured;
-  const MmaShape s =
-      ShapeFor(reinterpret_cast<const void*>(MmaKernel<T>), kMmaThreads,
-               (g.first_tile[g.count] + kMmaWarps - 1) / kMmaWarps, StepsOf(g.k), MmaSharedBytes);
+  const MmaShape s = ShapeFor(reinterpret_cast<const void*>(MmaKernel<T>), kMmaThreads,
+                              (g.first_tile[g.count] + kMmaWarps - 1) / kMmaWarps, StepsOf(g.k),
+                              kCtaOverheadSteps, MmaSharedBytes);
   if (s.splits == 0) return cudaErrorInvalidValue;  // SmallProductFor rules this out
   const Staging stage(s.steps_per_split * kMmaStepK);
   return LaunchDependentInClusters(
@@ -876,7 +1090,7 @@ SmallProduct SmallProductFor(std::span<const GemmCall> calls, GemmPrecision prec
   const bool fast = precision == GemmPrecision::kFast;
   if (first.m <= (fast ? kGemvFastMaxRows : kGemvMaxRows)) return SmallProduct::kGemv;
   // Clusters and the dependent launch's wait need sm_90.
-  if (fast && first.m <= kWideRows && HopperOrLater()) {
+  if (fast && first.m <= kPipeRows && HopperOrLater()) {
     // MmaKernel stages a split of at least k / kMmaMaxSplits.
     const int64_t steps = StepsOf(first.k);
     if (first.m > kMmaRows || MmaSharedBytes((steps + kMmaMaxSplits - 1) / kMmaMaxSplits) > 0)

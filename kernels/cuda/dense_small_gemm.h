@@ -6,7 +6,7 @@
 //   - kGemv: fp32 arithmetic, one warp per weight row. Exact, so both
 //     precisions take it, up to 8 rows (2 on the fast path).
 //   - kTensorCore (fast path, sm_90): bf16/f16 mma.sync on the activations
-//     rounded to the weights' type, 3 to 16 rows (cuBLASLt is faster above);
+//     rounded to the weights' type, 3 to 32 rows (cuBLASLt above);
 //     the k range is split across the CTAs of a thread-block cluster, which
 //     sum their partials through distributed shared memory in a fixed order
 //     (deterministic).

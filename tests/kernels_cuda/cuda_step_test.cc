@@ -224,7 +224,7 @@ TEST_F(CudaStepTest, FastProductsAreExactOnRoundedActivations) {
     return down->ToF32();
   };
   for (int64_t k : {40, 264, 2048, 8192}) {
-    for (int64_t m : {1, 2, 3, 5, 8, 9, 12, 16, 17, 33}) {
+    for (int64_t m : {1, 2, 3, 5, 8, 9, 12, 16, 17, 24, 32, 33, 48, 64, 65}) {
       const std::string what = absl::StrCat("k=", k, " m=", m);
       const Tensor x = Rand({m, k});
       const Tensor cpu_x = m <= kFastGemvRows ? x : rounded(x);
