@@ -1,6 +1,7 @@
 // Products of few activation rows against 16-bit weights in the nn.Linear
-// layout (dense_small_gemm.cu): a decode step's projections. Both kernels
-// stream the weights once and take a whole linear group (up to
+// layout (dense_small_gemm.cu routes them to dense_small_gemm_gemv.cu, _mma.cu
+// or _ring.cu): a decode step's projections. Every kernel streams the weights
+// once and take a whole linear group (up to
 // kSmallProductMembers products of the same activations) in one launch,
 // applying each member's bias, activation and residual in their epilogue.
 //   - kGemv: fp32 arithmetic, one warp per weight row. Exact, so both

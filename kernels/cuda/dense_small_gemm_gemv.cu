@@ -1,0 +1,149 @@
+// Decode products of 1 to kGemvMaxRows activation rows in fp32 arithmetic
+// (exact, so both precisions take it; the fast path up to kGemvFastMaxRows).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "kernels/cuda/dense_small_gemm_common.cuh"
+#include "kernels/cuda/dependent_launch.cuh"
+
+namespace lair::kernels::cuda::dense::small_product {
+namespace {
+
+// GEMV: one warp streams one weight row in 16-byte loads (kGemvUnroll in
+// flight per lane) against fp32 activations read through the cache, keeping
+// one fp32 sum per activation row.
+
+constexpr int kGemvWarps = 8;
+// 8 (a whole 2048-wide row per round trip) measured slower on an H100: GLA
+// 1.3B decode at batch 1 went from 2.13 to 2.28 ms per step.
+constexpr int kGemvUnroll = 4;
+
+__device__ __forceinline__ float2 Pair(const __nv_bfloat162& v) { return __bfloat1622float2(v); }
+__device__ __forceinline__ float2 Pair(const __half2& v) { return __half22float2(v); }
+
+// A lane's kGemvUnroll 16-byte loads of a weight row from vector `base` on
+// (zeros past the row's end).
+__device__ __forceinline__ void LoadWeightChunk(const uint4* row, int64_t vectors, int64_t base,
+                                                int lane, uint4 (&chunk)[kGemvUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kGemvUnroll; ++u) {
+    const int64_t v = base + u * 32 + lane;
+    chunk[u] = v < vectors ? __ldg(row + v) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// sum[r] += the chunk's weights · the matching activations of row r.
+template <typename T, int kRows>
+__device__ __forceinline__ void AccumulateChunk(const uint4 (&chunk)[kGemvUnroll], const float* a,
+                                                int64_t k, int64_t vectors, int64_t base, int lane,
+                                                float (&sum)[kRows]) {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+#pragma unroll
+  for (int u = 0; u < kGemvUnroll; ++u) {
+    const int64_t v = base + u * 32 + lane;
+    if (v >= vectors) break;
+    const T2* pairs = reinterpret_cast<const T2*>(&chunk[u]);
+    float2 wf[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) wf[p] = Pair(pairs[p]);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float4* x = reinterpret_cast<const float4*>(a + r * k + v * 8);
+      const float4 x0 = __ldg(x), x1 = __ldg(x + 1);
+      sum[r] += x0.x * wf[0].x + x0.y * wf[0].y + x0.z * wf[1].x + x0.w * wf[1].y + x1.x * wf[2].x +
+                x1.y * wf[2].y + x1.z * wf[3].x + x1.w * wf[3].y;
+    }
+  }
+}
+
+// Launched as a dependent (dependent_launch.cuh): the first weight chunk is
+// in flight before the wait for the kernel that writes the activations.
+template <typename T, int kRows>
+__global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const SmallGroup<T> g) {
+  AllowDependents();
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + threadIdx.x / 32;
+  if (row >= g.first_row[g.count]) return;
+  // The member and its row, read from the parameters by constant indices
+  // here rather than through MemberOf and Select: a reference to `g` makes
+  // the compiler pick one parameter address and load through it, which
+  // lengthens the prologue before a short-lived warp's first weight loads
+  // (the GEMV at 2 rows was 8% slower that way on an H100).
+  int member = 0;
+#pragma unroll
+  for (int i = 1; i < kMembers; ++i) member += i < g.count && row >= g.first_row[i];
+  const T* w = g.w[0];
+  int64_t j = row;
+#pragma unroll
+  for (int i = 1; i < kMembers; ++i) {
+    if (member == i) {
+      w = g.w[i];
+      j = row - g.first_row[i];
+    }
+  }
+  const int64_t k = g.k;
+  const int64_t vectors = k / 8;
+  const uint4* weights = reinterpret_cast<const uint4*>(w + j * k);  // 8 weights per uint4
+  float sum[kRows] = {};
+  uint4 chunk[kGemvUnroll];
+  LoadWeightChunk(weights, vectors, 0, lane, chunk);
+  WaitForPrerequisites();  // a (and c when beta ≠ 0) come from earlier kernels
+  for (int64_t base = 0; base < vectors; base += 32 * kGemvUnroll) {
+    if (base > 0) LoadWeightChunk(weights, vectors, base, lane, chunk);
+    AccumulateChunk<T, kRows>(chunk, g.a, k, vectors, base, lane, sum);
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) sum[r] = WarpSum(sum[r]);
+  if (lane != 0) return;
+  Output out = {g.c[0], g.first_row[1], g.bias[0], g.act[0], g.residual[0]};
+#pragma unroll
+  for (int i = 1; i < kMembers; ++i) {
+    if (member == i) {
+      out = {g.c[i], g.first_row[i + 1] - g.first_row[i], g.bias[i], g.act[i], g.residual[i]};
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    Store(g.alpha, g.beta, out, r, j, sum[r], PriorOf(g.beta, out, r, j));
+  }
+}
+
+template <typename T, int kRows>
+cudaError_t LaunchGemvRows(const SmallGroup<T>& g, cudaStream_t stream) {
+  const int64_t rows = g.first_row[g.count];
+  return LaunchDependent(GemvKernel<T, kRows>,
+                         dim3(static_cast<unsigned>((rows + kGemvWarps - 1) / kGemvWarps)),
+                         dim3(kGemvWarps * 32), stream, g);
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t LaunchGemv(const SmallGroup<T>& g, cudaStream_t stream) {
+  switch (g.m) {
+    case 1:
+      return LaunchGemvRows<T, 1>(g, stream);
+    case 2:
+      return LaunchGemvRows<T, 2>(g, stream);
+    case 3:
+      return LaunchGemvRows<T, 3>(g, stream);
+    case 4:
+      return LaunchGemvRows<T, 4>(g, stream);
+    case 5:
+      return LaunchGemvRows<T, 5>(g, stream);
+    case 6:
+      return LaunchGemvRows<T, 6>(g, stream);
+    case 7:
+      return LaunchGemvRows<T, 7>(g, stream);
+    default:
+      return LaunchGemvRows<T, 8>(g, stream);
+  }
+}
+
+template cudaError_t LaunchGemv<__nv_bfloat16>(const SmallGroup<__nv_bfloat16>& g,
+                                               cudaStream_t stream);
+template cudaError_t LaunchGemv<__half>(const SmallGroup<__half>& g, cudaStream_t stream);
+
+}  // namespace lair::kernels::cuda::dense::small_product
