@@ -11,8 +11,8 @@
 #
 # AB_PRESETS (default gla-1.3b), AB_RUNS (';'-separated `lair bench`
 # arguments, e.g. "decode --batch 16 --prompt-len 512 --gen-len 128"),
-# AB_ROUNDS (default 1). Prints one line per run: which binary, the preset
-# and the bench's summary.
+# AB_ROUNDS (default 2; even rounds run the new binary first). Prints one
+# line per run: which binary, the preset and the bench's summary.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 HERE=$PWD
@@ -34,10 +34,14 @@ for preset in ${AB_PRESETS:-gla-1.3b}; do
   [ -d "$model" ] || build-gpu/bin/lair init --preset "$preset" --dtype bf16 --out "$model" >/dev/null
   IFS=';' read -ra runs <<<"${AB_RUNS:?AB_RUNS names the runs}"
   for run in "${runs[@]}"; do
-    for _ in $(seq "${AB_ROUNDS:-1}"); do
-      for which in old new; do
+    for round in $(seq "${AB_ROUNDS:-2}"); do
+      # Rounds alternate which binary goes first, so that a drift of the
+      # GPU's clocks over a pair does not favour one side.
+      order="old new"
+      [ $((round % 2)) = 0 ] && order="new old"
+      for which in $order; do
         bin=build-gpu/bin/lair
-        [ $which = old ] && bin=/tmp/old/build-gpu/bin/lair
+        [ "$which" = old ] && bin=/tmp/old/build-gpu/bin/lair
         # shellcheck disable=SC2086 # $run holds several arguments
         echo "$which $preset: $(timeout 120 $bin bench $run --model "$model" --device cuda --dtype bf16 2>&1 |
           grep '^lair bench' | sed 's/.*gemm=[a-z]* //')"

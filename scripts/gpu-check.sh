@@ -22,7 +22,9 @@
 #           MODEL_PRESETS shape (BENCH_ARGS adds flags, e.g. "--no-graphs"; MODEL_RUNS,
 #           ';'-separated, replaces the four default runs)
 #   profile one decode step's kernels under Nsight Compute (PROFILE_PRESET, PROFILE_BATCHES;
-#           PROFILE_PREFILL=P adds a P-token prefill)
+#           PROFILE_PREFILL=P adds a P-token prefill; PROFILE_KERNEL=REGEX adds Nsight's
+#           throughput, occupancy, launch, warp-state and memory sections for the first
+#           PROFILE_KERNEL_COUNT (default 6) decode launches of kernels matching REGEX)
 #   hf      scripts/bench_hf_baseline.py: HF generate + fla, GLA 1.3B shape
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -177,6 +179,19 @@ if has profile && [ -x $LAIR ]; then
     echo "batch $batch: ncu exit $?"
     python3 scripts/ncu_step_table.py "$OUT/profile_b$batch.csv" --steps 3
   done
+  if [ -n "${PROFILE_KERNEL:-}" ]; then  # why a kernel is slow: its sections, decode launches only
+    for batch in ${PROFILE_BATCHES:-1 32}; do
+      report="$OUT/profile_kernel_b$batch.txt"
+      timeout ${PROFILE_TIMEOUT:-150} "$NCU" --clock-control none -k "regex:$PROFILE_KERNEL" \
+        --launch-count "${PROFILE_KERNEL_COUNT:-6}" --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+        $LAIR bench decode --model "$MODEL_DIR" --device cuda --dtype bf16 --batch "$batch" \
+        --prompt-len 16 --gen-len 2 --warmup 0 --no-graphs >"$report" 2>>"$OUT/profile.err"
+      echo "batch $batch, kernels matching $PROFILE_KERNEL: ncu exit $? (report in $(basename "$report"))"
+      grep -E "^  [A-Za-z].*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Grid Size|Registers Per|Dynamic Shared" \
+        "$report" | head -80
+    done
+  fi
   if [ -n "${PROFILE_PREFILL:-}" ]; then  # a prefill of PROFILE_PREFILL tokens, every kernel
     timeout ${PROFILE_TIMEOUT:-150} "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
       --print-units base $LAIR bench prefill --model "$MODEL_DIR" --device cuda --dtype bf16 \
