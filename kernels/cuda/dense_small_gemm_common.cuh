@@ -13,9 +13,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/cuda/dense_common.cuh"
 #include "kernels/cuda/dense_small_gemm.h"
+#include "kernels/cuda/dependent_launch.cuh"
 
 namespace lair::kernels::cuda::dense::small_product {
 
@@ -300,6 +302,20 @@ MmaShape ShapeFor(const void* kernel, int threads, int64_t ctas, int64_t steps,
                   int64_t overhead_steps, size_t (*shared_bytes)(int64_t));
 
 inline int64_t StepsOf(int64_t k) { return (k + kMmaStepK - 1) / kMmaStepK; }
+
+// `kernel` over the cut `s` as a dependent: s.ctas × s.splits CTAs of
+// `threads` threads, blockIdx.y the split, in clusters of (1, s.splits, 1),
+// each with `shared_bytes` of dynamic shared memory. Invalid when nothing
+// fitted (no splits).
+template <typename... Params, typename... Args>
+cudaError_t LaunchCut(void (*kernel)(Params...), const MmaShape& s, int threads,
+                      size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+  if (s.splits == 0) return cudaErrorInvalidValue;
+  const auto splits = static_cast<unsigned>(s.splits);
+  return LaunchDependentInClusters(kernel, dim3(static_cast<unsigned>(s.ctas), splits),
+                                   dim3(static_cast<unsigned>(threads)), dim3(1, splits, 1),
+                                   shared_bytes, stream, std::forward<Args>(args)...);
+}
 
 // ---------------------------------------------------------------------------
 // The launchers, T __nv_bfloat16 or __half; each takes g.m within its rows.

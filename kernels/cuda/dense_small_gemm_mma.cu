@@ -338,11 +338,8 @@ cudaError_t LaunchWideMma(const SmallGroup<T>& g, cudaStream_t stream) {
       ShapeFor(reinterpret_cast<const void*>(WideMmaKernel<T>), kWideThreads,
                (g.first_tile[g.count] + kWideCtaTiles - 1) / kWideCtaTiles, StepsOf(g.k),
                kCtaOverheadSteps, [](int64_t) { return kWideSharedBytes; });
-  if (s.splits == 0) return cudaErrorInvalidValue;
-  return LaunchDependentInClusters(
-      WideMmaKernel<T>, dim3(static_cast<unsigned>(s.ctas), static_cast<unsigned>(s.splits)),
-      dim3(kWideThreads), dim3(1, static_cast<unsigned>(s.splits), 1), kWideSharedBytes, stream, g,
-      s.steps_per_split);
+  return LaunchCut(WideMmaKernel<T>, s, kWideThreads, kWideSharedBytes, stream, g,
+                   s.steps_per_split);
 }
 
 }  // namespace
@@ -360,12 +357,10 @@ cudaError_t LaunchMma(const SmallGroup<T>& g, cudaStream_t stream) {
   const MmaShape s = ShapeFor(reinterpret_cast<const void*>(MmaKernel<T>), kMmaThreads,
                               (g.first_tile[g.count] + kMmaWarps - 1) / kMmaWarps, StepsOf(g.k),
                               kCtaOverheadSteps, MmaSharedBytes);
-  if (s.splits == 0) return cudaErrorInvalidValue;  // SmallProductFor rules this out
-  const Staging stage(s.steps_per_split * kMmaStepK);
-  return LaunchDependentInClusters(
-      MmaKernel<T>, dim3(static_cast<unsigned>(s.ctas), static_cast<unsigned>(s.splits)),
-      dim3(kMmaThreads), dim3(1, static_cast<unsigned>(s.splits), 1),
-      MmaSharedBytes(s.steps_per_split), stream, g, s.steps_per_split, stage);
+  // (No splits fit only when MmaStagesK is false, which SmallProductFor
+  // rules out.)
+  return LaunchCut(MmaKernel<T>, s, kMmaThreads, MmaSharedBytes(s.steps_per_split), stream, g,
+                   s.steps_per_split, Staging(s.steps_per_split * kMmaStepK));
 }
 
 template cudaError_t LaunchMma<__nv_bfloat16>(const SmallGroup<__nv_bfloat16>& g,

@@ -213,11 +213,8 @@ cudaError_t LaunchPipeMmaTiles(const SmallGroup<T>& g, cudaStream_t stream) {
       ShapeFor(reinterpret_cast<const void*>(PipeMmaKernel<T, kActTiles>), kPipeThreads,
                (g.first_tile[g.count] + kPipeWarps - 1) / kPipeWarps, (g.k + kStageK - 1) / kStageK,
                kCtaOverheadSteps * kMmaStepK / kStageK, [](int64_t) { return kBytes; });
-  if (s.splits == 0) return cudaErrorInvalidValue;
-  return LaunchDependentInClusters(
-      PipeMmaKernel<T, kActTiles>,
-      dim3(static_cast<unsigned>(s.ctas), static_cast<unsigned>(s.splits)), dim3(kPipeThreads),
-      dim3(1, static_cast<unsigned>(s.splits), 1), kBytes, stream, g, s.steps_per_split);
+  return LaunchCut(PipeMmaKernel<T, kActTiles>, s, kPipeThreads, kBytes, stream, g,
+                   s.steps_per_split);
 }
 
 }  // namespace
