@@ -7,6 +7,7 @@
 // (scalar decay), GSA (--slots slots), mLSTM exp and sig (--ops picks some of
 // gla, simple_gla, gsa, mlstm_exp, mlstm_sig; --modes some of fwd, fwdbwd).
 // Each prints the median milliseconds of the forward and of forward + backward.
+// --scan-schedule forces the tensor-core scans' schedule (kernels::ScanSchedule).
 // The decode step runs B ∈ --decode-batches one-token sequences with their
 // states in slots and reports state bytes moved (read + write) per second,
 // against the device-to-device copy bandwidth measured in the same run.
@@ -44,6 +45,7 @@ struct BenchKernelsFlags {
   std::vector<std::string> ops = {"gla", "simple_gla", "gsa", "mlstm_exp", "mlstm_sig"};
   std::vector<std::string> modes = {"fwd", "fwdbwd"};
   int reps = 7;
+  std::string scan_schedule = "auto";  // kernels::ScanSchedule
 
   bool Wants(const std::vector<std::string>& list, const std::string& name) const {
     return std::find(list.begin(), list.end(), name) != list.end();
@@ -131,7 +133,11 @@ absl::StatusOr<Batch> MakeBatch(kernels::Backend& backend, int num_seqs, int len
 }
 
 absl::Status Run(const BenchKernelsFlags& f) {
-  LAIR_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> be, kernels::MakeBackend(f.device));
+  kernels::BackendOptions options;
+  LAIR_ASSIGN_OR_RETURN(options.scan,
+                        kernels::ParseScanSchedule(f.scan_schedule, "--scan-schedule"));
+  LAIR_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> be,
+                        kernels::MakeBackend(f.device, options));
   kernels::Backend& backend = *be;
   std::printf("lair device %s\n", backend.Name().c_str());
   Random rng(20261122);
@@ -301,6 +307,9 @@ LAIR_REGISTER_COMMAND(bench_kernels, [](CLI::App& app) {
   cmd->add_option("--ops", flags->ops, "Chunked ops to time")->capture_default_str();
   cmd->add_option("--modes", flags->modes, "fwd and/or fwdbwd")->capture_default_str();
   cmd->add_option("--reps", flags->reps, "Timed rounds (median)")->capture_default_str();
+  cmd->add_option("--scan-schedule", flags->scan_schedule,
+                  "Chunked scans on the tensor cores: auto, one-pass or two-pass")
+      ->capture_default_str();
   cmd->callback([flags] {
     const absl::Status status = Run(*flags);
     if (!status.ok()) {

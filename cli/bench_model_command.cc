@@ -5,6 +5,7 @@
 //                      --batch B --prompt-len P --gen-len G [--warmup N] [--no-graphs]
 //   lair bench prefill --model DIR [--device cpu|cuda] [--dtype f32|bf16] [--gemm fast|exact]
 //                      --batch B --prompt-len P [--warmup N]
+//                      [--scan-schedule auto|one-pass|two-pass]
 //
 // Both load DIR (projection matrices as --dtype; bf16 needs CUDA) on a
 // backend multiplying as --gemm (kernels::GemmMode: fast, the serving
@@ -71,7 +72,8 @@ struct BenchModelFlags {
   std::string device = "cpu";
   std::string dtype = "f32";
   std::string gemm = "fast";
-  bool no_graphs = false;  // decode only
+  std::string scan_schedule = "auto";  // kernels::ScanSchedule
+  bool no_graphs = false;              // decode only
   int batch = 1;
   int prompt_len = 0;
   int gen_len = 0;  // decode only
@@ -88,6 +90,7 @@ absl::Status Validate(const BenchModelFlags& f, bool decode) {
         "--dtype bf16 needs --device cuda (the CPU backend computes in f32)");
   }
   LAIR_RETURN_IF_ERROR(kernels::ParseGemmMode(f.gemm, "--gemm").status());
+  LAIR_RETURN_IF_ERROR(kernels::ParseScanSchedule(f.scan_schedule, "--scan-schedule").status());
   if (f.batch < 1) return absl::InvalidArgumentError("--batch must be >= 1");
   if (f.prompt_len < 1) return absl::InvalidArgumentError("--prompt-len must be >= 1");
   if (decode && f.gen_len < 1) return absl::InvalidArgumentError("--gen-len must be >= 1");
@@ -167,6 +170,8 @@ absl::StatusOr<Bench> Setup(const BenchModelFlags& f, int max_context) {
   Bench b;
   kernels::BackendOptions backend_options;
   LAIR_ASSIGN_OR_RETURN(backend_options.gemm, kernels::ParseGemmMode(f.gemm, "--gemm"));
+  LAIR_ASSIGN_OR_RETURN(backend_options.scan,
+                        kernels::ParseScanSchedule(f.scan_schedule, "--scan-schedule"));
   LAIR_ASSIGN_OR_RETURN(b.backend, kernels::MakeBackend(f.device, backend_options));
   models::LoadOptions options;
   options.step_graphs = !f.no_graphs;
@@ -334,10 +339,11 @@ absl::Status RunPrefill(const BenchModelFlags& f) {
                              f.dtype.c_str(), f.gemm.c_str()));
   Row("fraction of matmul", Printed("%.3f", fraction));
   std::printf(
-      "lair bench prefill: %s B=%d P=%d %s %s gemm=%s: %.0f tokens/s, %.1f GFLOP/s, %.3f of the "
-      "matmul rate (%.1f GFLOP/s)\n",
+      "lair bench prefill: %s B=%d P=%d %s %s gemm=%s scan=%s: %.0f tokens/s, %.1f GFLOP/s, "
+      "%.3f of the matmul rate (%.1f GFLOP/s)\n",
       b.model->family().c_str(), f.batch, f.prompt_len, f.device.c_str(), f.dtype.c_str(),
-      f.gemm.c_str(), tokens / seconds, flops / seconds / 1e9, fraction, gemm_rate / 1e9);
+      f.gemm.c_str(), f.scan_schedule.c_str(), tokens / seconds, flops / seconds / 1e9, fraction,
+      gemm_rate / 1e9);
   return absl::OkStatus();
 }
 
@@ -360,6 +366,9 @@ void AddCommand(CLI::App& app, bool decode) {
   cmd->add_option("--prompt-len", flags->prompt_len, "Prompt tokens P per sequence")->required();
   if (decode) cmd->add_option("--gen-len", flags->gen_len, "Timed decode steps G")->required();
   cmd->add_option("--warmup", flags->warmup, decode ? "Untimed decode steps" : "Untimed prefills")
+      ->capture_default_str();
+  cmd->add_option("--scan-schedule", flags->scan_schedule,
+                  "Chunked scans on the tensor cores: auto, one-pass or two-pass")
       ->capture_default_str();
   cmd->callback([flags, decode] {
     const absl::Status status = decode ? RunDecode(*flags) : RunPrefill(*flags);

@@ -1,4 +1,4 @@
-// The host defaults of Backend's step methods, LinearGroup and ParseGemmMode.
+// The host defaults of Backend's step methods, LinearGroup and the option parsers.
 #include "kernels/backend.h"
 
 #include <algorithm>
@@ -14,6 +14,14 @@ absl::StatusOr<GemmMode> ParseGemmMode(std::string_view name, std::string_view f
   if (name == "fast") return GemmMode::kFast;
   return absl::InvalidArgumentError(
       absl::StrCat(std::string(flag), " must be fast or exact, not '", std::string(name), "'"));
+}
+
+absl::StatusOr<ScanSchedule> ParseScanSchedule(std::string_view name, std::string_view flag) {
+  if (name == "auto") return ScanSchedule::kAuto;
+  if (name == "one-pass") return ScanSchedule::kOnePass;
+  if (name == "two-pass") return ScanSchedule::kTwoPass;
+  return absl::InvalidArgumentError(absl::StrCat(
+      std::string(flag), " must be auto, one-pass or two-pass, not '", std::string(name), "'"));
 }
 
 absl::StatusOr<std::vector<Tensor>> Backend::StageInts(

@@ -36,12 +36,23 @@ enum class MixerForm { kAuto, kChunked, kRecurrent };
 // CPU backend is always exact.
 enum class GemmMode { kExact, kFast };
 
+// How the CUDA backend schedules a chunked scan on the tensor cores
+// (kernels/cuda/scan_mma.h). kOnePass: one CTA per (sequence, head, tile)
+// walks its chunks in order. kTwoPass: a state pass walks them running only
+// the state update, then every chunk's outputs are computed in parallel.
+// kAuto takes the two passes when the one-pass CTAs would leave
+// multiprocessors idle. The outputs are the same; only the speed differs.
+enum class ScanSchedule { kAuto, kOnePass, kTwoPass };
+
 struct BackendOptions {
   GemmMode gemm = GemmMode::kExact;
+  ScanSchedule scan = ScanSchedule::kAuto;
 };
 
 // "exact" or "fast"; InvalidArgument naming `flag` otherwise.
 absl::StatusOr<GemmMode> ParseGemmMode(std::string_view name, std::string_view flag);
+// "auto", "one-pass" or "two-pass"; InvalidArgument naming `flag` otherwise.
+absl::StatusOr<ScanSchedule> ParseScanSchedule(std::string_view name, std::string_view flag);
 
 // A recorded step (a CUDA graph): Launch queues the same device work again,
 // at the same addresses, reading whatever those addresses hold by then.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <span>
 #include <string>
@@ -224,11 +225,13 @@ LogGate Shifted(LogGate g) {
 class CudaBackend : public Backend {
  public:
   CudaBackend(std::shared_ptr<StreamHolder> stream, std::string name,
-              std::unique_ptr<cuda::CudaDenseOps> dense, GemmMode gemm, int sm_count)
+              std::unique_ptr<cuda::CudaDenseOps> dense, const BackendOptions& options,
+              int sm_count)
       : stream_(std::move(stream)),
         name_(std::move(name)),
         dense_(std::move(dense)),
-        tensor_core_scans_(gemm == GemmMode::kFast),
+        tensor_core_scans_(options.gemm == GemmMode::kFast),
+        scan_schedule_(options.scan),
         sm_count_(sm_count),
         arena_(stream_->stream) {
     staging_.stream = stream_->stream;
@@ -1056,12 +1059,15 @@ class CudaBackend : public Backend {
   static constexpr int kMinKeyBlockRows = 32;
   static constexpr int kMinMmaKeyBlockRows = 64;
   static constexpr int kScanTileColumns = 64;
+  static constexpr int kScanChunk = 64;        // tokens per chunk of the tensor-core scan
+  static constexpr int kTwoPassMaxKeys = 128;  // TwoPass
 
   // One forward scan: the step kernel for one-token decode, else the chunked
   // scan (its operands rounded for the tensor cores when the backend is
-  // fast), with its keys split into blocks scanned as heads of their own when
-  // they are wider than a launch's tile or too few CTAs would run
-  // (KeyBlocks).
+  // fast): in two passes where the tensor-core scan would leave
+  // multiprocessors idle (TwoPass), else in one, with its keys split into
+  // blocks scanned as heads of their own when they are wider than a launch's
+  // tile or too few CTAs would run (KeyBlocks).
   //
   // Temporaries are freed in stream order when their last handle goes, and
   // the next allocation may reuse them at once: every one lives in `keep`
@@ -1072,6 +1078,7 @@ class CudaBackend : public Backend {
     const bool step = form != MixerForm::kChunked && one_token && p.dv % 32 == 0;
     std::vector<Tensor> keep;
     if (!step && tensor_core_scans_) LAIR_RETURN_IF_ERROR(RoundForTensorCores(p, db.tokens, keep));
+    if (!step && TwoPass(p, db)) return RunTwoPass(p, db, batch.num_seqs, keep, what);
     LAIR_ASSIGN_OR_RETURN(const int blocks, KeyBlocks(p, step, what));
     const int64_t rows = db.tokens * p.heads;  // [tokens, heads] before any split
     void* const out = p.o;
@@ -1083,6 +1090,39 @@ class CudaBackend : public Backend {
     return CudaStatus(cuda::LaunchSumRowGroups(static_cast<const float*>(p.o), rows, p.dv, blocks,
                                                out, out_type, s()),
                       what);
+  }
+
+  // The two-pass schedule pays a store and a load of every chunk's bf16 state
+  // to run every chunk's outputs at once: worth it when the one-pass CTAs
+  // (64-column tiles, before any key split) leave multiprocessors idle while
+  // each walks more than one chunk (a prefill of one long prompt), and the
+  // output CTAs run two per multiprocessor. At 256 keys they run one and
+  // lose (H100, GLA 1.3B prefill: 16.1 ms of scans in two passes, 14.8 in one
+  // with key blocks); at 64 and 128 they win (GSA 1.3B prefill +4%, simple
+  // GLA at T = 16384 2.58 → 1.96 ms), docs/benchmarks.md.
+  bool TwoPass(const ScanParams& p, const DeviceBatch& db) const {
+    if (scan_schedule_ == ScanSchedule::kOnePass || !cuda::ScanMmaTwoPassSupports(p)) return false;
+    if (scan_schedule_ == ScanSchedule::kTwoPass) return true;
+    const int64_t ctas = (p.dv + kScanTileColumns - 1) / kScanTileColumns * p.heads * p.num_seqs;
+    return ctas < sm_count_ && db.max_len > kScanChunk && p.dk <= kTwoPassMaxKeys;
+  }
+
+  // The state pass over key blocks where that fills the multiprocessors
+  // (KeyBlocks; each state row evolves alone), then the output pass over
+  // whole keys, so no partial outputs are summed.
+  absl::Status RunTwoPass(const ScanParams& p, const DeviceBatch& db, int num_seqs,
+                          std::vector<Tensor>& keep, std::string_view what) {
+    LAIR_ASSIGN_OR_RETURN(Tensor states,
+                          Temporary(DType::kBF16, {cuda::ScanMmaChunkStates(db.tokens, num_seqs),
+                                                   p.heads, p.dk, p.dv}));
+    keep.push_back(states);
+    ScanParams state_pass = p;
+    state_pass.o = nullptr;
+    LAIR_ASSIGN_OR_RETURN(const int blocks, KeyBlocks(p, /*step=*/false, what));
+    if (blocks > 1) LAIR_RETURN_IF_ERROR(KeyBlockView(state_pass, db.tokens, blocks, keep, what));
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchScanMmaStates(state_pass, states.raw(), s()), what));
+    return CudaStatus(cuda::LaunchScanMmaOutputs(p, states.raw(), db.max_len, s()), what);
   }
 
   // fp32 q, k, v become bf16 temporaries, so that a chunked scan takes the
@@ -1151,6 +1191,20 @@ class CudaBackend : public Backend {
   // partial outputs [tokens, blocks·H, dv] (a temporary in p.o).
   absl::Status SplitKeysIntoHeads(ScanParams& p, int64_t tokens, int blocks,
                                   std::vector<Tensor>& keep, std::string_view what) {
+    const int64_t rows = tokens * p.heads;
+    LAIR_RETURN_IF_ERROR(KeyBlockView(p, tokens, blocks, keep, what));
+    LAIR_ASSIGN_OR_RETURN(Tensor parts, Temporary(DType::kF32, {rows * blocks, p.dv}));
+    keep.push_back(parts);
+    p.o = parts.raw();
+    p.o_type = ElemType::kF32;
+    return absl::OkStatus();
+  }
+
+  // p becomes the scan of `blocks`·H heads of dk/blocks keys (its output
+  // fields untouched): q, k, vector gates and states reshaped, scalar and
+  // right gates repeated per block, v read in place.
+  absl::Status KeyBlockView(ScanParams& p, int64_t tokens, int blocks, std::vector<Tensor>& keep,
+                            std::string_view what) {
     for (const StateRef* state : {&p.s_init, &p.s_final})
       if (state->ptr && (state->stride_a != p.dv || state->stride_b != 1))
         return absl::InvalidArgumentError(
@@ -1193,10 +1247,6 @@ class CudaBackend : public Backend {
       p.right.token_stride = heads * blocks * p.dv;
     }
     p.v_head_share = blocks;  // the blocks of a head read its v in place
-    LAIR_ASSIGN_OR_RETURN(Tensor parts, Temporary(DType::kF32, {tokens * heads * blocks, p.dv}));
-    keep.push_back(parts);
-    p.o = parts.raw();
-    p.o_type = ElemType::kF32;
     p.heads = heads * blocks;
     p.dk = dk / blocks;
     return absl::OkStatus();
@@ -1208,6 +1258,7 @@ class CudaBackend : public Backend {
   // GemmMode::kFast: multi-token scans round fp32 q, k, v to bf16 for the
   // tensor-core path (RoundForTensorCores).
   bool tensor_core_scans_ = false;
+  ScanSchedule scan_schedule_ = ScanSchedule::kAuto;
   int sm_count_ = 1;  // multiprocessors (KeyBlocks fills them)
   StepArena arena_;
   absl::Status step_status_;  // of the last BeginStep
@@ -1229,6 +1280,16 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device_index,
   cudaDeviceProp prop{};
   LAIR_RETURN_IF_ERROR(
       CudaStatus(cudaGetDeviceProperties(&prop, device_index), "device properties"));
+  // Temporaries come from the device's default stream-ordered pool. Keep
+  // what it has mapped instead of returning it at every synchronization:
+  // remapping hundreds of MB per prefill layer cost more than the scans.
+  cudaMemPool_t pool = nullptr;
+  LAIR_RETURN_IF_ERROR(
+      CudaStatus(cudaDeviceGetDefaultMemPool(&pool, device_index), "default memory pool"));
+  uint64_t keep_all = std::numeric_limits<uint64_t>::max();
+  LAIR_RETURN_IF_ERROR(
+      CudaStatus(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all),
+                 "memory pool release threshold"));
   auto holder = std::make_shared<StreamHolder>();
   holder->device = device_index;
   LAIR_RETURN_IF_ERROR(
@@ -1240,7 +1301,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device_index,
                                                      : cuda::GemmPrecision::kExact));
   return std::unique_ptr<Backend>(
       new CudaBackend(std::move(holder), absl::StrCat("cuda:", device_index, " (", prop.name, ")"),
-                      std::move(dense), options.gemm, prop.multiProcessorCount));
+                      std::move(dense), options, prop.multiProcessorCount));
 }
 
 }  // namespace lair::kernels

@@ -24,6 +24,12 @@
 //   S  ← e^{b_C + m_prev − m_C} S + Σ_j (k_j e^{b_C − b_j + lw_j − m_C}) v_jᵀ
 // Scaled operands are rounded to bf16 (f16 inputs too: the exponent range of
 // the rescaled operands needs bf16's), and so is A before A·V.
+//
+// The two-pass scan splits that loop where it is sequential: the state pass
+// runs only the S update and stores the bf16 copy of S entering each chunk;
+// the output pass then takes every chunk in a CTA of its own, loading that
+// copy where the scan would have rounded it. Both passes make the products of
+// the one-pass scan, in the same order, so the outputs are the same.
 #include <cstdint>
 #include <cstring>
 
@@ -34,6 +40,12 @@ namespace lair::kernels::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
+
+// What one launch of the kernel does (scan_mma.h):
+//   kFused    the scan: per chunk, outputs, then the state update;
+//   kStates   the state pass: per chunk, stores S entering it, then updates S;
+//   kOutputs  the output pass: one chunk per CTA, from the stored S.
+enum class MmaPass { kFused, kStates, kOutputs };
 
 struct MmaTile {
   static constexpr int kChunk = 64;  // C
@@ -52,23 +64,29 @@ struct MmaTile {
   static_assert(kWarps == 2 * kBlocks, "A and o phases: two warps per 16-row block");
   static_assert(kMaxDk == 2 * 8 * kBlock, "state: at most 2 m-tiles per warp");
 
-  // Per (dk, decay kind): dk ≤ 128 holds one m-tile of S per warp, dk ≤ 256
-  // two. Vector decay at dk ≤ 128 takes 128 dv columns and two load stages
-  // (its gate rows make the loads the larger share; measured faster); the
-  // others take 64 columns and one stage, and the scalar kind at dk ≤ 128 runs
-  // two CTAs per SM instead (measured faster than prefetching for it; it
-  // fits 128 registers exactly, with nothing to spare).
+  // Per (dk, decay kind, pass): dk ≤ 128 holds one m-tile of S per warp,
+  // dk ≤ 256 two. The sequential passes at vector decay and dk ≤ 128 take 128
+  // dv columns and two load stages (its gate rows make the loads the larger
+  // share; measured faster); the others take 64 columns and one stage, and
+  // the scalar kind at dk ≤ 128 runs two CTAs per SM instead (measured faster
+  // than prefetching for it; it fits 128 registers exactly, with nothing to
+  // spare). The state pass keeps no q, so the scalar kind there also fits two
+  // stages at two CTAs per SM. The output pass of the two-pass scan holds no
+  // state and walks one chunk: 64 columns, one stage, two CTAs per SM where
+  // shared memory allows.
   static constexpr __host__ __device__ int StateTiles(int dk) { return dk <= 128 ? 1 : 2; }
-  static constexpr __host__ __device__ bool Wide(int state_tiles, bool vector) {
-    return vector && state_tiles == 1;
+  static constexpr __host__ __device__ bool Wide(int state_tiles, bool vector, MmaPass pass) {
+    return vector && state_tiles == 1 && pass != MmaPass::kOutputs;
   }
-  static constexpr __host__ __device__ int TileV(int state_tiles, bool vector) {
-    return Wide(state_tiles, vector) ? 128 : 64;
+  static constexpr __host__ __device__ int TileV(int state_tiles, bool vector, MmaPass pass) {
+    return Wide(state_tiles, vector, pass) ? 128 : 64;
   }
-  static constexpr __host__ __device__ int Stages(int state_tiles, bool vector) {
-    return Wide(state_tiles, vector) ? 2 : 1;
+  static constexpr __host__ __device__ int Stages(int state_tiles, bool vector, MmaPass pass) {
+    return Wide(state_tiles, vector, pass) || (pass == MmaPass::kStates && state_tiles == 1) ? 2
+                                                                                             : 1;
   }
-  static constexpr __host__ __device__ int MinBlocks(int state_tiles, bool vector) {
+  static constexpr __host__ __device__ int MinBlocks(int state_tiles, bool vector, MmaPass pass) {
+    if (pass == MmaPass::kOutputs) return state_tiles == 1 ? 2 : 1;
     return !vector && state_tiles == 1 ? 2 : 1;
   }
 };
@@ -81,16 +99,17 @@ struct MmaLayout {
   int k_off = 0, v_off = 0, g_off = 0;  // ... offsets in a stage (q at 0)
   int s = 0, a = 0, tab = 0, flags = 0, bytes = 0;
 
-  constexpr __host__ __device__ MmaLayout(int dk, bool vector) {
+  constexpr __host__ __device__ MmaLayout(int dk, bool vector, MmaPass pass) {
     using T = MmaTile;
     const int tiles = T::StateTiles(dk);
     ldq = dk + T::kPad;
-    ldv = T::TileV(tiles, vector) + T::kPad;
-    k_off = T::kChunk * ldq * 2;          // q̂ (vector) or q, bf16 [C][ldq]
+    ldv = T::TileV(tiles, vector, pass) + T::kPad;
+    // q̂ (vector) or q, bf16 [C][ldq]; the state pass reads no q.
+    k_off = pass == MmaPass::kStates ? 0 : T::kChunk * ldq * 2;
     v_off = k_off + T::kChunk * ldq * 2;  // k̂ (vector) or k, bf16 [C][ldq]
     g_off = v_off + T::kChunk * ldv * 2;  // v tile, bf16 [C][ldv]
     stage_bytes = g_off + (vector ? T::kChunk * dk : 2 * T::kChunk) * 4;  // b [C][dk] or b, lw [C]
-    stage = Take(T::Stages(tiles, vector) * stage_bytes);
+    stage = Take(T::Stages(tiles, vector, pass) * stage_bytes);
     s = Take(dk * ldv * 2);             // S, bf16 [dk][ldv]
     a = Take(T::kChunk * T::kLdA * 2);  // masked A, bf16 [C][kLdA]
     // vector: e^{b_I0} [4][dk], e^{b_C − b_Je} [4][dk], e^{b_C} [dk];
@@ -205,18 +224,28 @@ __device__ __forceinline__ uint4 Load8(const Operand& op, int64_t off) {
   return out;
 }
 
-template <bool kVector, int kStateTiles>
-__global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTiles, kVector))
-    ScanMmaKernel(const ScanParams p) {
+// Where chunk c of sequence seq keeps its state in a two-pass scan's buffer:
+// ⌊bos/C⌋ + seq + c never collides with another sequence's chunks (sequence s
+// has ⌈len/C⌉ ≤ ⌊len/C⌋ + 1 of them) and stays below ⌊N/C⌋ + num_seqs.
+__device__ __forceinline__ int64_t ChunkIndex(int64_t bos, int seq, int chunk) {
+  return bos / MmaTile::kChunk + seq + chunk;
+}
+
+template <bool kVector, int kStateTiles, MmaPass kPass>
+__global__ void __launch_bounds__(MmaTile::kThreads,
+                                  MmaTile::MinBlocks(kStateTiles, kVector, kPass))
+    ScanMmaKernel(const ScanParams p, bf16* chunk_states) {
   using T = MmaTile;
   constexpr int C = T::kChunk;
-  constexpr int TV = T::TileV(kStateTiles, kVector);  // dv columns per CTA
-  constexpr int kStages = T::Stages(kStateTiles, kVector);
-  constexpr int kNt = TV / 8;   // n-tiles of S (every warp holds all)
-  constexpr int kOn = TV / 16;  // n-tiles of o per warp
+  constexpr int TV = T::TileV(kStateTiles, kVector, kPass);  // dv columns per CTA
+  constexpr int kStages = T::Stages(kStateTiles, kVector, kPass);
+  constexpr bool kCarry = kPass != MmaPass::kOutputs;  // S in registers, updated per chunk
+  constexpr bool kEmit = kPass != MmaPass::kStates;    // outputs written
+  constexpr int kNt = TV / 8;                          // n-tiles of S (every warp holds all)
+  constexpr int kOn = TV / 16;                         // n-tiles of o per warp
   constexpr unsigned kAll = 0xffffffffu;
   extern __shared__ __align__(16) unsigned char smem[];
-  const MmaLayout lay(p.dk, kVector);
+  const MmaLayout lay(p.dk, kVector, kPass);
   const int ldv = lay.ldv;
   bf16* ss = reinterpret_cast<bf16*>(smem + lay.s);
   bf16* as = reinterpret_cast<bf16*>(smem + lay.a);
@@ -237,16 +266,30 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
   const int h = blockIdx.y, seq = blockIdx.z;
-  const int e0 = blockIdx.x * TV;
+  // The output pass's x index is chunk · tiles + tile.
+  const int tiles = (p.dv + TV - 1) / TV;
+  const int tile = kCarry ? blockIdx.x : blockIdx.x % tiles;
+  const int e0 = tile * TV;
   const int tv = min(TV, p.dv - e0);
   const int64_t bos = p.cu_seqlens[seq];
   const int len = p.cu_seqlens[seq + 1] - static_cast<int>(bos);
+  const int num_chunks = (len + C - 1) / C;
+  const int first_chunk = kCarry ? 0 : blockIdx.x / tiles;
+  const int end_chunk = kCarry ? num_chunks : min(first_chunk + 1, num_chunks);
+  // The whole CTA leaves for a chunk past its sequence (an empty sequence
+  // still carries its state through in the other passes).
+  if (!kCarry && first_chunk >= end_chunk) return;
+  // This head's [dk][dv] state entering chunk c in the two-pass buffer.
+  auto chunk_state = [&](int c) {
+    return chunk_states + (ChunkIndex(bos, seq, c) * p.heads + h) * dk * p.dv;
+  };
   const bool carry_n = !kVector && p.n_final != nullptr;
   const bool norm = !kVector && p.norm != NormKind::kNone;
   const float qk_scale = p.q_scale * p.k_scale;
   const int64_t head_off = static_cast<int64_t>(h) * dk * p.dv;
   // Which loads go through cp.async (bf16 operands, aligned log-valued vector gates).
   const bool qk_async = p.q.type == ElemType::kBF16 && p.k.type == ElemType::kBF16;
+  const bool load_q = kEmit;  // the state pass reads no q
   const bool v_async = p.v.type == ElemType::kBF16;
   const bool gate_async =
       kVector && p.left.ptr != nullptr && reinterpret_cast<uintptr_t>(p.left.ptr) % 16 == 0 &&
@@ -254,7 +297,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
 
   // State accumulators: m-tile w + 8r (rows a), n-tile n (cols e) of S.
   float sacc[kStateTiles][kNt][4];
-  {
+  if constexpr (kCarry) {
     const int slot = p.s_init.slot ? p.s_init.slot[seq] : seq;
     const float* base =
         p.s_init.ptr ? p.s_init.ptr + slot * p.s_init.slot_stride + head_off : nullptr;
@@ -318,11 +361,11 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
       const bool live = i < lc;
       const int64_t off = live ? ((bos + tok0 + dir * i) * p.heads + h) * dk + c : 0;
       if (qk_async) {
-        CpAsync16(qd + i * lay.ldq + c, static_cast<const bf16*>(p.q.ptr) + off, live);
+        if (load_q) CpAsync16(qd + i * lay.ldq + c, static_cast<const bf16*>(p.q.ptr) + off, live);
         CpAsync16(kd + i * lay.ldq + c, static_cast<const bf16*>(p.k.ptr) + off, live);
       } else {
         const uint4 zero = make_uint4(0, 0, 0, 0);
-        *reinterpret_cast<uint4*>(qd + i * lay.ldq + c) = live ? Load8(p.q, off) : zero;
+        if (load_q) *reinterpret_cast<uint4*>(qd + i * lay.ldq + c) = live ? Load8(p.q, off) : zero;
         *reinterpret_cast<uint4*>(kd + i * lay.ldq + c) = live ? Load8(p.k, off) : zero;
       }
     }
@@ -372,9 +415,17 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
     CpAsyncCommit();
   };
 
-  const int num_chunks = (len + C - 1) / C;
-  if (num_chunks > 0) issue(0, 0);
-  for (int chunk = 0; chunk < num_chunks; ++chunk) {
+  if constexpr (!kCarry) {
+    // The stored bf16 S entering this chunk, in the group of its first copies.
+    const bf16* src = chunk_state(first_chunk);
+    for (int idx = tid; idx < dk * (TV / 8); idx += T::kThreads) {
+      const int a = idx / (TV / 8), e = 8 * (idx % (TV / 8));
+      const bool live = e < tv;
+      CpAsync16(ss + a * ldv + e, src + (live ? static_cast<int64_t>(a) * p.dv + e0 + e : 0), live);
+    }
+  }
+  if (first_chunk < end_chunk) issue(first_chunk, 0);
+  for (int chunk = first_chunk; chunk < end_chunk; ++chunk) {
     const int c0 = chunk * C;
     const int lc = min(C, len - c0);
     const int tok0 = p.reverse ? len - 1 - c0 : c0;  // local token of chunk row 0
@@ -390,19 +441,29 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
     // The next chunk's copies go out first (its stage was last read before the
     // previous chunk's closing barrier), then this chunk's must have landed.
     if constexpr (kStages == 2) {
-      if (chunk + 1 < num_chunks) {
+      if (chunk + 1 < end_chunk) {
         issue(chunk + 1, st ^ 1);
         CpAsyncWait<1>();
       } else {
         CpAsyncWait<0>();
       }
     } else {
-      if (chunk > 0) issue(chunk, 0);
+      if (chunk > first_chunk) issue(chunk, 0);
       CpAsyncWait<0>();
     }
-    store_state_copy();
+    if constexpr (kCarry) store_state_copy();
     if (kVector && tid < T::kBlocks) span_over[tid] = 0;
     __syncthreads();
+    if constexpr (kPass == MmaPass::kStates) {
+      // The copy goes out in 16-byte rows; the next write of ss is past two barriers.
+      bf16* dst = chunk_state(chunk);
+      for (int idx = tid; idx < dk * (TV / 8); idx += T::kThreads) {
+        const int a = idx / (TV / 8), e = 8 * (idx % (TV / 8));
+        if (e < tv)
+          *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(a) * p.dv + e0 + e) =
+              *reinterpret_cast<const uint4*>(ss + a * ldv + e);
+      }
+    }
 
     // 2. In-chunk cumsums and the decay tables.
     if constexpr (kVector) {
@@ -481,9 +542,12 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
         const float bi0 = bl[i * dk + a], bi1 = bl[i * dk + a + 1];
         __nv_bfloat162* qp = reinterpret_cast<__nv_bfloat162*>(qs + i * ldq + a);
         __nv_bfloat162* kp = reinterpret_cast<__nv_bfloat162*>(ks + i * ldq + a);
-        const float2 qv = __bfloat1622float2(*qp), kv = __bfloat1622float2(*kp);
-        *qp = __floats2bfloat162_rn(qv.x * p.q_scale * __expf(bi0 - b_first[a]),
-                                    qv.y * p.q_scale * __expf(bi1 - b_first[a + 1]));
+        if constexpr (kEmit) {
+          const float2 qv = __bfloat1622float2(*qp);
+          *qp = __floats2bfloat162_rn(qv.x * p.q_scale * __expf(bi0 - b_first[a]),
+                                      qv.y * p.q_scale * __expf(bi1 - b_first[a + 1]));
+        }
+        const float2 kv = __bfloat1622float2(*kp);
         *kp = __floats2bfloat162_rn(kv.x * p.k_scale * __expf(b_last[a] - bi0),
                                     kv.y * p.k_scale * __expf(b_last[a + 1] - bi1));
       }
@@ -501,7 +565,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
 
     // 4. A, masked, to bf16. Warp w: row block I = w/2, its half of the
     //    2(I+1) n-tiles of 8 columns that reach the diagonal.
-    {
+    if constexpr (kEmit) {
       const int blk = warp / 2;
       const int count = blk + 1, nt0 = (warp % 2) * count;
       float acc[T::kBlocks][4] = {};
@@ -581,12 +645,12 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
         }
         static_assert(T::kThreads == T::kBlock * T::kBlock, "exact block: one pair per thread");
       }
+      __syncthreads();
     }
-    __syncthreads();
 
     // 5. o = (q̂ ⊙ e^{b_I0}) S, rows scaled (scalar mode), then += A·V.
     //    Warp w: rows 16(w/2).., the (w%2) half of the n-tiles.
-    {
+    if constexpr (kEmit) {
       const int mb = warp / 2, ntb = kOn * (warp % 2);
       float acc[kOn][4] = {};
       for (int k0 = 0; k0 < dk; k0 += 16) {
@@ -649,7 +713,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
 
     // 6. S ← decay ⊙ S + (k̂ ⊙ column or row weights)ᵀ V, in registers.
 #pragma unroll
-    for (int r = 0; r < kStateTiles; ++r) {
+    for (int r = 0; r < (kCarry ? kStateTiles : 0); ++r) {
       const int a0 = 16 * (warp + 8 * r);
       if (a0 >= dk) continue;
       const float dg = kVector ? sdec[a0 + g] : coef[C - 1];
@@ -680,7 +744,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
         }
       }
     }
-    if constexpr (!kVector) {
+    if constexpr (!kVector && kCarry) {
       if (carry_n) {
         for (int a = tid; a < dk; a += T::kThreads) {
           float add[4] = {};
@@ -695,7 +759,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
   }
 
   // Final state tile back to its slot.
-  if (p.s_final.ptr) {
+  if (kCarry && p.s_final.ptr) {
     const int slot = p.s_final.slot ? p.s_final.slot[seq] : seq;
     float* base = p.s_final.ptr + slot * p.s_final.slot_stride + head_off;
 #pragma unroll
@@ -720,22 +784,45 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
 }
 
 constexpr int kMaxSmemBytes = 227 * 1024;
-static_assert(MmaLayout(128, true).bytes <= kMaxSmemBytes, "vector tile, dk 128, two stages");
-static_assert(2 * (MmaLayout(128, false).bytes + 1024) <= 228 * 1024, "two scalar CTAs per SM");
-static_assert(MmaLayout(MmaTile::kMaxDk, false).bytes <= kMaxSmemBytes, "scalar tile, dk 256");
-static_assert(MmaLayout(MmaTile::kMaxDk, true).bytes <= kMaxSmemBytes, "vector tile, dk 256");
+constexpr int kSmPerSmBytes = 228 * 1024;  // per SM, 1 KB of it reserved per CTA
+static_assert(MmaLayout(128, true, MmaPass::kFused).bytes <= kMaxSmemBytes,
+              "vector tile, dk 128, two stages");
+static_assert(2 * (MmaLayout(128, false, MmaPass::kFused).bytes + 1024) <= kSmPerSmBytes,
+              "two scalar CTAs per SM");
+static_assert(2 * (MmaLayout(128, true, MmaPass::kOutputs).bytes + 1024) <= kSmPerSmBytes,
+              "two vector output CTAs per SM");
+static_assert(2 * (MmaLayout(128, false, MmaPass::kStates).bytes + 1024) <= kSmPerSmBytes,
+              "two scalar state-pass CTAs per SM, two stages each");
+static_assert(MmaLayout(MmaTile::kMaxDk, false, MmaPass::kFused).bytes <= kMaxSmemBytes,
+              "scalar tile, dk 256");
+static_assert(MmaLayout(MmaTile::kMaxDk, true, MmaPass::kFused).bytes <= kMaxSmemBytes,
+              "vector tile, dk 256");
 
-template <bool kVector, int kStateTiles>
-cudaError_t LaunchMmaInstance(const ScanParams& p, cudaStream_t stream) {
-  const int bytes = MmaLayout(p.dk, kVector).bytes;
-  auto* kernel = ScanMmaKernel<kVector, kStateTiles>;
+template <bool kVector, int kStateTiles, MmaPass kPass>
+cudaError_t LaunchMmaInstance(const ScanParams& p, bf16* chunk_states, int max_chunks,
+                              cudaStream_t stream) {
+  const int bytes = MmaLayout(p.dk, kVector, kPass).bytes;
+  auto* kernel = ScanMmaKernel<kVector, kStateTiles, kPass>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
-  constexpr int kTileV = MmaTile::TileV(kStateTiles, kVector);
-  const dim3 grid((p.dv + kTileV - 1) / kTileV, p.heads, p.num_seqs);
-  kernel<<<grid, MmaTile::kThreads, bytes, stream>>>(p);
+  constexpr int kTileV = MmaTile::TileV(kStateTiles, kVector, kPass);
+  const int tiles = (p.dv + kTileV - 1) / kTileV;
+  const dim3 grid(kPass == MmaPass::kOutputs ? tiles * max_chunks : tiles, p.heads, p.num_seqs);
+  kernel<<<grid, MmaTile::kThreads, bytes, stream>>>(p, chunk_states);
   return cudaGetLastError();
+}
+
+template <MmaPass kPass>
+cudaError_t LaunchPass(const ScanParams& p, void* chunk_states, int max_chunks,
+                       cudaStream_t stream) {
+  bf16* states = static_cast<bf16*>(chunk_states);
+  const bool narrow = MmaTile::StateTiles(p.dk) == 1;
+  if (p.left_vector)
+    return narrow ? LaunchMmaInstance<true, 1, kPass>(p, states, max_chunks, stream)
+                  : LaunchMmaInstance<true, 2, kPass>(p, states, max_chunks, stream);
+  return narrow ? LaunchMmaInstance<false, 1, kPass>(p, states, max_chunks, stream)
+                : LaunchMmaInstance<false, 2, kPass>(p, states, max_chunks, stream);
 }
 
 bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -748,14 +835,33 @@ bool Half(const Operand& op) {
 bool ScanMmaSupports(const ScanParams& p) {
   return Half(p.q) && Half(p.k) && Half(p.v) && p.right.ptr == nullptr && p.dk > 0 &&
          p.dk <= MmaTile::kMaxDk && p.dk % 16 == 0 && p.dv > 0 && p.dv % 16 == 0 &&
-         MmaLayout(p.dk, p.left_vector).bytes <= kMaxSmemBytes;
+         MmaLayout(p.dk, p.left_vector, MmaPass::kFused).bytes <= kMaxSmemBytes;
 }
 
 cudaError_t LaunchScanMma(const ScanParams& p, cudaStream_t stream) {
-  const bool narrow = MmaTile::StateTiles(p.dk) == 1;
-  if (p.left_vector)
-    return narrow ? LaunchMmaInstance<true, 1>(p, stream) : LaunchMmaInstance<true, 2>(p, stream);
-  return narrow ? LaunchMmaInstance<false, 1>(p, stream) : LaunchMmaInstance<false, 2>(p, stream);
+  return LaunchPass<MmaPass::kFused>(p, nullptr, 0, stream);
+}
+
+bool ScanMmaTwoPassSupports(const ScanParams& p) {
+  return ScanMmaSupports(p) && !p.reverse && !p.stabilize && p.norm == NormKind::kNone &&
+         p.key_weight.ptr == nullptr && p.n_init == nullptr && p.n_final == nullptr &&
+         MmaLayout(p.dk, p.left_vector, MmaPass::kOutputs).bytes <= kMaxSmemBytes;
+}
+
+int64_t ScanMmaChunkStates(int64_t tokens, int num_seqs) {
+  return tokens / MmaTile::kChunk + num_seqs;
+}
+
+cudaError_t LaunchScanMmaStates(const ScanParams& p, void* chunk_states, cudaStream_t stream) {
+  return LaunchPass<MmaPass::kStates>(p, chunk_states, 0, stream);
+}
+
+cudaError_t LaunchScanMmaOutputs(const ScanParams& p, const void* chunk_states, int max_len,
+                                 cudaStream_t stream) {
+  const int max_chunks = (max_len + MmaTile::kChunk - 1) / MmaTile::kChunk;
+  if (max_chunks == 0) return cudaSuccess;
+  // The kernel only reads the states; one signature serves all three passes.
+  return LaunchPass<MmaPass::kOutputs>(p, const_cast<void*>(chunk_states), max_chunks, stream);
 }
 
 }  // namespace lair::kernels::cuda

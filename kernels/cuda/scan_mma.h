@@ -6,6 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 #include "kernels/cuda/scan.h"
 
 namespace lair::kernels::cuda {
@@ -17,5 +19,28 @@ bool ScanMmaSupports(const ScanParams& p);
 
 // Requires ScanMmaSupports(p) and p.num_seqs > 0.
 cudaError_t LaunchScanMma(const ScanParams& p, cudaStream_t stream);
+
+// The two-pass form of the same scan, for launches with too few (sequence,
+// head, tile) CTAs to fill the GPU while each walks its chunks in order (a
+// prefill of one long prompt). The state pass walks the chunks running only
+// the state update, and stores the bf16 S entering every chunk, the one
+// rounding the scan makes of it; the output pass then computes every chunk in
+// a CTA of its own from that copy. Its outputs equal LaunchScanMma's.
+//
+// Forward scans without the mLSTM fields (reverse, stabilize, norm,
+// key_weight, n_init, n_final unset) and that ScanMmaSupports.
+bool ScanMmaTwoPassSupports(const ScanParams& p);
+// Entries of the chunk-state buffer for `tokens` packed tokens in `num_seqs`
+// sequences; each entry is [heads][dk][dv] bf16, 16-byte aligned.
+int64_t ScanMmaChunkStates(int64_t tokens, int num_seqs);
+// The state pass: writes the chunk states and s_final (p.o is not read or
+// written). Each state row evolves alone, so p may also be a key-block view
+// of the scan (its heads the (head, block) pairs, ScanParams::v_head_share);
+// the buffer's layout is the same.
+cudaError_t LaunchScanMmaStates(const ScanParams& p, void* chunk_states, cudaStream_t stream);
+// The output pass: writes p.o from the chunk states (s_init and s_final are
+// not read or written); max_len is the longest sequence.
+cudaError_t LaunchScanMmaOutputs(const ScanParams& p, const void* chunk_states, int max_len,
+                                 cudaStream_t stream);
 
 }  // namespace lair::kernels::cuda

@@ -22,7 +22,7 @@ class CudaVsCpuTest : public ::testing::Test {
   explicit CudaVsCpuTest(uint32_t seed) : rng_(seed) {}
 
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeBackend("cuda");
+    absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeBackend("cuda", gpu_options_);
     if (!gpu.ok()) GTEST_SKIP() << "no CUDA backend here: " << gpu.status().message();
     gpu_ = std::move(*gpu);
     cpu_ = MakeCpuBackend();
@@ -71,6 +71,7 @@ class CudaVsCpuTest : public ::testing::Test {
   }
 
   std::mt19937 rng_;
+  BackendOptions gpu_options_;  // set by a derived constructor, read by SetUp
   std::unique_ptr<Backend> gpu_, cpu_;
   std::vector<int32_t> offsets_, slots_;
   SequenceBatch batch_;

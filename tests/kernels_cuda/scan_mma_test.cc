@@ -4,7 +4,8 @@
 // fp32 path overflows there), lengths off the 64-token chunk, packed sequences
 // with initial states from shuffled slots, several dv tiles (128 wide for
 // dk ≤ 128, 64 above), key_dim 256, the reverse scans of the backward, and
-// mLSTM. Skips without a GPU.
+// mLSTM; the forward in both schedules (one pass, and the state pass then the
+// chunk-parallel output pass). Skips without a GPU.
 #include <cmath>
 #include <memory>
 #include <random>
@@ -26,6 +27,13 @@ class MmaScanVsCpu : public CudaVsCpuTest {
   MmaScanVsCpu() : CudaVsCpuTest(11) {}
 };
 
+// The forward under a forced schedule.
+class MmaScanScheduleVsCpu : public CudaVsCpuTest,
+                             public ::testing::WithParamInterface<ScanSchedule> {
+ protected:
+  MmaScanScheduleVsCpu() : CudaVsCpuTest(11) { gpu_options_.scan = GetParam(); }
+};
+
 struct DecayRange {
   float lo, hi;
   const char* name;
@@ -35,7 +43,7 @@ struct DecayRange {
 constexpr DecayRange kRanges[] = {
     {-0.3f, -0.01f, "mild"}, {-5.0f, -0.5f, "mixed"}, {-20.0f, -5.0f, "strong"}};
 
-TEST_F(MmaScanVsCpu, DecayForward) {
+TEST_P(MmaScanScheduleVsCpu, DecayForward) {
   for (const auto& [K, V] :
        {std::pair{128, 128}, std::pair{64, 96}, std::pair{64, 256}, std::pair{256, 192}})
     for (DType dt : {DType::kBF16, DType::kF16})
@@ -75,6 +83,51 @@ TEST_F(MmaScanVsCpu, DecayForward) {
           Expect(d.o, c.o, kTol, what + " o");
           Expect(d.state, c.state, kTol, what + " final state");
         }
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, MmaScanScheduleVsCpu,
+                         ::testing::Values(ScanSchedule::kOnePass, ScanSchedule::kTwoPass),
+                         [](const ::testing::TestParamInfo<ScanSchedule>& info) {
+                           return info.param == ScanSchedule::kOnePass ? "OnePass" : "TwoPass";
+                         });
+
+// The two schedules on a prefill-like launch (one sequence of 1000 tokens, two
+// heads): at 64 keys both make the same products in the same order, so they
+// agree exactly; at 256 keys the one-pass scan splits the keys into blocks,
+// each rounding its part of A to bf16, so they agree to that rounding.
+TEST_F(MmaScanVsCpu, TwoPassMatchesOnePass) {
+  absl::StatusOr<std::unique_ptr<Backend>> one = MakeBackend("cuda", {{}, ScanSchedule::kOnePass});
+  absl::StatusOr<std::unique_ptr<Backend>> two = MakeBackend("cuda", {{}, ScanSchedule::kTwoPass});
+  ASSERT_TRUE(one.ok() && two.ok());
+  for (const auto& [K, tol] : {std::pair{64, 0.0}, std::pair{256, 1e-2}})
+    for (DecayKind kind : {DecayKind::kScalar, DecayKind::kVector}) {
+      MakeBatch({1000});
+      const int64_t n = offsets_.back();
+      const int H = 2, V = 192;
+      const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1),
+                   v = Rand({n, H, V}, -1, 1);
+      const Tensor g = Rand({n, H}, -0.3f, -0.01f), gk = Rand({n, H, K}, -0.3f, -0.01f);
+      const Tensor h0 = Rand({2, H, K, V}, -1, 1);
+      Tensor outs[2], states[2];
+      for (int i = 0; i < 2; ++i) {
+        Backend& b = i == 0 ? **one : **two;
+        DecayForwardArgs a;
+        a.kind = kind, a.heads = H, a.key_dim = K, a.value_dim = V, a.scale = 0.0625f;
+        a.q = *b.Upload(q, DType::kBF16), a.k = *b.Upload(k, DType::kBF16);
+        a.v = *b.Upload(v, DType::kBF16);
+        a.g = *b.Upload(g, DType::kF32), a.gk = *b.Upload(gk, DType::kF32);
+        a.o = *b.Upload(Rand({n, H, V}, 7, 8), DType::kF32);
+        a.state = *b.Upload(h0, DType::kF32);
+        const absl::Status st = b.DecayForward(batch_, a, MixerForm::kChunked);
+        ASSERT_TRUE(st.ok()) << st;
+        outs[i] = b.Download(a.o)->ToF32();
+        states[i] = b.Download(a.state)->ToF32();
+      }
+      const std::string what =
+          "K=" + std::to_string(K) + " kind " + std::to_string(static_cast<int>(kind));
+      EXPECT_LE(RelativeError(outs[1], outs[0]), tol) << what << " o";
+      EXPECT_EQ(RelativeError(states[1], states[0]), 0.0) << what << " final state";
+    }
 }
 
 // The backward's scans: for scalar decays all three (dq forward, dk and dv
