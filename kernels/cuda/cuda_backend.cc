@@ -1095,21 +1095,29 @@ class CudaBackend : public Backend {
   // The two-pass schedule pays a store and a load of every chunk's bf16 state
   // to run every chunk's outputs at once: worth it when the one-pass CTAs
   // (64-column tiles, before any key split) leave multiprocessors idle while
-  // each walks more than one chunk (a prefill of one long prompt), and the
-  // output CTAs run two per multiprocessor. At 256 keys they run one and
-  // lose (H100, GLA 1.3B prefill: 16.1 ms of scans in two passes, 14.8 in one
-  // with key blocks); at 64 and 128 they win (GSA 1.3B prefill +4%, simple
-  // GLA at T = 16384 2.58 → 1.96 ms), docs/benchmarks.md.
+  // each walks more than one chunk (a prefill of one long prompt). Output
+  // CTAs of more than kTwoPassMaxKeys keys would run one per multiprocessor
+  // (H100, GLA 1.3B prefill: 16.1 ms of scans against 14.8 in one pass), so
+  // wider keys split into blocks for the output pass (OutputBlocks).
   bool TwoPass(const ScanParams& p, const DeviceBatch& db) const {
-    if (scan_schedule_ == ScanSchedule::kOnePass || !cuda::ScanMmaTwoPassSupports(p)) return false;
+    if (scan_schedule_ == ScanSchedule::kOnePass || !cuda::ScanMmaTwoPassSupports(p) ||
+        OutputBlocks(p) == 0)
+      return false;
     if (scan_schedule_ == ScanSchedule::kTwoPass) return true;
     const int64_t ctas = (p.dv + kScanTileColumns - 1) / kScanTileColumns * p.heads * p.num_seqs;
-    return ctas < sm_count_ && db.max_len > kScanChunk && p.dk <= kTwoPassMaxKeys;
+    return ctas < sm_count_ && db.max_len > kScanChunk;
+  }
+
+  // Key blocks of the output pass: the fewest of at most kTwoPassMaxKeys
+  // keys each, a multiple of 16; 0 when the keys do not split so.
+  static int OutputBlocks(const ScanParams& p) {
+    const int blocks = (p.dk + kTwoPassMaxKeys - 1) / kTwoPassMaxKeys;
+    return p.dk % blocks == 0 && (p.dk / blocks) % 16 == 0 ? blocks : 0;
   }
 
   // The state pass over key blocks where that fills the multiprocessors
   // (KeyBlocks; each state row evolves alone), then the output pass over
-  // whole keys, so no partial outputs are summed.
+  // OutputBlocks, whose partial outputs add.
   absl::Status RunTwoPass(const ScanParams& p, const DeviceBatch& db, int num_seqs,
                           std::vector<Tensor>& keep, std::string_view what) {
     LAIR_ASSIGN_OR_RETURN(Tensor states,
@@ -1122,7 +1130,17 @@ class CudaBackend : public Backend {
     if (blocks > 1) LAIR_RETURN_IF_ERROR(KeyBlockView(state_pass, db.tokens, blocks, keep, what));
     LAIR_RETURN_IF_ERROR(
         CudaStatus(cuda::LaunchScanMmaStates(state_pass, states.raw(), s()), what));
-    return CudaStatus(cuda::LaunchScanMmaOutputs(p, states.raw(), db.max_len, s()), what);
+    ScanParams output_pass = p;
+    const int out_blocks = OutputBlocks(p);
+    if (out_blocks > 1)
+      LAIR_RETURN_IF_ERROR(SplitKeysIntoHeads(output_pass, db.tokens, out_blocks, keep, what));
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchScanMmaOutputs(output_pass, states.raw(), db.max_len, s()), what));
+    if (out_blocks == 1) return absl::OkStatus();
+    return CudaStatus(
+        cuda::LaunchSumRowGroups(static_cast<const float*>(output_pass.o), db.tokens * p.heads,
+                                 p.dv, out_blocks, p.o, p.o_type, s()),
+        what);
   }
 
   // fp32 q, k, v become bf16 temporaries, so that a chunked scan takes the
