@@ -1080,13 +1080,22 @@ class CudaBackend : public Backend {
     if (!step && tensor_core_scans_) LAIR_RETURN_IF_ERROR(RoundForTensorCores(p, db.tokens, keep));
     if (!step && TwoPass(p, db)) return RunTwoPass(p, db, batch.num_seqs, keep, what);
     LAIR_ASSIGN_OR_RETURN(const int blocks, KeyBlocks(p, step, what));
-    const int64_t rows = db.tokens * p.heads;  // [tokens, heads] before any split
+    return InKeyBlocks(p, db.tokens, blocks, keep, what, [&](const ScanParams& scan) {
+      return step ? cuda::LaunchStep(scan, s()) : cuda::LaunchScan(scan, s());
+    });
+  }
+
+  // `launch` on p, or with blocks > 1 on p split into key blocks scanned as
+  // heads (SplitKeysIntoHeads), whose partial outputs then add into p.o.
+  template <typename Launch>
+  absl::Status InKeyBlocks(ScanParams p, int64_t tokens, int blocks, std::vector<Tensor>& keep,
+                           std::string_view what, Launch launch) {
+    if (blocks == 1) return CudaStatus(launch(p), what);
+    const int64_t rows = tokens * p.heads;  // [tokens, heads] before the split
     void* const out = p.o;
     const ElemType out_type = p.o_type;
-    if (blocks > 1) LAIR_RETURN_IF_ERROR(SplitKeysIntoHeads(p, db.tokens, blocks, keep, what));
-    LAIR_RETURN_IF_ERROR(
-        CudaStatus(step ? cuda::LaunchStep(p, s()) : cuda::LaunchScan(p, s()), what));
-    if (blocks == 1) return absl::OkStatus();
+    LAIR_RETURN_IF_ERROR(SplitKeysIntoHeads(p, tokens, blocks, keep, what));
+    LAIR_RETURN_IF_ERROR(CudaStatus(launch(p), what));
     return CudaStatus(cuda::LaunchSumRowGroups(static_cast<const float*>(p.o), rows, p.dv, blocks,
                                                out, out_type, s()),
                       what);
@@ -1130,17 +1139,9 @@ class CudaBackend : public Backend {
     if (blocks > 1) LAIR_RETURN_IF_ERROR(KeyBlockView(state_pass, db.tokens, blocks, keep, what));
     LAIR_RETURN_IF_ERROR(
         CudaStatus(cuda::LaunchScanMmaStates(state_pass, states.raw(), s()), what));
-    ScanParams output_pass = p;
-    const int out_blocks = OutputBlocks(p);
-    if (out_blocks > 1)
-      LAIR_RETURN_IF_ERROR(SplitKeysIntoHeads(output_pass, db.tokens, out_blocks, keep, what));
-    LAIR_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchScanMmaOutputs(output_pass, states.raw(), db.max_len, s()), what));
-    if (out_blocks == 1) return absl::OkStatus();
-    return CudaStatus(
-        cuda::LaunchSumRowGroups(static_cast<const float*>(output_pass.o), db.tokens * p.heads,
-                                 p.dv, out_blocks, p.o, p.o_type, s()),
-        what);
+    return InKeyBlocks(p, db.tokens, OutputBlocks(p), keep, what, [&](const ScanParams& scan) {
+      return cuda::LaunchScanMmaOutputs(scan, states.raw(), db.max_len, s());
+    });
   }
 
   // fp32 q, k, v become bf16 temporaries, so that a chunked scan takes the

@@ -289,7 +289,6 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
   const int64_t head_off = static_cast<int64_t>(h) * dk * p.dv;
   // Which loads go through cp.async (bf16 operands, aligned log-valued vector gates).
   const bool qk_async = p.q.type == ElemType::kBF16 && p.k.type == ElemType::kBF16;
-  const bool load_q = kEmit;  // the state pass reads no q
   const bool v_async = p.v.type == ElemType::kBF16;
   const bool gate_async =
       kVector && p.left.ptr != nullptr && reinterpret_cast<uintptr_t>(p.left.ptr) % 16 == 0 &&
@@ -360,12 +359,12 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
       const int i = idx / groups, c = 8 * (idx % groups);
       const bool live = i < lc;
       const int64_t off = live ? ((bos + tok0 + dir * i) * p.heads + h) * dk + c : 0;
-      if (qk_async) {
-        if (load_q) CpAsync16(qd + i * lay.ldq + c, static_cast<const bf16*>(p.q.ptr) + off, live);
+      if (qk_async) {  // the state pass (!kEmit) reads no q
+        if (kEmit) CpAsync16(qd + i * lay.ldq + c, static_cast<const bf16*>(p.q.ptr) + off, live);
         CpAsync16(kd + i * lay.ldq + c, static_cast<const bf16*>(p.k.ptr) + off, live);
       } else {
         const uint4 zero = make_uint4(0, 0, 0, 0);
-        if (load_q) *reinterpret_cast<uint4*>(qd + i * lay.ldq + c) = live ? Load8(p.q, off) : zero;
+        if (kEmit) *reinterpret_cast<uint4*>(qd + i * lay.ldq + c) = live ? Load8(p.q, off) : zero;
         *reinterpret_cast<uint4*>(kd + i * lay.ldq + c) = live ? Load8(p.k, off) : zero;
       }
     }
@@ -712,48 +711,50 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
     }
 
     // 6. S ← decay ⊙ S + (k̂ ⊙ column or row weights)ᵀ V, in registers.
+    if constexpr (kCarry) {
 #pragma unroll
-    for (int r = 0; r < (kCarry ? kStateTiles : 0); ++r) {
-      const int a0 = 16 * (warp + 8 * r);
-      if (a0 >= dk) continue;
-      const float dg = kVector ? sdec[a0 + g] : coef[C - 1];
-      const float dg8 = kVector ? sdec[a0 + g + 8] : coef[C - 1];
+      for (int r = 0; r < kStateTiles; ++r) {
+        const int a0 = 16 * (warp + 8 * r);
+        if (a0 >= dk) continue;
+        const float dg = kVector ? sdec[a0 + g] : coef[C - 1];
+        const float dg8 = kVector ? sdec[a0 + g + 8] : coef[C - 1];
 #pragma unroll
-      for (int n = 0; n < kNt; ++n) {
-        sacc[r][n][0] *= dg, sacc[r][n][1] *= dg;
-        sacc[r][n][2] *= dg8, sacc[r][n][3] *= dg8;
-      }
-#pragma unroll
-      for (int jb = 0; jb < T::kBlocks; ++jb) {
-        const int k0 = jb * T::kBlock;
-        uint32_t fa[4];
-        Ldsm4T(fa, ks + (k0 + (lane & 7) + 8 * (lane >> 4)) * ldq + a0 + 8 * ((lane >> 3) & 1));
-        if constexpr (kVector) {
-          ScaleRows(fa, ebl[jb * dk + a0 + g], ebl[jb * dk + a0 + g + 8]);
-        } else {
-          const float* w = wj + k0 + 2 * t4;
-          const float fs[4] = {w[0], w[1], w[8], w[9]};
-          ScaleCols(fa, fs);
+        for (int n = 0; n < kNt; ++n) {
+          sacc[r][n][0] *= dg, sacc[r][n][1] *= dg;
+          sacc[r][n][2] *= dg8, sacc[r][n][3] *= dg8;
         }
 #pragma unroll
-        for (int n = 0; n < kNt; n += 2) {
-          uint32_t fb[4];
-          Ldsm4T(fb, vs + (k0 + (lane & 15)) * ldv + 8 * n + 8 * (lane >> 4));
-          Mma(sacc[r][n], fa, fb[0], fb[1]);
-          Mma(sacc[r][n + 1], fa, fb[2], fb[3]);
+        for (int jb = 0; jb < T::kBlocks; ++jb) {
+          const int k0 = jb * T::kBlock;
+          uint32_t fa[4];
+          Ldsm4T(fa, ks + (k0 + (lane & 7) + 8 * (lane >> 4)) * ldq + a0 + 8 * ((lane >> 3) & 1));
+          if constexpr (kVector) {
+            ScaleRows(fa, ebl[jb * dk + a0 + g], ebl[jb * dk + a0 + g + 8]);
+          } else {
+            const float* w = wj + k0 + 2 * t4;
+            const float fs[4] = {w[0], w[1], w[8], w[9]};
+            ScaleCols(fa, fs);
+          }
+#pragma unroll
+          for (int n = 0; n < kNt; n += 2) {
+            uint32_t fb[4];
+            Ldsm4T(fb, vs + (k0 + (lane & 15)) * ldv + 8 * n + 8 * (lane >> 4));
+            Mma(sacc[r][n], fa, fb[0], fb[1]);
+            Mma(sacc[r][n + 1], fa, fb[2], fb[3]);
+          }
         }
       }
-    }
-    if constexpr (!kVector && kCarry) {
-      if (carry_n) {
-        for (int a = tid; a < dk; a += T::kThreads) {
-          float add[4] = {};
+      if constexpr (!kVector) {
+        if (carry_n) {
+          for (int a = tid; a < dk; a += T::kThreads) {
+            float add[4] = {};
 #pragma unroll 8
-          for (int j = 0; j < C; ++j) add[j % 4] += __bfloat162float(ks[j * ldq + a]) * wj[j];
-          nn[a] = nn[a] * coef[C - 1] + ((add[0] + add[1]) + (add[2] + add[3]));
+            for (int j = 0; j < C; ++j) add[j % 4] += __bfloat162float(ks[j * ldq + a]) * wj[j];
+            nn[a] = nn[a] * coef[C - 1] + ((add[0] + add[1]) + (add[2] + add[3]));
+          }
         }
+        if (p.stabilize) m_prev = ms[C - 1];
       }
-      if (p.stabilize) m_prev = ms[C - 1];
     }
     __syncthreads();
   }

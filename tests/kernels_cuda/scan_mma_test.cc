@@ -93,8 +93,9 @@ INSTANTIATE_TEST_SUITE_P(Schedules, MmaScanScheduleVsCpu,
 
 // The two schedules on a prefill-like launch (one sequence of 1000 tokens, two
 // heads): at 64 keys both make the same products in the same order, so they
-// agree exactly; at 256 keys the one-pass scan splits the keys into blocks,
-// each rounding its part of A to bf16, so they agree to that rounding.
+// agree exactly; at 256 keys both split the keys into blocks (the one-pass
+// scan four of 64, the output pass two of 128), each rounding its part of A to
+// bf16, so they agree to that rounding.
 TEST_F(MmaScanVsCpu, TwoPassMatchesOnePass) {
   absl::StatusOr<std::unique_ptr<Backend>> one = MakeBackend("cuda", {{}, ScanSchedule::kOnePass});
   absl::StatusOr<std::unique_ptr<Backend>> two = MakeBackend("cuda", {{}, ScanSchedule::kTwoPass});
