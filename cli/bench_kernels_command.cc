@@ -6,6 +6,8 @@
 // and states, from a zero initial state: GLA (vector decay), simple GLA
 // (scalar decay), GSA (--slots slots), mLSTM exp and sig (--ops picks some of
 // gla, simple_gla, gsa, mlstm_exp, mlstm_sig; --modes some of fwd, fwdbwd).
+// mlstm_sig is the normalized sigmoid kind (MlstmKind::kSigNorm), as TFLA's
+// xl_chunk_siging computes by default.
 // Each prints the median milliseconds of the forward and of forward + backward.
 // --scan-schedule forces the tensor-core scans' schedule (kernels::ScanSchedule).
 // The decode step runs B ∈ --decode-batches one-token sequences with their
@@ -237,7 +239,7 @@ absl::Status Run(const BenchKernelsFlags& f) {
     LAIR_ASSIGN_OR_RETURN(Tensor cm, backend.Allocate(DType::kF32, {B, H}));
     for (const bool exp_gate : {true, false}) {
       kernels::MlstmForwardArgs a;
-      a.kind = exp_gate ? kernels::MlstmKind::kExp : kernels::MlstmKind::kSig;
+      a.kind = exp_gate ? kernels::MlstmKind::kExp : kernels::MlstmKind::kSigNorm;
       a.heads = H, a.key_dim = D, a.value_dim = D;
       a.q = q, a.k = k, a.v = v, a.i = ig, a.f = fg, a.h = o;
       a.state_c = state, a.state_n = cn, a.state_m = cm;

@@ -1,7 +1,8 @@
 // Gated slot attention as two passes of the decay family (specs/gsa.md §1.5),
 // shared by every backend so the mapping is written once:
 //   pass 1 (key pass):   Hk_t = Hk_{t-1} diag(e^{g_t}) + k_t s_tᵀ,  z_t = scale·Hk_tᵀq_t
-//                        = left-right decay with no key-side decay and g on the slot side;
+//                        = left-right decay with no key-side decay (gk undefined) and g on
+//                        the slot side;
 //   pass 2 (value pass): Hv_t = diag(e^{g_t}) Hv_{t-1} + s_t v_tᵀ,  o_t = Hv_tᵀp_t
 //                        = vector decay over the M slots, queried by p = softmax(z).
 #pragma once
@@ -10,9 +11,8 @@
 
 namespace lair::kernels {
 
-// `zero_gk` is an [N,H,K] zero tensor; `state` the [slots,H,K,M] pool to read and write.
-inline DecayForwardArgs GsaKeyPass(const GsaForwardArgs& a, const Tensor& zero_gk,
-                                   const Tensor& state) {
+// `state` is the [slots,H,K,M] pool to read and write.
+inline DecayForwardArgs GsaKeyPass(const GsaForwardArgs& a, const Tensor& state) {
   DecayForwardArgs p;
   p.kind = DecayKind::kLeftRight;
   p.heads = a.heads;
@@ -23,7 +23,6 @@ inline DecayForwardArgs GsaKeyPass(const GsaForwardArgs& a, const Tensor& zero_g
   p.q = a.q;
   p.k = a.k;
   p.v = a.s;
-  p.gk = zero_gk;
   p.gv = a.g;
   p.state = state;
   return p;

@@ -56,7 +56,8 @@ struct DecayForwardArgs {
   Tensor q, k, v;       // [N,H,K], [N,H,K], [N,H,V]; F32 (CPU) or F32/BF16/F16 (CUDA)
   Tensor log_gamma;     // [H]       F32, kConstant
   Tensor g;             // [N,H]     F32, kScalar (≤ 0)
-  Tensor gk;            // [N,H,K]   F32, kVector and kLeftRight (≤ 0)
+  Tensor gk;            // [N,H,K]   F32, kVector and kLeftRight (≤ 0; kLeftRight may
+                        //           leave it undefined: no key-side decay)
   Tensor gv;            // [N,H,V]   F32, kLeftRight (≤ 0)
   Tensor o;             // out [N,H,V], same dtype as v
   Tensor state;         // in/out pool [num_slots,H,K,V] F32

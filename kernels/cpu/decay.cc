@@ -60,6 +60,7 @@ absl::Status CheckDecayInputs(const SequenceBatch& batch, const DecayForwardArgs
     case DecayKind::kLeftRight:
       LAIR_RETURN_IF_ERROR(CheckTensor(a.gv, "gv", {n, h, v}, Floats::kF32));
       LAIR_RETURN_IF_ERROR(CheckLogDecays(a.gv, "gv"));
+      if (!a.gk.defined()) break;  // no key-side decay
       [[fallthrough]];
     case DecayKind::kVector:
       LAIR_RETURN_IF_ERROR(CheckTensor(a.gk, "gk", {n, h, k}, Floats::kF32));
@@ -120,6 +121,7 @@ LogDecayView LeftDecay(const DecayForwardArgs& a, int64_t first, int head, bool 
       break;
     case DecayKind::kVector:
     case DecayKind::kLeftRight:
+      if (!a.gk.defined()) break;  // kLeftRight without a key-side decay
       d.kind = LogDecayView::Kind::kVector;
       d.base = a.gk.f32() + (first * a.heads + head) * a.key_dim;
       d.stride = int64_t{a.heads} * a.key_dim;

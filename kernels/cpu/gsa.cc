@@ -89,8 +89,7 @@ absl::Status GsaForwardCpu(const SequenceBatch& batch, const GsaForwardArgs& arg
 
   // 1. Slot logits Z (a g > 0 is refused here, before any state is written).
   Tensor z = Tensor::Zeros(DType::kF32, {n, h, m});
-  DecayForwardArgs pass1 =
-      GsaKeyPass(args, Tensor::Zeros(DType::kF32, args.q.shape()), args.state_k);
+  DecayForwardArgs pass1 = GsaKeyPass(args, args.state_k);
   pass1.o = z;
   LAIR_RETURN_IF_ERROR(InPass(DecayForwardCpu(batch, pass1, form, threads), prefix, 1));
   // 2. P = softmax(Z).
@@ -125,7 +124,6 @@ absl::Status GsaBackwardCpu(const SequenceBatch& batch, const GsaBackwardArgs& a
 
   // 1. P from pass 1, run on a private copy of the initial Hk (one slot per
   //    sequence) so the pool stays untouched.
-  const Tensor zero_gk = Tensor::Zeros(DType::kF32, fwd.q.shape());
   Tensor hk = Tensor::Zeros(DType::kF32, {seqs, h, k, m});
   if (!batch.zero_initial_state) {
     const int64_t per_slot = h * k * m;
@@ -143,7 +141,7 @@ absl::Status GsaBackwardCpu(const SequenceBatch& batch, const GsaBackwardArgs& a
   own.cu_seqlens_device = nullptr;
   own.zero_initial_state = false;
   Tensor p = Tensor::Zeros(DType::kF32, slot_shape);
-  DecayForwardArgs pass1 = GsaKeyPass(fwd, zero_gk, hk);
+  DecayForwardArgs pass1 = GsaKeyPass(fwd, hk);
   pass1.o = p;
   LAIR_RETURN_IF_ERROR(InPass(DecayForwardCpu(own, pass1, MixerForm::kAuto, threads), prefix, 1));
   SoftmaxRows(p, m);
@@ -175,7 +173,7 @@ absl::Status GsaBackwardCpu(const SequenceBatch& batch, const GsaBackwardArgs& a
   Tensor ds_value = Tensor::Zeros(DType::kF32, slot_shape);
   Tensor dg_value = Tensor::Zeros(DType::kF32, slot_shape);
   DecayBackwardArgs back1;
-  back1.fwd = GsaKeyPass(fwd, zero_gk, fwd.state_k);
+  back1.fwd = GsaKeyPass(fwd, fwd.state_k);
   back1.d_o = dp;
   back1.d_ht = args.d_hkt;
   back1.dq = args.dq;

@@ -584,11 +584,18 @@ class CudaBackend : public Backend {
       p.o = z.raw();
       LAIR_RETURN_IF_ERROR(Run(p, db, batch, form, "gsa pass 1"));
     }
-    LAIR_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchSoftmaxRows(z.f32(), n * H, M, s()), "gsa softmax"));
+    // Pass 2 queries with the probabilities in the precision of its keys and
+    // values: bf16 where those are 16-bit, so the scan takes the tensor cores.
+    Tensor probs = z;
+    if (a.s.dtype() != DType::kF32 && a.v.dtype() != DType::kF32) {
+      LAIR_ASSIGN_OR_RETURN(probs, Temporary(DType::kBF16, {n, H, M}));
+    }
+    LAIR_RETURN_IF_ERROR(CudaStatus(
+        cuda::LaunchSoftmaxRows(z.f32(), n * H, M, probs.raw(), Elem(probs.dtype()), s()),
+        "gsa softmax"));
     // Pass 2: Hv_t = diag(e^{g_t}) Hv_{t-1} + s_t v_tᵀ, o_t = Hv_tᵀ p_t.
     ScanParams p = Base(db, batch, H, M, V);
-    p.q = Operand{z.raw(), ElemType::kF32};
+    p.q = Op(probs);
     p.k = Op(a.s);
     p.v = Op(a.v);
     p.left = Gate(a.g, H * M, M);
@@ -640,19 +647,30 @@ class CudaBackend : public Backend {
     SequenceBatch own = batch;
     own.state_slot = own_slots;
     own.state_slot_device = nullptr;
-    LAIR_ASSIGN_OR_RETURN(Tensor zero_gk, Allocate(DType::kF32, {n, H, K}));
     LAIR_ASSIGN_OR_RETURN(Tensor p, Uninitialized(DType::kF32, {n, H, M}));
-    DecayForwardArgs pass1 = GsaKeyPass(a, zero_gk, hk);
+    DecayForwardArgs pass1 = GsaKeyPass(a, hk);
     pass1.o = p;
     LAIR_RETURN_IF_ERROR(DecayForward(own, pass1, MixerForm::kChunked));
     LAIR_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchSoftmaxRows(p.f32(), n * H, M, s()), "gsa backward softmax"));
+        CudaStatus(cuda::LaunchSoftmaxRows(p.f32(), n * H, M, p.raw(), ElemType::kF32, s()),
+                   "gsa backward softmax"));
+
+    // The scans read P and dZ in bf16 where their other operands are 16-bit,
+    // so that they take the tensor cores (as in the forward).
+    auto as_scan_operand = [&](const Tensor& x, bool half) -> absl::StatusOr<Tensor> {
+      if (!half) return x;
+      LAIR_ASSIGN_OR_RETURN(Tensor y, Uninitialized(DType::kBF16, x.shape()));
+      LAIR_RETURN_IF_ERROR(ConvertInto(x, y));
+      return y;
+    };
+    const auto half = [](const Tensor& t) { return t.dtype() != DType::kF32; };
 
     // 2. Pass 2 backward: dP, ds (key side), dv, dg, dHv_0.
     LAIR_ASSIGN_OR_RETURN(Tensor dp, Uninitialized(DType::kF32, {n, H, M}));
     LAIR_ASSIGN_OR_RETURN(Tensor ds_key, Uninitialized(DType::kF32, {n, H, M}));
+    LAIR_ASSIGN_OR_RETURN(const Tensor p_scan, as_scan_operand(p, half(a.s) && half(a.v)));
     DecayBackwardArgs back2;
-    back2.fwd = GsaValuePass(a, p, a.state_v);
+    back2.fwd = GsaValuePass(a, p_scan, a.state_v);
     back2.d_o = b.d_o;
     back2.d_ht = b.d_hvt;
     back2.dq = dp;
@@ -669,9 +687,11 @@ class CudaBackend : public Backend {
     // 4. Pass 1 backward: dq, dk, ds (value side), dg, dHk_0.
     LAIR_ASSIGN_OR_RETURN(Tensor ds_value, Uninitialized(DType::kF32, {n, H, M}));
     LAIR_ASSIGN_OR_RETURN(Tensor dg_value, Uninitialized(DType::kF32, {n, H, M}));
+    LAIR_ASSIGN_OR_RETURN(const Tensor dz_scan,
+                          as_scan_operand(dp, half(a.q) && half(a.k) && half(a.s)));
     DecayBackwardArgs back1;
-    back1.fwd = GsaKeyPass(a, zero_gk, a.state_k);
-    back1.d_o = dp;
+    back1.fwd = GsaKeyPass(a, a.state_k);
+    back1.d_o = dz_scan;
     back1.d_ht = b.d_hkt;
     back1.dq = b.dq;
     back1.dk = b.dk;
@@ -934,6 +954,7 @@ class CudaBackend : public Backend {
         break;
       case DecayKind::kLeftRight:
         LAIR_RETURN_IF_ERROR(CheckTensor(a.gv, {n, H, V}, "gv", true));
+        if (!a.gk.defined()) break;  // no key-side decay
         [[fallthrough]];
       case DecayKind::kVector:
         LAIR_RETURN_IF_ERROR(CheckTensor(a.gk, {n, H, K}, "gk", true));
@@ -1148,13 +1169,15 @@ class CudaBackend : public Backend {
   // tensor-core path (scan_mma.h: bf16 products, fp32 accumulation and
   // state) instead of the fp32 one: the model path keeps fp32 activations,
   // and a prefill would otherwise spend most of its time in fp32 scans.
-  // Scans the tensor-core path does not serve (right decays, dims not
-  // multiples of 16) keep their operands.
+  // Scans the tensor-core path does not serve (a right decay with a left one,
+  // dims not multiples of 16) keep their operands.
   absl::Status RoundForTensorCores(ScanParams& p, int64_t tokens, std::vector<Tensor>& keep) {
     const bool all_f32 =
         p.q.type == ElemType::kF32 && p.k.type == ElemType::kF32 && p.v.type == ElemType::kF32;
-    if (!all_f32 || p.right.ptr || p.dk % 16 != 0 || p.dv % 16 != 0 || tokens == 0)
-      return absl::OkStatus();
+    ScanParams rounded = p;
+    rounded.q.type = rounded.k.type = rounded.v.type = ElemType::kBF16;
+    rounded.dk = std::min(p.dk, kMaxScanKeyDim);  // wider keys are scanned in blocks (KeyBlocks)
+    if (!all_f32 || !cuda::ScanMmaSupports(rounded) || tokens == 0) return absl::OkStatus();
     const int64_t rows = tokens * p.heads;
     for (auto [operand, width] :
          {std::pair{&p.q, p.dk}, std::pair{&p.k, p.dk}, std::pair{&p.v, p.dv}}) {
@@ -1220,8 +1243,8 @@ class CudaBackend : public Backend {
   }
 
   // p becomes the scan of `blocks`·H heads of dk/blocks keys (its output
-  // fields untouched): q, k, vector gates and states reshaped, scalar and
-  // right gates repeated per block, v read in place.
+  // fields untouched): q, k, left vector gates and states reshaped, scalar
+  // gates repeated per block, v and the right gate read in place.
   absl::Status KeyBlockView(ScanParams& p, int64_t tokens, int blocks, std::vector<Tensor>& keep,
                             std::string_view what) {
     for (const StateRef* state : {&p.s_init, &p.s_final})
@@ -1258,14 +1281,7 @@ class CudaBackend : public Backend {
     } else {
       LAIR_RETURN_IF_ERROR(repeat_scalar_gate(p.left));
     }
-    if (p.right.ptr) {
-      if (p.right.head_stride != p.dv || p.right.token_stride != heads * p.dv)
-        return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": gate layout"));
-      LAIR_ASSIGN_OR_RETURN(void* copy, repeat(p.right.ptr, ElemType::kF32, tokens * heads, p.dv));
-      p.right.ptr = static_cast<const float*>(copy);
-      p.right.token_stride = heads * blocks * p.dv;
-    }
-    p.v_head_share = blocks;  // the blocks of a head read its v in place
+    p.v_head_share = blocks;  // the blocks of a head read its v and right gate in place
     p.heads = heads * blocks;
     p.dk = dk / blocks;
     return absl::OkStatus();

@@ -18,11 +18,12 @@ __global__ void ConvertKernel(const void* src, ElemType st, void* dst, ElemType 
 }
 
 // One warp per row: p = exp(x − max) / Σ.
-__global__ void SoftmaxKernel(float* x, int64_t rows, int width) {
+__global__ void SoftmaxKernel(const float* x, int64_t rows, int width, void* out,
+                              ElemType out_type) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
-  float* row = x + r * width;
+  const float* row = x + r * width;
   float mx = -INFINITY;
   for (int i = lane; i < width; i += 32) mx = fmaxf(mx, row[i]);
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -30,7 +31,8 @@ __global__ void SoftmaxKernel(float* x, int64_t rows, int width) {
   for (int i = lane; i < width; i += 32) sum += expf(row[i] - mx);
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   const float inv = 1.0f / sum;
-  for (int i = lane; i < width; i += 32) row[i] = expf(row[i] - mx) * inv;
+  for (int i = lane; i < width; i += 32)
+    StoreElem(out, out_type, r * width + i, expf(row[i] - mx) * inv);
 }
 
 __global__ void SumTokensKernel(const float* x, int64_t tokens, int heads, float* out) {
@@ -121,9 +123,11 @@ cudaError_t LaunchSumRowGroups(const float* parts, int64_t rows, int width, int 
   return cudaGetLastError();
 }
 
-cudaError_t LaunchSoftmaxRows(float* x, int64_t rows, int width, cudaStream_t stream) {
+cudaError_t LaunchSoftmaxRows(const float* x, int64_t rows, int width, void* out, ElemType out_type,
+                              cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  SoftmaxKernel<<<Blocks(rows, kThreads / 32), kThreads, 0, stream>>>(x, rows, width);
+  SoftmaxKernel<<<Blocks(rows, kThreads / 32), kThreads, 0, stream>>>(x, rows, width, out,
+                                                                      out_type);
   return cudaGetLastError();
 }
 

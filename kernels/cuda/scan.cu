@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(ScanTraits::kThreads) ScanKernel(const ScanPar
         vv =
             LoadElem(p.v.ptr, p.v.type,
                      ((bos + t) * (p.heads / p.v_head_share) + h / p.v_head_share) * p.dv + e0 + e);
-        if (has_right) lg = GateAt(p.right, bos, len, t, h, e0 + e);
+        if (has_right) lg = GateAt(p.right, bos, len, t, h / p.v_head_share, e0 + e);
       }
       vs[i * TVP + e] = vv;
       cr[i * TVP + e] = lg;

@@ -81,16 +81,18 @@ struct ScanParams {
   float* m_final = nullptr;
   void* o = nullptr;  // [N, H, dv]
   ElemType o_type = ElemType::kF32;
-  // Consecutive heads sharing one head of v: v is [N, H / v_head_share, dv]
-  // and head h reads its head h / v_head_share (key blocks scanned as heads
-  // of their own, cuda_backend.cc).
+  // Consecutive heads sharing one head of the value side: v and the right
+  // gate are [N, H / v_head_share, dv] and head h reads their head
+  // h / v_head_share (key blocks scanned as heads of their own,
+  // cuda_backend.cc).
   int v_head_share = 1;
 };
 
 // Chunked scan, one CTA per (sequence, head, 64-wide dv tile), sequential over
-// chunks. bf16/f16 operands without a right decay take the tensor-core path
-// (scan_mma.h: chunks of 64, bf16 mma, fp32 accumulation and state); the rest
-// runs chunks of 32 tokens in fp32 arithmetic throughout.
+// chunks. bf16/f16 operands take the tensor-core path (scan_mma.h: chunks of
+// 64, bf16 mma, fp32 accumulation and state) unless a right decay comes with a
+// left one or the mLSTM fields; the rest runs chunks of 32 tokens in fp32
+// arithmetic throughout.
 cudaError_t LaunchScan(const ScanParams& p, cudaStream_t stream);
 
 // One-token decode step for every sequence (N == num_seqs), states in place in
@@ -112,8 +114,10 @@ cudaError_t LaunchRepeatRows(const void* src, ElemType type, int64_t rows, int w
 // out[r, :] = Σ_c parts[r·copies + c, :] over fp32 rows of `width`, stored as out_type.
 cudaError_t LaunchSumRowGroups(const float* parts, int64_t rows, int width, int copies, void* out,
                                ElemType out_type, cudaStream_t stream);
-// In-place softmax over the last dim of a fp32 [rows, width] matrix, width ≤ 1024.
-cudaError_t LaunchSoftmaxRows(float* x, int64_t rows, int width, cudaStream_t stream);
+// Softmax over the last dim of a fp32 [rows, width] matrix into out (of
+// out_type; in place when out is x and fp32).
+cudaError_t LaunchSoftmaxRows(const float* x, int64_t rows, int width, void* out, ElemType out_type,
+                              cudaStream_t stream);
 
 // Decay gradient (spec §1.7): for each sequence, head and feature a
 //   out[t,h,a] = Σ_{τ≥t} (x[τ,h,a]·dx[τ,h,a] − y[τ,h,a]·dy[τ,h,a]) + Σ_b dS[a,b]·S[a,b]

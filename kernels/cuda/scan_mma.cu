@@ -17,13 +17,21 @@
 //     A_ij = Σ_a q_ia k_ja e^{b_ia − b_ja}, so no exponent ever overflows.
 //   o_i = Σ_j A_ij v_j + (q̂_i ⊙ e^{b_I0}) S
 //   S  ← diag(e^{b_C}) S + Σ_J (k̂_J ⊙ e^{b_C − b_Je})ᵀ V_J
+// Right decay (the value side: GSA's key pass, the decay backward's dq and dk
+// scans), the same blocks with c = in-chunk cumsum of the right log-decay, a
+// factor per output column instead of per key; A carries no decay:
+//   A_ij = q_i·k_j (j ≤ i)           v̂_j = v_j ⊙ e^{c_Je − c_j}           (stored bf16)
+//   o_i = (Σ_{J≤I} A_IJ (v̂_J ⊙ e^{c_I0 − c_Je}) + (q_i S) ⊙ e^{c_I0}) ⊙ e^{c_i − c_I0}
+//     — the diagonal's factor e^{c_I0 − c_Ie} ≥ 1 is bounded by e^60 as above,
+//     and past it that block's products are summed exactly in fp32;
+//   S  ← S diag(e^{c_C}) + Σ_J K_Jᵀ (v̂_J ⊙ e^{c_C − c_Je})
 // Scalar decay (simple GLA, RetNet, mLSTM), exact without sub-blocks, with the
 // stabilizer m_i = b_i + max(m_prev, max_{j≤i}(lw_j − b_j)) of scan.cu:
 //   A_ij = (q_i·k_j) e^{b_i − b_j + lw_j − m_i}  (j ≤ i)
 //   o_i = Σ_j A_ij v_j + e^{b_i + m_prev − m_i} q_iᵀ S, normalized as scan.h says
 //   S  ← e^{b_C + m_prev − m_C} S + Σ_j (k_j e^{b_C − b_j + lw_j − m_C}) v_jᵀ
-// Scaled operands are rounded to bf16 (f16 inputs too: the exponent range of
-// the rescaled operands needs bf16's), and so is A before A·V.
+// Scaled operands are rounded to bf16 (f16 and f32 inputs too: the exponent
+// range of the rescaled operands needs bf16's), and so is A before A·V.
 //
 // The two-pass scan splits that loop where it is sequential: the state pass
 // runs only the S update and stores the bf16 copy of S entering each chunk;
@@ -47,6 +55,10 @@ using bf16 = __nv_bfloat16;
 //   kOutputs  the output pass: one chunk per CTA, from the stored S.
 enum class MmaPass { kFused, kStates, kOutputs };
 
+// Where the decay acts: one log value per token (scalar), per key (left
+// vector) or per value column (right vector).
+enum class MmaDecay { kScalar, kLeft, kRight };
+
 struct MmaTile {
   static constexpr int kChunk = 64;  // C
   static constexpr int kBlock = 16;  // secondary chunk: one mma row block
@@ -65,29 +77,33 @@ struct MmaTile {
   static_assert(kMaxDk == 2 * 8 * kBlock, "state: at most 2 m-tiles per warp");
 
   // Per (dk, decay kind, pass): dk ≤ 128 holds one m-tile of S per warp,
-  // dk ≤ 256 two. The sequential passes at vector decay and dk ≤ 128 take 128
-  // dv columns and two load stages (its gate rows make the loads the larger
-  // share; measured faster); the others take 64 columns and one stage, and
-  // the scalar kind at dk ≤ 128 runs two CTAs per SM instead (measured faster
-  // than prefetching for it; it fits 128 registers exactly, with nothing to
-  // spare). The state pass keeps no q, so the scalar kind there also fits two
+  // dk ≤ 256 two. The sequential passes at left vector decay and dk ≤ 128
+  // take 128 dv columns and two load stages (its gate rows make the loads the
+  // larger share; measured faster); the others take 64 columns and one stage,
+  // and the scalar kind at dk ≤ 128 runs two CTAs per SM instead (measured
+  // faster than prefetching for it; it fits 128 registers exactly, with
+  // nothing to spare). The state pass keeps no q, so the scalar kind there also fits two
   // stages at two CTAs per SM. The output pass of the two-pass scan holds no
   // state and walks one chunk: 64 columns, one stage, two CTAs per SM where
   // shared memory allows.
   static constexpr __host__ __device__ int StateTiles(int dk) { return dk <= 128 ? 1 : 2; }
-  static constexpr __host__ __device__ bool Wide(int state_tiles, bool vector, MmaPass pass) {
-    return vector && state_tiles == 1 && pass != MmaPass::kOutputs;
+  static constexpr __host__ __device__ bool Wide(int state_tiles, MmaDecay decay, MmaPass pass) {
+    return decay == MmaDecay::kLeft && state_tiles == 1 && pass != MmaPass::kOutputs;
   }
-  static constexpr __host__ __device__ int TileV(int state_tiles, bool vector, MmaPass pass) {
-    return Wide(state_tiles, vector, pass) ? 128 : 64;
+  static constexpr __host__ __device__ int TileV(int state_tiles, MmaDecay decay, MmaPass pass) {
+    return Wide(state_tiles, decay, pass) ? 128 : 64;
   }
-  static constexpr __host__ __device__ int Stages(int state_tiles, bool vector, MmaPass pass) {
-    return Wide(state_tiles, vector, pass) || (pass == MmaPass::kStates && state_tiles == 1) ? 2
-                                                                                             : 1;
+  static constexpr __host__ __device__ int Stages(int state_tiles, MmaDecay decay, MmaPass pass) {
+    return Wide(state_tiles, decay, pass) || (pass == MmaPass::kStates && state_tiles == 1) ? 2 : 1;
   }
-  static constexpr __host__ __device__ int MinBlocks(int state_tiles, bool vector, MmaPass pass) {
+  static constexpr __host__ __device__ int MinBlocks(int state_tiles, MmaDecay decay,
+                                                     MmaPass pass) {
     if (pass == MmaPass::kOutputs) return state_tiles == 1 ? 2 : 1;
-    return !vector && state_tiles == 1 ? 2 : 1;
+    return decay == MmaDecay::kScalar && state_tiles == 1 ? 2 : 1;
+  }
+  // Columns of a chunk's gate rows: the keys (left), the tile (right), or one.
+  static constexpr __host__ __device__ int GateWidth(int dk, MmaDecay decay, int tile_v) {
+    return decay == MmaDecay::kLeft ? dk : decay == MmaDecay::kRight ? tile_v : 1;
   }
 };
 
@@ -99,22 +115,26 @@ struct MmaLayout {
   int k_off = 0, v_off = 0, g_off = 0;  // ... offsets in a stage (q at 0)
   int s = 0, a = 0, tab = 0, flags = 0, bytes = 0;
 
-  constexpr __host__ __device__ MmaLayout(int dk, bool vector, MmaPass pass) {
+  constexpr __host__ __device__ MmaLayout(int dk, MmaDecay decay, MmaPass pass) {
     using T = MmaTile;
     const int tiles = T::StateTiles(dk);
+    const int tile_v = T::TileV(tiles, decay, pass);
+    const int gw = T::GateWidth(dk, decay, tile_v);
+    const bool scalar = decay == MmaDecay::kScalar;
     ldq = dk + T::kPad;
-    ldv = T::TileV(tiles, vector, pass) + T::kPad;
-    // q̂ (vector) or q, bf16 [C][ldq]; the state pass reads no q.
+    ldv = tile_v + T::kPad;
+    // q̂ (left) or q, bf16 [C][ldq]; the state pass reads no q.
     k_off = pass == MmaPass::kStates ? 0 : T::kChunk * ldq * 2;
-    v_off = k_off + T::kChunk * ldq * 2;  // k̂ (vector) or k, bf16 [C][ldq]
-    g_off = v_off + T::kChunk * ldv * 2;  // v tile, bf16 [C][ldv]
-    stage_bytes = g_off + (vector ? T::kChunk * dk : 2 * T::kChunk) * 4;  // b [C][dk] or b, lw [C]
-    stage = Take(T::Stages(tiles, vector, pass) * stage_bytes);
+    v_off = k_off + T::kChunk * ldq * 2;  // k̂ (left) or k, bf16 [C][ldq]
+    g_off = v_off + T::kChunk * ldv * 2;  // v̂ (right) or v tile, bf16 [C][ldv]
+    // b or c [C][gw] (vector kinds), or b, lw [C] (scalar)
+    stage_bytes = g_off + (scalar ? 2 * T::kChunk : T::kChunk * gw) * 4;
+    stage = Take(T::Stages(tiles, decay, pass) * stage_bytes);
     s = Take(dk * ldv * 2);             // S, bf16 [dk][ldv]
     a = Take(T::kChunk * T::kLdA * 2);  // masked A, bf16 [C][kLdA]
-    // vector: e^{b_I0} [4][dk], e^{b_C − b_Je} [4][dk], e^{b_C} [dk];
+    // vector kinds: e^{b_I0} [4][gw], e^{b_C − b_Je} [4][gw], e^{b_C} [gw];
     // scalar: m, e^{b_i + m_prev − m_i}, column weights, den [C] and n [dk].
-    tab = Take((vector ? 9 * dk : 4 * T::kChunk + dk) * 4);
+    tab = Take((scalar ? 4 * T::kChunk + dk : 9 * gw) * 4);
     flags = Take(T::kBlocks * 4);
   }
 
@@ -231,31 +251,35 @@ __device__ __forceinline__ int64_t ChunkIndex(int64_t bos, int seq, int chunk) {
   return bos / MmaTile::kChunk + seq + chunk;
 }
 
-template <bool kVector, int kStateTiles, MmaPass kPass>
-__global__ void __launch_bounds__(MmaTile::kThreads,
-                                  MmaTile::MinBlocks(kStateTiles, kVector, kPass))
+template <MmaDecay kDecay, int kStateTiles, MmaPass kPass>
+__global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTiles, kDecay, kPass))
     ScanMmaKernel(const ScanParams p, bf16* chunk_states) {
   using T = MmaTile;
   constexpr int C = T::kChunk;
-  constexpr int TV = T::TileV(kStateTiles, kVector, kPass);  // dv columns per CTA
-  constexpr int kStages = T::Stages(kStateTiles, kVector, kPass);
+  constexpr bool kVector = kDecay == MmaDecay::kLeft;  // per-key decay
+  constexpr bool kRight = kDecay == MmaDecay::kRight;  // per-column decay
+  constexpr bool kScalar = kDecay == MmaDecay::kScalar;
+  constexpr int TV = T::TileV(kStateTiles, kDecay, kPass);  // dv columns per CTA
+  constexpr int kStages = T::Stages(kStateTiles, kDecay, kPass);
   constexpr bool kCarry = kPass != MmaPass::kOutputs;  // S in registers, updated per chunk
   constexpr bool kEmit = kPass != MmaPass::kStates;    // outputs written
   constexpr int kNt = TV / 8;                          // n-tiles of S (every warp holds all)
   constexpr int kOn = TV / 16;                         // n-tiles of o per warp
   constexpr unsigned kAll = 0xffffffffu;
   extern __shared__ __align__(16) unsigned char smem[];
-  const MmaLayout lay(p.dk, kVector, kPass);
+  const MmaLayout lay(p.dk, kDecay, kPass);
   const int ldv = lay.ldv;
   bf16* ss = reinterpret_cast<bf16*>(smem + lay.s);
   bf16* as = reinterpret_cast<bf16*>(smem + lay.a);
   float* tab = reinterpret_cast<float*>(smem + lay.tab);
   int* span_over = reinterpret_cast<int*>(smem + lay.flags);
   const int dk = p.dk, ldq = lay.ldq;
-  // vector tables
-  float* eb0 = tab;            // [4][dk] e^{b_I0}
-  float* ebl = tab + 4 * dk;   // [4][dk] e^{b_C − b_Je}
-  float* sdec = tab + 8 * dk;  // [dk]    e^{b_C}
+  // Columns of the vector kinds' gate rows and tables (the keys or the tile).
+  const int gw = T::GateWidth(dk, kDecay, TV);
+  // vector tables (c for b on the right)
+  float* eb0 = tab;            // [4][gw] e^{b_I0}
+  float* ebl = tab + 4 * gw;   // [4][gw] e^{b_C − b_Je}
+  float* sdec = tab + 8 * gw;  // [gw]    e^{b_C}
   // scalar tables
   float* ms = tab;       // [C] m_i
   float* coef = ms + C;  // [C] e^{b_i + m_prev − m_i}
@@ -283,16 +307,20 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
   auto chunk_state = [&](int c) {
     return chunk_states + (ChunkIndex(bos, seq, c) * p.heads + h) * dk * p.dv;
   };
-  const bool carry_n = !kVector && p.n_final != nullptr;
-  const bool norm = !kVector && p.norm != NormKind::kNone;
+  const bool carry_n = kScalar && p.n_final != nullptr;
+  const bool norm = kScalar && p.norm != NormKind::kNone;
   const float qk_scale = p.q_scale * p.k_scale;
   const int64_t head_off = static_cast<int64_t>(h) * dk * p.dv;
   // Which loads go through cp.async (bf16 operands, aligned log-valued vector gates).
   const bool qk_async = p.q.type == ElemType::kBF16 && p.k.type == ElemType::kBF16;
   const bool v_async = p.v.type == ElemType::kBF16;
+  const LogGate& gate = kRight ? p.right : p.left;     // the decay's gate
+  const int gate_h = kRight ? h / p.v_head_share : h;  // its head (value side: v's)
+  const int gate_col0 = kRight ? e0 : 0;               // its first column in this CTA
+  const int gate_cols = kRight ? tv : dk;              // and how many are live
   const bool gate_async =
-      kVector && p.left.ptr != nullptr && reinterpret_cast<uintptr_t>(p.left.ptr) % 16 == 0 &&
-      p.left.fn == GateFn::kIdentity && p.left.token_stride % 4 == 0 && p.left.head_stride % 4 == 0;
+      !kScalar && gate.ptr != nullptr && reinterpret_cast<uintptr_t>(gate.ptr) % 16 == 0 &&
+      gate.fn == GateFn::kIdentity && gate.token_stride % 4 == 0 && gate.head_stride % 4 == 0;
 
   // State accumulators: m-tile w + 8r (rows a), n-tile n (cols e) of S.
   float sacc[kStateTiles][kNt][4];
@@ -383,23 +411,26 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
             live ? Load8(p.v, off) : make_uint4(0, 0, 0, 0);
       }
     }
-    if constexpr (kVector) {
+    if constexpr (!kScalar) {
       if (gate_async) {
         // Gate rows as GateAt reads them (shift: row t + 1, none past the end).
-        const int quads = dk / 4;
+        const int quads = gw / 4;
         for (int idx = tid; idx < C * quads; idx += T::kThreads) {
           const int i = idx / quads, a = 4 * (idx % quads);
-          const int src = tok0 + dir * i + (p.left.shift ? 1 : 0);
-          const bool live = i < lc && src < len;
-          const int64_t off = live ? (bos + src) * p.left.token_stride +
-                                         static_cast<int64_t>(h) * p.left.head_stride + a
+          const int src = tok0 + dir * i + (gate.shift ? 1 : 0);
+          const bool live = i < lc && src < len && a < gate_cols;
+          const int64_t off = live ? (bos + src) * gate.token_stride +
+                                         static_cast<int64_t>(gate_h) * gate.head_stride +
+                                         gate_col0 + a
                                    : 0;
-          CpAsync16(gd + i * dk + a, p.left.ptr + off, live);
+          CpAsync16(gd + i * gw + a, gate.ptr + off, live);
         }
       } else {
-        for (int idx = tid; idx < C * dk; idx += T::kThreads) {
-          const int i = idx / dk, a = idx % dk;
-          gd[idx] = i < lc ? GateAt(p.left, bos, len, tok0 + dir * i, h, a) : 0.0f;
+        for (int idx = tid; idx < C * gw; idx += T::kThreads) {
+          const int i = idx / gw, a = idx % gw;
+          gd[idx] = i < lc && a < gate_cols
+                        ? GateAt(gate, bos, len, tok0 + dir * i, gate_h, gate_col0 + a)
+                        : 0.0f;
         }
       }
     } else {
@@ -451,7 +482,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
       CpAsyncWait<0>();
     }
     if constexpr (kCarry) store_state_copy();
-    if (kVector && tid < T::kBlocks) span_over[tid] = 0;
+    if (!kScalar && tid < T::kBlocks) span_over[tid] = 0;
     __syncthreads();
     if constexpr (kPass == MmaPass::kStates) {
       // The copy goes out in 16-byte rows; the next write of ss is past two barriers.
@@ -465,26 +496,26 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
     }
 
     // 2. In-chunk cumsums and the decay tables.
-    if constexpr (kVector) {
-      for (int a = tid; a < dk; a += T::kThreads) {
+    if constexpr (!kScalar) {
+      for (int a = tid; a < gw; a += T::kThreads) {
         float run = 0.0f;
         for (int i0 = 0; i0 < C; i0 += T::kBlock) {
           float x[T::kBlock];  // loads of a block issued before its dependent adds
 #pragma unroll
-          for (int i = 0; i < T::kBlock; ++i) x[i] = bl[(i0 + i) * dk + a];
+          for (int i = 0; i < T::kBlock; ++i) x[i] = bl[(i0 + i) * gw + a];
 #pragma unroll
           for (int i = 0; i < T::kBlock; ++i) {
             run += x[i];
-            bl[(i0 + i) * dk + a] = run;
+            bl[(i0 + i) * gw + a] = run;
           }
         }
         sdec[a] = __expf(run);
 #pragma unroll
         for (int blk = 0; blk < T::kBlocks; ++blk) {
-          const float first = bl[blk * T::kBlock * dk + a];
-          const float last = bl[(blk * T::kBlock + T::kBlock - 1) * dk + a];
-          eb0[blk * dk + a] = __expf(first);
-          ebl[blk * dk + a] = __expf(run - last);
+          const float first = bl[blk * T::kBlock * gw + a];
+          const float last = bl[(blk * T::kBlock + T::kBlock - 1) * gw + a];
+          eb0[blk * gw + a] = __expf(first);
+          ebl[blk * gw + a] = __expf(run - last);
           if (first - last > T::kMaxSpan) span_over[blk] = 1;
         }
       }
@@ -531,7 +562,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
     }
     __syncthreads();
 
-    // 3. Vector: rescale q and k in place. Scalar: the inter part of q'ᵀn.
+    // 3. Left: rescale q and k in place. Right: v. Scalar: the inter part of q'ᵀn.
     if constexpr (kVector) {
       for (int idx = tid; idx < C * dk / 2; idx += T::kThreads) {
         const int i = idx / (dk / 2), a = 2 * (idx % (dk / 2));
@@ -550,6 +581,16 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
         *kp = __floats2bfloat162_rn(kv.x * p.k_scale * __expf(b_last[a] - bi0),
                                     kv.y * p.k_scale * __expf(b_last[a + 1] - bi1));
       }
+    } else if constexpr (kRight) {
+      for (int idx = tid; idx < C * TV / 2; idx += T::kThreads) {
+        const int j = idx / (TV / 2), e = 2 * (idx % (TV / 2));
+        const float* c_last = bl + ((j / T::kBlock) * T::kBlock + T::kBlock - 1) * TV;
+        const float* cj = bl + j * TV;
+        __nv_bfloat162* vp = reinterpret_cast<__nv_bfloat162*>(vs + j * ldv + e);
+        const float2 vv = __bfloat1622float2(*vp);
+        *vp = __floats2bfloat162_rn(vv.x * p.k_scale * __expf(c_last[e] - cj[e]),
+                                    vv.y * p.k_scale * __expf(c_last[e + 1] - cj[e + 1]));
+      }
     } else if (norm) {
       // den_i starts at e^{b_i + m_prev − m_i} q'_iᵀ n_prev: four lanes per row.
       static_assert(T::kThreads == 4 * C, "q'ᵀn: four lanes per row");
@@ -560,7 +601,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
       acc += __shfl_xor_sync(kAll, acc, 2);
       if (tid % 4 == 0) den[i] = coef[i] * p.q_scale * acc;
     }
-    if (kVector || norm) __syncthreads();  // plain scalar decay: nothing written in step 3
+    if (!kScalar || norm) __syncthreads();  // plain scalar decay: nothing written in step 3
 
     // 4. A, masked, to bf16. Warp w: row block I = w/2, its half of the
     //    2(I+1) n-tiles of 8 columns that reach the diagonal.
@@ -606,7 +647,10 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
           const int i = 16 * blk + g + 8 * half, j = 8 * nt + 2 * t4;
           float v0 = j <= i ? acc[n][2 * half] : 0.0f;
           float v1 = j + 1 <= i ? acc[n][2 * half + 1] : 0.0f;
-          if constexpr (!kVector) {
+          if constexpr (kRight) {
+            v0 *= p.q_scale;  // k_scale is in v̂
+            v1 *= p.q_scale;
+          } else if constexpr (kScalar) {
             // Columns past lc hold k = 0; their factor is not bounded by m_i.
             v0 = j <= i && j < lc ? v0 * qk_scale * __expf(bl[i] - bl[j] + lws[j] - ms[i]) : 0.0f;
             v1 = j < i && j + 1 < lc
@@ -647,7 +691,8 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
       __syncthreads();
     }
 
-    // 5. o = (q̂ ⊙ e^{b_I0}) S, rows scaled (scalar mode), then += A·V.
+    // 5. o = (q̂ ⊙ e^{b_I0}) S, rows scaled (scalar) or columns (right), then
+    //    += A·V (right: V̂ scaled per column, then every entry by e^{c_i − c_I0}).
     //    Warp w: rows 16(w/2).., the (w%2) half of the n-tiles.
     if constexpr (kEmit) {
       const int mb = warp / 2, ntb = kOn * (warp % 2);
@@ -668,23 +713,76 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
           Mma(acc[n + 1], fa, fb[2], fb[3]);
         }
       }
-      if constexpr (!kVector) {
+      if constexpr (kScalar) {
         const float r0 = p.q_scale * coef[16 * mb + g], r8 = p.q_scale * coef[16 * mb + g + 8];
 #pragma unroll
         for (int n = 0; n < kOn; ++n) {
           acc[n][0] *= r0, acc[n][1] *= r0;
           acc[n][2] *= r8, acc[n][3] *= r8;
         }
+      } else if constexpr (kRight) {
+        const float* f = eb0 + mb * TV + 8 * ntb + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < kOn; ++n) {
+          const float f0 = p.q_scale * f[8 * n], f1 = p.q_scale * f[8 * n + 1];
+          acc[n][0] *= f0, acc[n][1] *= f1;
+          acc[n][2] *= f0, acc[n][3] *= f1;
+        }
       }
+      // Right: this block's first row of c, and the exact diagonal's flag.
+      [[maybe_unused]] const float* c_first = bl + 16 * mb * gw;
+      const bool exact_diagonal = kRight && span_over[mb];
       for (int k0 = 0; k0 <= 16 * mb; k0 += 16) {
+        if (kRight && k0 == 16 * mb && exact_diagonal) break;
         uint32_t fa[4];
         Ldsm4(fa, as + (16 * mb + (lane & 15)) * T::kLdA + k0 + 8 * (lane >> 4));
 #pragma unroll
         for (int n = 0; n < kOn; n += 2) {
           uint32_t fb[4];
           Ldsm4T(fb, vs + (k0 + (lane & 15)) * ldv + 8 * (ntb + n) + 8 * (lane >> 4));
+          if constexpr (kRight) {
+            // V̂_J ⊙ e^{c_I0 − c_Je}: a fragment register holds one column (g).
+            const float* c_last = bl + (k0 + T::kBlock - 1) * gw;
+            const int col = 8 * (ntb + n) + g;
+            const float f0 = __expf(c_first[col] - c_last[col]);
+            const float f1 = __expf(c_first[col + 8] - c_last[col + 8]);
+            fb[0] = Scale2(fb[0], f0, f0), fb[1] = Scale2(fb[1], f0, f0);
+            fb[2] = Scale2(fb[2], f1, f1), fb[3] = Scale2(fb[3], f1, f1);
+          }
           Mma(acc[n], fa, fb[0], fb[1]);
           Mma(acc[n + 1], fa, fb[2], fb[3]);
+        }
+      }
+      if constexpr (kRight) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = 16 * mb + g + 8 * half;
+          const float* ci = bl + i * gw;
+#pragma unroll
+          for (int n = 0; n < kOn; ++n) {
+            const int e = 8 * (ntb + n) + 2 * t4;
+            acc[n][2 * half] *= __expf(ci[e] - c_first[e]);
+            acc[n][2 * half + 1] *= __expf(ci[e + 1] - c_first[e + 1]);
+          }
+        }
+        if (exact_diagonal) {
+          // Σ_{j in I, j ≤ i} A_ij v_j e^{c_i − c_j} in fp32, raw v reread
+          // from global memory.
+          for (int half = 0; half < 2; ++half) {
+            const int i = 16 * mb + g + 8 * half;
+            for (int j = 16 * mb; j <= i && j < lc; ++j) {
+              const float aij = __bfloat162float(as[i * T::kLdA + j]) * p.k_scale;
+              const int64_t vo =
+                  (row_of(j) * (p.heads / p.v_head_share) + h / p.v_head_share) * p.dv + e0;
+              for (int n = 0; n < kOn; ++n) {
+                const int e = 8 * (ntb + n) + 2 * t4;
+                if (e >= tv) continue;
+                for (int x = 0; x < 2; ++x)
+                  acc[n][2 * half + x] += aij * LoadElem(p.v.ptr, p.v.type, vo + e + x) *
+                                          __expf(bl[i * gw + e + x] - bl[j * gw + e + x]);
+              }
+            }
+          }
         }
       }
 #pragma unroll
@@ -692,7 +790,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
         const int i = 16 * mb + g + 8 * half;
         if (i >= lc) continue;
         float inv_den = 1.0f;
-        if constexpr (!kVector) {
+        if constexpr (kScalar) {
           if (p.norm == NormKind::kMlstmExp) {
             inv_den = 1.0f / (fmaxf(fabsf(den[i]), __expf(-ms[i])) + p.eps);
           } else if (p.norm == NormKind::kSigNorm) {
@@ -710,18 +808,28 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
       }
     }
 
-    // 6. S ← decay ⊙ S + (k̂ ⊙ column or row weights)ᵀ V, in registers.
+    // 6. S ← decay ⊙ S + (k̂ ⊙ column or row weights)ᵀ V, in registers
+    //    (right: S ⊙ e^{c_C} per column + Kᵀ (V̂ ⊙ e^{c_C − c_Je}) per column).
     if constexpr (kCarry) {
 #pragma unroll
       for (int r = 0; r < kStateTiles; ++r) {
         const int a0 = 16 * (warp + 8 * r);
         if (a0 >= dk) continue;
-        const float dg = kVector ? sdec[a0 + g] : coef[C - 1];
-        const float dg8 = kVector ? sdec[a0 + g + 8] : coef[C - 1];
+        if constexpr (kRight) {
 #pragma unroll
-        for (int n = 0; n < kNt; ++n) {
-          sacc[r][n][0] *= dg, sacc[r][n][1] *= dg;
-          sacc[r][n][2] *= dg8, sacc[r][n][3] *= dg8;
+          for (int n = 0; n < kNt; ++n) {
+            const float d0 = sdec[8 * n + 2 * t4], d1 = sdec[8 * n + 2 * t4 + 1];
+            sacc[r][n][0] *= d0, sacc[r][n][1] *= d1;
+            sacc[r][n][2] *= d0, sacc[r][n][3] *= d1;
+          }
+        } else {
+          const float dg = kVector ? sdec[a0 + g] : coef[C - 1];
+          const float dg8 = kVector ? sdec[a0 + g + 8] : coef[C - 1];
+#pragma unroll
+          for (int n = 0; n < kNt; ++n) {
+            sacc[r][n][0] *= dg, sacc[r][n][1] *= dg;
+            sacc[r][n][2] *= dg8, sacc[r][n][3] *= dg8;
+          }
         }
 #pragma unroll
         for (int jb = 0; jb < T::kBlocks; ++jb) {
@@ -730,7 +838,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
           Ldsm4T(fa, ks + (k0 + (lane & 7) + 8 * (lane >> 4)) * ldq + a0 + 8 * ((lane >> 3) & 1));
           if constexpr (kVector) {
             ScaleRows(fa, ebl[jb * dk + a0 + g], ebl[jb * dk + a0 + g + 8]);
-          } else {
+          } else if constexpr (kScalar) {
             const float* w = wj + k0 + 2 * t4;
             const float fs[4] = {w[0], w[1], w[8], w[9]};
             ScaleCols(fa, fs);
@@ -739,12 +847,17 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
           for (int n = 0; n < kNt; n += 2) {
             uint32_t fb[4];
             Ldsm4T(fb, vs + (k0 + (lane & 15)) * ldv + 8 * n + 8 * (lane >> 4));
+            if constexpr (kRight) {
+              const float f0 = ebl[jb * TV + 8 * n + g], f1 = ebl[jb * TV + 8 * n + 8 + g];
+              fb[0] = Scale2(fb[0], f0, f0), fb[1] = Scale2(fb[1], f0, f0);
+              fb[2] = Scale2(fb[2], f1, f1), fb[3] = Scale2(fb[3], f1, f1);
+            }
             Mma(sacc[r][n], fa, fb[0], fb[1]);
             Mma(sacc[r][n + 1], fa, fb[2], fb[3]);
           }
         }
       }
-      if constexpr (!kVector) {
+      if constexpr (kScalar) {
         if (carry_n) {
           for (int a = tid; a < dk; a += T::kThreads) {
             float add[4] = {};
@@ -786,28 +899,40 @@ __global__ void __launch_bounds__(MmaTile::kThreads,
 
 constexpr int kMaxSmemBytes = 227 * 1024;
 constexpr int kSmPerSmBytes = 228 * 1024;  // per SM, 1 KB of it reserved per CTA
-static_assert(MmaLayout(128, true, MmaPass::kFused).bytes <= kMaxSmemBytes,
-              "vector tile, dk 128, two stages");
-static_assert(2 * (MmaLayout(128, false, MmaPass::kFused).bytes + 1024) <= kSmPerSmBytes,
+static_assert(MmaLayout(128, MmaDecay::kLeft, MmaPass::kFused).bytes <= kMaxSmemBytes,
+              "left vector tile, dk 128, two stages");
+static_assert(2 * (MmaLayout(128, MmaDecay::kScalar, MmaPass::kFused).bytes + 1024) <=
+                  kSmPerSmBytes,
               "two scalar CTAs per SM");
-static_assert(2 * (MmaLayout(128, true, MmaPass::kOutputs).bytes + 1024) <= kSmPerSmBytes,
-              "two vector output CTAs per SM");
-static_assert(2 * (MmaLayout(128, false, MmaPass::kStates).bytes + 1024) <= kSmPerSmBytes,
+static_assert(2 * (MmaLayout(128, MmaDecay::kLeft, MmaPass::kOutputs).bytes + 1024) <=
+                  kSmPerSmBytes,
+              "two left vector output CTAs per SM");
+static_assert(2 * (MmaLayout(128, MmaDecay::kRight, MmaPass::kOutputs).bytes + 1024) <=
+                  kSmPerSmBytes,
+              "two right vector output CTAs per SM");
+static_assert(2 * (MmaLayout(128, MmaDecay::kScalar, MmaPass::kStates).bytes + 1024) <=
+                  kSmPerSmBytes,
               "two scalar state-pass CTAs per SM, two stages each");
-static_assert(MmaLayout(MmaTile::kMaxDk, false, MmaPass::kFused).bytes <= kMaxSmemBytes,
+static_assert(MmaLayout(MmaTile::kMaxDk, MmaDecay::kScalar, MmaPass::kFused).bytes <= kMaxSmemBytes,
               "scalar tile, dk 256");
-static_assert(MmaLayout(MmaTile::kMaxDk, true, MmaPass::kFused).bytes <= kMaxSmemBytes,
-              "vector tile, dk 256");
+static_assert(MmaLayout(MmaTile::kMaxDk, MmaDecay::kLeft, MmaPass::kFused).bytes <= kMaxSmemBytes,
+              "left vector tile, dk 256");
+static_assert(MmaLayout(MmaTile::kMaxDk, MmaDecay::kRight, MmaPass::kFused).bytes <= kMaxSmemBytes,
+              "right vector tile, dk 256");
 
-template <bool kVector, int kStateTiles, MmaPass kPass>
+MmaDecay DecayOf(const ScanParams& p) {
+  return p.right.ptr ? MmaDecay::kRight : p.left_vector ? MmaDecay::kLeft : MmaDecay::kScalar;
+}
+
+template <MmaDecay kDecay, int kStateTiles, MmaPass kPass>
 cudaError_t LaunchMmaInstance(const ScanParams& p, bf16* chunk_states, int max_chunks,
                               cudaStream_t stream) {
-  const int bytes = MmaLayout(p.dk, kVector, kPass).bytes;
-  auto* kernel = ScanMmaKernel<kVector, kStateTiles, kPass>;
+  const int bytes = MmaLayout(p.dk, kDecay, kPass).bytes;
+  auto* kernel = ScanMmaKernel<kDecay, kStateTiles, kPass>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
-  constexpr int kTileV = MmaTile::TileV(kStateTiles, kVector, kPass);
+  constexpr int kTileV = MmaTile::TileV(kStateTiles, kDecay, kPass);
   const int tiles = (p.dv + kTileV - 1) / kTileV;
   const dim3 grid(kPass == MmaPass::kOutputs ? tiles * max_chunks : tiles, p.heads, p.num_seqs);
   kernel<<<grid, MmaTile::kThreads, bytes, stream>>>(p, chunk_states);
@@ -819,11 +944,17 @@ cudaError_t LaunchPass(const ScanParams& p, void* chunk_states, int max_chunks,
                        cudaStream_t stream) {
   bf16* states = static_cast<bf16*>(chunk_states);
   const bool narrow = MmaTile::StateTiles(p.dk) == 1;
-  if (p.left_vector)
-    return narrow ? LaunchMmaInstance<true, 1, kPass>(p, states, max_chunks, stream)
-                  : LaunchMmaInstance<true, 2, kPass>(p, states, max_chunks, stream);
-  return narrow ? LaunchMmaInstance<false, 1, kPass>(p, states, max_chunks, stream)
-                : LaunchMmaInstance<false, 2, kPass>(p, states, max_chunks, stream);
+  switch (DecayOf(p)) {
+    case MmaDecay::kLeft:
+      return narrow ? LaunchMmaInstance<MmaDecay::kLeft, 1, kPass>(p, states, max_chunks, stream)
+                    : LaunchMmaInstance<MmaDecay::kLeft, 2, kPass>(p, states, max_chunks, stream);
+    case MmaDecay::kRight:
+      return narrow ? LaunchMmaInstance<MmaDecay::kRight, 1, kPass>(p, states, max_chunks, stream)
+                    : LaunchMmaInstance<MmaDecay::kRight, 2, kPass>(p, states, max_chunks, stream);
+    default:
+      return narrow ? LaunchMmaInstance<MmaDecay::kScalar, 1, kPass>(p, states, max_chunks, stream)
+                    : LaunchMmaInstance<MmaDecay::kScalar, 2, kPass>(p, states, max_chunks, stream);
+  }
 }
 
 bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -834,9 +965,14 @@ bool Half(const Operand& op) {
 }  // namespace
 
 bool ScanMmaSupports(const ScanParams& p) {
-  return Half(p.q) && Half(p.k) && Half(p.v) && p.right.ptr == nullptr && p.dk > 0 &&
+  // A right decay comes alone: no left decay, key weights or mLSTM fields.
+  const bool right_alone =
+      p.right.ptr == nullptr ||
+      (p.left.ptr == nullptr && p.key_weight.ptr == nullptr && !p.stabilize &&
+       p.norm == NormKind::kNone && p.n_init == nullptr && p.n_final == nullptr);
+  return Half(p.q) && Half(p.k) && Half(p.v) && right_alone && p.dk > 0 &&
          p.dk <= MmaTile::kMaxDk && p.dk % 16 == 0 && p.dv > 0 && p.dv % 16 == 0 &&
-         MmaLayout(p.dk, p.left_vector, MmaPass::kFused).bytes <= kMaxSmemBytes;
+         MmaLayout(p.dk, DecayOf(p), MmaPass::kFused).bytes <= kMaxSmemBytes;
 }
 
 cudaError_t LaunchScanMma(const ScanParams& p, cudaStream_t stream) {
@@ -846,7 +982,7 @@ cudaError_t LaunchScanMma(const ScanParams& p, cudaStream_t stream) {
 bool ScanMmaTwoPassSupports(const ScanParams& p) {
   return ScanMmaSupports(p) && !p.reverse && !p.stabilize && p.norm == NormKind::kNone &&
          p.key_weight.ptr == nullptr && p.n_init == nullptr && p.n_final == nullptr &&
-         MmaLayout(p.dk, p.left_vector, MmaPass::kOutputs).bytes <= kMaxSmemBytes;
+         MmaLayout(p.dk, DecayOf(p), MmaPass::kOutputs).bytes <= kMaxSmemBytes;
 }
 
 int64_t ScanMmaChunkStates(int64_t tokens, int num_seqs) {

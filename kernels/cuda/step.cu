@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(StepTraits::kThreads) StepKernel(const ScanPar
   if (tid < T::kCols) {
     const int64_t v_row = tok * (p.heads / p.v_head_share) + h / p.v_head_share;
     v[tid] = LoadElem(p.v.ptr, p.v.type, v_row * p.dv + e0 + tid);
-    er[tid] = p.right.ptr ? expf(GateAt(p.right, tok, 1, 0, h, e0 + tid)) : 1.0f;
+    er[tid] = p.right.ptr ? expf(GateAt(p.right, tok, 1, 0, h / p.v_head_share, e0 + tid)) : 1.0f;
   }
   __syncthreads();
 

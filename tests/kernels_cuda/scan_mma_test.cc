@@ -3,13 +3,15 @@
 // log-decays down to −20 per step (the diagonal blocks' exact fallback; the
 // fp32 path overflows there), lengths off the 64-token chunk, packed sequences
 // with initial states from shuffled slots, several dv tiles (128 wide for
-// dk ≤ 128, 64 above), key_dim 256, the reverse scans of the backward, and
+// dk ≤ 128, 64 above), key_dim 256, right decays (GSA's key pass and the
+// decay backward's dq and dk scans), the reverse scans of the backward, and
 // mLSTM; the forward in both schedules (one pass, and the state pass then the
 // chunk-parallel output pass). Skips without a GPU.
 #include <cmath>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -85,6 +87,43 @@ TEST_P(MmaScanScheduleVsCpu, DecayForward) {
         }
 }
 
+// GSA: the key pass is the right-decay scan (the slots on the value side, in
+// one or two 64-column tiles), the value pass the left vector one, queried by
+// probabilities rounded to bf16; 512 keys split into blocks.
+TEST_P(MmaScanScheduleVsCpu, GsaForward) {
+  for (const auto& [K, M, V] :
+       {std::tuple{128, 64, 128}, std::tuple{64, 128, 64}, std::tuple{512, 32, 64}})
+    for (DType dt : {DType::kBF16, DType::kF16})
+      for (const DecayRange& range : kRanges) {
+        MakeBatch({130, 1, 0, 64, 200, 37});
+        const int64_t n = offsets_.back();
+        const int H = 2, S = batch_.num_seqs;
+        const std::string what = "gsa K=" + std::to_string(K) + " M=" + std::to_string(M) + " " +
+                                 std::string(DTypeName(dt)) + " " + range.name;
+        const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1),
+                     v = Rand({n, H, V}, -1, 1);
+        const Tensor g = Rand({n, H, M}, range.lo, range.hi), s = Rand({n, H, M}, 0, 1);
+        const Tensor hk = Rand({S + 1, H, K, M}, -1, 1), hv = Rand({S + 1, H, M, V}, -1, 1);
+        GsaForwardArgs c, d;
+        for (GsaForwardArgs* a : {&c, &d})
+          a->heads = H, a->key_dim = K, a->value_dim = V, a->num_slots_m = M,
+          a->scale = 1.0f / std::sqrt(static_cast<float>(K));
+        c.q = Cpu(q, dt), c.k = Cpu(k, dt), c.v = Cpu(v, dt), c.s = Cpu(s, dt), c.g = g.Clone();
+        d.q = Gpu(q, dt), d.k = Gpu(k, dt), d.v = Gpu(v, dt), d.s = Gpu(s, dt),
+        d.g = Gpu(g, DType::kF32);
+        c.o = Tensor::Zeros(DType::kF32, {n, H, V});
+        d.o = Gpu(Rand({n, H, V}, 7, 8), dt);  // poisoned: every element must be written
+        c.state_k = hk.Clone(), c.state_v = hv.Clone();
+        d.state_k = Gpu(hk, DType::kF32), d.state_v = Gpu(hv, DType::kF32);
+        ASSERT_TRUE(cpu_->GsaForward(batch_, c, MixerForm::kChunked).ok()) << what;
+        const absl::Status st = gpu_->GsaForward(batch_, d, MixerForm::kChunked);
+        ASSERT_TRUE(st.ok()) << what << ": " << st;
+        Expect(d.o, c.o, kTol, what + " o");
+        Expect(d.state_k, c.state_k, kTol, what + " hk");
+        Expect(d.state_v, c.state_v, kTol, what + " hv");
+      }
+}
+
 INSTANTIATE_TEST_SUITE_P(Schedules, MmaScanScheduleVsCpu,
                          ::testing::Values(ScanSchedule::kOnePass, ScanSchedule::kTwoPass),
                          [](const ::testing::TestParamInfo<ScanSchedule>& info) {
@@ -131,14 +170,12 @@ TEST_F(MmaScanVsCpu, TwoPassMatchesOnePass) {
     }
 }
 
-// The backward's scans: for scalar decays all three (dq forward, dk and dv
-// reverse with shifted gates) take the tensor-core path, for vector decays the
-// dv pass (the others carry a right decay and stay on the fp32 path, so the
-// decays stay mild there).
+// The backward's scans, all three on the tensor-core path: dq forward, dk
+// and dv reverse with shifted gates; for vector decays the dq and dk scans
+// carry the decay on the right.
 TEST_F(MmaScanVsCpu, DecayBackward) {
   for (DecayKind kind : {DecayKind::kScalar, DecayKind::kVector})
     for (const DecayRange& range : kRanges) {
-      if (kind == DecayKind::kVector && range.lo < -1.0f) continue;
       MakeBatch({130, 1, 0, 70});
       const int64_t n = offsets_.back();
       const int H = 2, K = 64, V = 64, S = batch_.num_seqs;
