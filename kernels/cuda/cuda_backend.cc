@@ -447,9 +447,17 @@ class CudaBackend : public Backend {
     const bool left_vec = a.kind == DecayKind::kVector || a.kind == DecayKind::kLeftRight;
     const LogGate L = LeftGate(a);
     const LogGate R = right ? Gate(a.gv, H * V, V) : LogGate{};
-    LAIR_ASSIGN_OR_RETURN(Tensor dq_f, Uninitialized(DType::kF32, {n, H, K}));
-    LAIR_ASSIGN_OR_RETURN(Tensor dk_f, Uninitialized(DType::kF32, {n, H, K}));
-    LAIR_ASSIGN_OR_RETURN(Tensor dv_f, Uninitialized(DType::kF32, {n, H, V}));
+    // The scans write dq, dk (dv) in fp32 where the decay gradient's term
+    // pass reads them (it then stores them in their dtypes), else straight
+    // into the outputs.
+    Tensor dq_f = b.dq, dk_f = b.dk, dv_f = b.dv;
+    if (want_left) {
+      LAIR_ASSIGN_OR_RETURN(dq_f, Uninitialized(DType::kF32, {n, H, K}));
+      LAIR_ASSIGN_OR_RETURN(dk_f, Uninitialized(DType::kF32, {n, H, K}));
+    }
+    if (want_right) {
+      LAIR_ASSIGN_OR_RETURN(dv_f, Uninitialized(DType::kF32, {n, H, V}));
+    }
 
     // dQ = f(dO, V, K, R, L), starting from s0ᵀ.
     {
@@ -467,6 +475,7 @@ class CudaBackend : public Backend {
       }
       if (!batch.zero_initial_state) p.s_init = Transposed(pool, V);
       p.o = dq_f.raw();
+      p.o_type = Elem(dq_f.dtype());
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(p, s()), "decay backward dq"));
     }
     // dV = f(K, Q, dO, L+, R+, reverse) from dS_n; its last state is G_1.
@@ -487,6 +496,7 @@ class CudaBackend : public Backend {
         p.s_final = Dense(g1.f32(), H, K, V);
       }
       p.o = dv_f.raw();
+      p.o_type = Elem(dv_f.dtype());
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(p, s()), "decay backward dv"));
     }
     // dK = f(V, dO, Q, R+, L+, reverse) from dS_nᵀ.
@@ -506,6 +516,7 @@ class CudaBackend : public Backend {
       }
       if (b.d_ht.defined()) p.s_init = Transposed(Dense(b.d_ht.f32(), H, K, V), V);
       p.o = dk_f.raw();
+      p.o_type = Elem(dk_f.dtype());
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(p, s()), "decay backward dk"));
     }
     if (b.dh0.defined()) {
@@ -533,6 +544,8 @@ class CudaBackend : public Backend {
       }
       g.reduce_features = !left_vec;
       if (want_left) {
+        g.dx_out = b.dq.raw(), g.dx_out_type = Elem(b.dq.dtype());
+        g.dy_out = b.dk.raw(), g.dy_out_type = Elem(b.dk.dtype());
         Tensor dg_all;
         if (a.kind == DecayKind::kConstant) {
           LAIR_ASSIGN_OR_RETURN(dg_all, Uninitialized(DType::kF32, {n, H}));
@@ -554,13 +567,13 @@ class CudaBackend : public Backend {
         g.dx = Op(b.d_o);
         g.y = Op(a.v);
         g.dy = Op(dv_f);
+        g.dx_out = nullptr;
+        g.dy_out = b.dv.raw(), g.dy_out_type = Elem(b.dv.dtype());
         g.out = b.dgv.f32();
         LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchDecayGrad(g, s()), "decay backward dgv"));
       }
     }
-    LAIR_RETURN_IF_ERROR(ConvertInto(dq_f, b.dq));
-    LAIR_RETURN_IF_ERROR(ConvertInto(dk_f, b.dk));
-    return ConvertInto(dv_f, b.dv);
+    return absl::OkStatus();
   }
 
   absl::Status GsaForward(const SequenceBatch& batch, const GsaForwardArgs& a,

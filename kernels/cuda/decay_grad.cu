@@ -9,6 +9,8 @@
 //           rowsum(dS ⊙ S) of the column (reduced by the same threads);
 //   pass 2: each thread walks its chunk backwards from its suffix total.
 // Any feature dimension works: columns are tiled over gridDim.x.
+#include <cstring>
+
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/scan.h"
 
@@ -24,20 +26,52 @@ int Blocks(int64_t n, int per_block) {
   return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
 }
 
-// term[t,h,a] = x·dx − y·dy, or Σ_a of it (one warp per token-head) when reducing.
+// Four consecutive elements of an operand as floats (i a multiple of 4).
+__device__ __forceinline__ float4 Load4(const Operand& op, int64_t i) {
+  switch (op.type) {
+    case ElemType::kBF16: {
+      const uint2 raw =
+          *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(op.ptr) + i);
+      __nv_bfloat162 h[2];
+      memcpy(h, &raw, 8);
+      const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+      return make_float4(a.x, a.y, b.x, b.y);
+    }
+    case ElemType::kF16: {
+      const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __half*>(op.ptr) + i);
+      __half2 h[2];
+      memcpy(h, &raw, 8);
+      const float2 a = __half22float2(h[0]), b = __half22float2(h[1]);
+      return make_float4(a.x, a.y, b.x, b.y);
+    }
+    default:
+      return *reinterpret_cast<const float4*>(static_cast<const float*>(op.ptr) + i);
+  }
+}
+
+__device__ __forceinline__ void Store4(void* out, ElemType type, int64_t i, float4 v) {
+  for (int c = 0; c < 4; ++c) StoreElem(out, type, i + c, (&v.x)[c]);
+}
+
+// term[t,h,a] = x·dx − y·dy, or Σ_a of it (one warp per token-head) when
+// reducing; four features per lane (dim is a multiple of 4). dx and dy go to
+// dx_out and dy_out where those are set.
 __global__ void DecayTermKernel(const DecayGradParams p) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= p.tokens * p.heads) return;
   float part = 0.0f;
-  for (int a = lane; a < p.dim; a += 32) {
+  for (int a = 4 * lane; a < p.dim; a += 4 * 32) {
     const int64_t i = r * p.dim + a;
-    const float t = LoadElem(p.x.ptr, p.x.type, i) * LoadElem(p.dx.ptr, p.dx.type, i) -
-                    LoadElem(p.y.ptr, p.y.type, i) * LoadElem(p.dy.ptr, p.dy.type, i);
+    const float4 x = Load4(p.x, i), dx = Load4(p.dx, i), y = Load4(p.y, i), dy = Load4(p.dy, i);
+    if (p.dx_out) Store4(p.dx_out, p.dx_out_type, i, dx);
+    if (p.dy_out) Store4(p.dy_out, p.dy_out_type, i, dy);
+    const float4 t = make_float4(x.x * dx.x - y.x * dy.x, x.y * dx.y - y.y * dy.y,
+                                 x.z * dx.z - y.z * dy.z, x.w * dx.w - y.w * dy.w);
     if (p.reduce_features) {
-      part += t;
+      part += (t.x + t.y) + (t.z + t.w);
     } else {
-      p.out[i] = t;
+      *reinterpret_cast<float4*>(p.out + i) = t;
     }
   }
   if (p.reduce_features) {
@@ -112,7 +146,8 @@ __global__ void ReverseCumsumKernel(const DecayGradParams p) {
 
 cudaError_t LaunchDecayGrad(const DecayGradParams& p, cudaStream_t stream) {
   if (p.num_seqs == 0) return cudaSuccess;
-  if (p.dim < 1 || p.heads < 1 || (p.d_state && p.other < 1)) return cudaErrorInvalidValue;
+  if (p.dim < 1 || p.dim % 4 != 0 || p.heads < 1 || (p.d_state && p.other < 1))
+    return cudaErrorInvalidValue;
   cudaError_t err = cudaSuccess;
   if (p.tokens > 0) {
     DecayTermKernel<<<Blocks(p.tokens * p.heads, kTermThreads / 32), kTermThreads, 0, stream>>>(p);

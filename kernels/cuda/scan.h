@@ -124,11 +124,17 @@ cudaError_t LaunchSoftmaxRows(const float* x, int64_t rows, int width, void* out
 // (Σ_a dS[b,a]·S[b,a] when transposed: the right-decay column sum). x, y are
 // [N,H,dim] operands; dS, S fp32 [num_seqs,H,dim,other] or null.
 // When reduce_features the sum over a is taken and out is [N,H].
+// dx_out / dy_out, when set, receive dx / dy in their own element types as the
+// term pass reads them (the backward's dq and dk, rounded once to their dtype).
 struct DecayGradParams {
   int num_seqs = 0, heads = 0, dim = 0, other = 0;
   int64_t tokens = 0;  // N
   const int32_t* cu_seqlens = nullptr;
   Operand x, dx, y, dy;
+  void* dx_out = nullptr;
+  ElemType dx_out_type = ElemType::kF32;
+  void* dy_out = nullptr;
+  ElemType dy_out_type = ElemType::kF32;
   const float* d_state = nullptr;  // dS_n per sequence
   const float* state = nullptr;    // s_n per sequence
   bool transposed = false;         // dim is the second state axis

@@ -1,10 +1,13 @@
 // cuda::LaunchDecayGrad (kernels/cuda/decay_grad.cu) against a host reverse
 // cumsum: feature dims 64 to 512, per-feature and reduced, plain and
 // transposed final-state terms, packed sequences of thousands of tokens with
-// ragged and empty ones. Skips without a GPU.
+// ragged and empty ones; dx and dy stored on the way (bf16 and fp32). Skips
+// without a GPU.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -71,6 +74,8 @@ TEST_F(DecayGradTest, MatchesHostReverseCumsum) {
         DeviceVector<int32_t> cu(offsets);
         DeviceVector<float> dx_d(dx), x_d(x), y_d(y), dy_d(dy), ds_d(ds), st_d(st);
         DeviceVector<float> out(std::vector<float>(static_cast<size_t>(N) * H * cols, 7.0f));
+        DeviceVector<uint16_t> dx_bf16(std::vector<uint16_t>(elems, 0));
+        DeviceVector<float> dy_copy(std::vector<float>(elems, 7.0f));
         DecayGradParams p;
         p.num_seqs = S, p.heads = H, p.dim = dim, p.other = other, p.tokens = N;
         p.cu_seqlens = cu.get();
@@ -79,9 +84,21 @@ TEST_F(DecayGradTest, MatchesHostReverseCumsum) {
         p.d_state = ds_d.get(), p.state = st_d.get();
         p.transposed = transposed, p.reduce_features = reduce;
         p.out = out.get();
+        p.dx_out = dx_bf16.get(), p.dx_out_type = ElemType::kBF16;
+        p.dy_out = dy_copy.get(), p.dy_out_type = ElemType::kF32;
         ASSERT_EQ(LaunchDecayGrad(p, nullptr), cudaSuccess);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         const std::vector<float> got = out.Host();
+        EXPECT_EQ(dy_copy.Host(), dy) << "dy stored as fp32";
+        const std::vector<uint16_t> dx_rounded = dx_bf16.Host();
+        double dx_worst = 0.0;
+        for (size_t i = 0; i < elems; ++i) {
+          const uint32_t bits = static_cast<uint32_t>(dx_rounded[i]) << 16;
+          float v;
+          std::memcpy(&v, &bits, 4);
+          dx_worst = std::max(dx_worst, std::fabs(static_cast<double>(v) - dx[i]));
+        }
+        EXPECT_LE(dx_worst, 1.0 / 256) << "dx stored as bf16";
 
         // Host reference in double.
         double worst = 0.0, norm = 0.0;
