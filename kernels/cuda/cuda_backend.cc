@@ -789,6 +789,7 @@ class CudaBackend : public Backend {
     LAIR_RETURN_IF_ERROR(CheckTensor(b.df, {n, H}, "df", true));
     if (b.d_c0.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_c0, {S, H, K, V}, "d_c0", true));
     if (b.d_n0.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_n0, {S, H, K}, "d_n0", true));
+    if (SigBackwardByScans(batch, b)) return MlstmSigBackward(batch, b, n);
 
     cuda::MlstmBackwardParams p;
     p.num_seqs = S;
@@ -832,6 +833,89 @@ class CudaBackend : public Backend {
                           Uninitialized(DType::kF32, {cuda::MlstmBackwardScratchFloats(p)}));
     p.scratch = scratch.f32();
     return CudaStatus(cuda::LaunchMlstmBackward(p, s()), "mlstm backward");
+  }
+
+  // The sigmoid kinds' backward as the decay family's, on the tensor-core
+  // scans: a scalar decay lf = log σ(f) over keys k' = σ(i)·k (the
+  // normalized kind adds q'·n as a column of ones on the values). Taken
+  // where the normalizer state n carries no cotangent or gradient, and, for
+  // the normalized kind, from zero initial states without state cotangents
+  // or gradients; the mLSTM kernel serves the rest.
+  static bool SigBackwardByScans(const SequenceBatch& batch, const MlstmBackwardArgs& b) {
+    const MlstmKind kind = b.fwd.kind;
+    if (kind == MlstmKind::kExp || b.d_nt.defined()) return false;
+    return kind == MlstmKind::kSig || (batch.zero_initial_state && !b.d_ct.defined() &&
+                                       !b.d_c0.defined() && !b.d_n0.defined());
+  }
+
+  absl::Status MlstmSigBackward(const SequenceBatch& batch, const MlstmBackwardArgs& b, int64_t n) {
+    const MlstmForwardArgs& a = b.fwd;
+    const int H = a.heads, K = a.key_dim, V = a.value_dim;
+    LAIR_ASSIGN_OR_RETURN(Tensor k_scaled, Uninitialized(a.k.dtype(), {n, H, K}));
+    LAIR_ASSIGN_OR_RETURN(Tensor lf, Uninitialized(DType::kF32, {n, H}));
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchMlstmSigKeys(Op(a.k), a.i.f32(), a.f.f32(), n * H, K, k_scaled.raw(),
+                                            Elem(k_scaled.dtype()), lf.f32(), s()),
+                   "mlstm backward keys"));
+    LAIR_ASSIGN_OR_RETURN(Tensor dk_scaled, Uninitialized(DType::kF32, {n, H, K}));
+    LAIR_ASSIGN_OR_RETURN(Tensor dg, Uninitialized(DType::kF32, {n, H}));
+    DecayBackwardArgs d;
+    d.fwd.kind = DecayKind::kScalar;
+    d.fwd.heads = H;
+    d.fwd.key_dim = K;
+    d.fwd.scale = 1.0f / std::sqrt(static_cast<float>(K));
+    d.fwd.q = a.q;
+    d.fwd.k = k_scaled;
+    d.fwd.g = lf;
+    d.dq = b.dq;
+    d.dk = dk_scaled;
+    d.dg = dg;
+    if (a.kind == MlstmKind::kSig) {
+      d.fwd.value_dim = V;
+      d.fwd.v = a.v;
+      d.fwd.state = a.state_c;
+      d.d_o = b.d_h;
+      d.d_ht = b.d_ct;
+      d.dv = b.dv;
+      d.dh0 = b.d_c0;
+      LAIR_RETURN_IF_ERROR(DecayBackward(batch, d));
+      // n never reaches h, and no cotangent reaches n.
+      if (b.d_n0.defined())
+        LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(b.d_n0.raw(), 0, b.d_n0.nbytes(), s()),
+                                        "mlstm backward d_n0"));
+    } else {
+      // Values [v | 1 | 0 …], E wide, so the scans carry n as a value column;
+      // the forward again for num and q'·n, then their cotangents.
+      const int E = (V + 16) / 16 * 16;
+      LAIR_ASSIGN_OR_RETURN(Tensor v_ext, Uninitialized(a.v.dtype(), {n, H, E}));
+      LAIR_RETURN_IF_ERROR(
+          CudaStatus(cuda::LaunchCopyColumns(Op(a.v), V, n * H, V, E, true, v_ext.raw(),
+                                             Elem(v_ext.dtype()), s()),
+                     "mlstm backward values"));
+      LAIR_ASSIGN_OR_RETURN(Tensor states, Uninitialized(DType::kF32, {a.state_c.dim(0), H, K, E}));
+      LAIR_ASSIGN_OR_RETURN(Tensor o_ext, Uninitialized(DType::kF32, {n, H, E}));
+      d.fwd.value_dim = E;
+      d.fwd.v = v_ext;
+      d.fwd.state = states;  // written by the forward; zero initial states read none
+      d.fwd.o = o_ext;
+      LAIR_RETURN_IF_ERROR(DecayForward(batch, d.fwd, MixerForm::kChunked));
+      LAIR_ASSIGN_OR_RETURN(Tensor d_o_ext, Uninitialized(b.d_h.dtype(), {n, H, E}));
+      LAIR_RETURN_IF_ERROR(
+          CudaStatus(cuda::LaunchMlstmSigNormCotangent(o_ext.f32(), Op(b.d_h), n * H, V, E, a.eps,
+                                                       d_o_ext.raw(), Elem(d_o_ext.dtype()), s()),
+                     "mlstm backward cotangent"));
+      LAIR_ASSIGN_OR_RETURN(Tensor dv_ext, Uninitialized(DType::kF32, {n, H, E}));
+      d.d_o = d_o_ext;
+      d.dv = dv_ext;
+      LAIR_RETURN_IF_ERROR(DecayBackward(batch, d));
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchCopyColumns(Op(dv_ext), E, n * H, V, V, false,
+                                                              b.dv.raw(), Elem(b.dv.dtype()), s()),
+                                      "mlstm backward dv"));
+    }
+    return CudaStatus(cuda::LaunchMlstmSigGateGrads(
+                          Op(k_scaled), dk_scaled.f32(), a.i.f32(), a.f.f32(), dg.f32(), n * H, K,
+                          b.dk.raw(), Elem(b.dk.dtype()), b.di.f32(), b.df.f32(), s()),
+                      "mlstm backward gates");
   }
 
   // --- Dense operations: kernels/cuda/dense_ops.h on the same stream -------

@@ -90,6 +90,19 @@ __global__ void SumRowGroupsKernel(const float* parts, int64_t rows, int width, 
   }
 }
 
+__global__ void CopyColumnsKernel(Operand src, int src_width, int64_t rows, int width,
+                                  int dst_width, bool ones_column, void* dst, ElemType dst_type) {
+  const int64_t n = rows * dst_width;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = i % dst_width, r = i / dst_width;
+    const float x = c < width                     ? LoadElem(src.ptr, src.type, r * src_width + c)
+                    : (c == width && ones_column) ? 1.0f
+                                                  : 0.0f;
+    StoreElem(dst, dst_type, i, x);
+  }
+}
+
 int Blocks(int64_t n, int per_block) {
   const int64_t b = (n + per_block - 1) / per_block;
   return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
@@ -111,6 +124,15 @@ cudaError_t LaunchRepeatRows(const void* src, ElemType type, int64_t rows, int w
   if (n == 0) return cudaSuccess;
   RepeatRowsKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(src, type, rows, width, copies,
                                                                  dst);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCopyColumns(Operand src, int src_width, int64_t rows, int width, int dst_width,
+                              bool ones_column, void* dst, ElemType dst_type, cudaStream_t stream) {
+  const int64_t n = rows * dst_width;
+  if (n == 0) return cudaSuccess;
+  CopyColumnsKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(
+      src, src_width, rows, width, dst_width, ones_column, dst, dst_type);
   return cudaGetLastError();
 }
 

@@ -49,6 +49,59 @@ __global__ void AddKernel(const float* a, const float* b, void* out, ElemType ty
   }
 }
 
+// --- mLSTM sigmoid kinds through the decay scans (one warp per row) -------------
+
+__global__ void MlstmSigKeysKernel(Operand k, const float* i, const float* f, int64_t rows, int K,
+                                   void* k_scaled, ElemType type, float* lf) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const float w = expf(LogSigmoid(i[r]));
+  for (int a = lane; a < K; a += 32)
+    StoreElem(k_scaled, type, r * K + a, w * LoadElem(k.ptr, k.type, r * K + a));
+  if (lane == 0) lf[r] = LogSigmoid(f[r]);
+}
+
+__global__ void MlstmSigNormCotangentKernel(const float* o_ext, Operand dh, int64_t rows, int V,
+                                            int ext_width, float eps, void* out, ElemType type) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const float* o = o_ext + r * ext_width;
+  const float qn = o[V], den = fmaxf(fabsf(qn), 1.0f) + eps;
+  float dh_num = 0.0f;
+  for (int c = lane; c < V; c += 32) {
+    const float g = LoadElem(dh.ptr, dh.type, r * V + c);
+    dh_num += g * o[c];
+    StoreElem(out, type, r * ext_width + c, g / den);
+  }
+  for (int off = 16; off > 0; off >>= 1) dh_num += __shfl_xor_sync(0xffffffffu, dh_num, off);
+  // d den / d(q'·n) = sign(q'·n) where the max took |q'·n|, else 0.
+  const float sign = fabsf(qn) >= 1.0f ? (qn >= 0.0f ? 1.0f : -1.0f) : 0.0f;
+  for (int c = V + lane; c < ext_width; c += 32)
+    StoreElem(out, type, r * ext_width + c, c == V ? -dh_num / (den * den) * sign : 0.0f);
+}
+
+__global__ void MlstmSigGateGradsKernel(Operand k_scaled, const float* dk_scaled, const float* i,
+                                        const float* f, const float* dg, int64_t rows, int K,
+                                        void* dk, ElemType dk_type, float* di, float* df) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const float w = expf(LogSigmoid(i[r]));
+  float dot = 0.0f;
+  for (int a = lane; a < K; a += 32) {
+    const float g = dk_scaled[r * K + a];
+    dot += LoadElem(k_scaled.ptr, k_scaled.type, r * K + a) * g;
+    StoreElem(dk, dk_type, r * K + a, w * g);
+  }
+  for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+  if (lane == 0) {
+    di[r] = dot * expf(LogSigmoid(-i[r]));
+    df[r] = dg[r] * expf(LogSigmoid(-f[r]));
+  }
+}
+
 // --- mLSTM backward ------------------------------------------------------------
 
 constexpr int kChunk = 64;                 // tokens per chunk
@@ -731,6 +784,34 @@ cudaError_t LaunchAdd(const float* a, const float* b, void* out, ElemType out_ty
                       cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   AddKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(a, b, out, out_type, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMlstmSigKeys(Operand k, const float* i, const float* f, int64_t rows, int K,
+                               void* k_scaled, ElemType k_scaled_type, float* lf,
+                               cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  MlstmSigKeysKernel<<<Blocks(rows, kThreads / 32), kThreads, 0, stream>>>(
+      k, i, f, rows, K, k_scaled, k_scaled_type, lf);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMlstmSigNormCotangent(const float* o_ext, Operand dh, int64_t rows, int V,
+                                        int ext_width, float eps, void* out, ElemType out_type,
+                                        cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (ext_width <= V) return cudaErrorInvalidValue;
+  MlstmSigNormCotangentKernel<<<Blocks(rows, kThreads / 32), kThreads, 0, stream>>>(
+      o_ext, dh, rows, V, ext_width, eps, out, out_type);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMlstmSigGateGrads(Operand k_scaled, const float* dk_scaled, const float* i,
+                                    const float* f, const float* dg, int64_t rows, int K, void* dk,
+                                    ElemType dk_type, float* di, float* df, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  MlstmSigGateGradsKernel<<<Blocks(rows, kThreads / 32), kThreads, 0, stream>>>(
+      k_scaled, dk_scaled, i, f, dg, rows, K, dk, dk_type, di, df);
   return cudaGetLastError();
 }
 

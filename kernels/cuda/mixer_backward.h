@@ -62,6 +62,25 @@ struct MlstmBackwardParams {
   float* scratch = nullptr;  // MlstmBackwardScratchFloats(*this) floats
 };
 
+// The sigmoid kinds' backward through the decay-family scans (cuda_backend.cc)
+// sees the mLSTM as a scalar decay lf = log σ(f) over keys k' = σ(i)·k, with
+// q'·n as an extra value column of ones. Per row of [rows, K]:
+//   k'[r] = σ(i_r)·k[r], lf[r] = log σ(f_r).
+cudaError_t LaunchMlstmSigKeys(Operand k, const float* i, const float* f, int64_t rows, int K,
+                               void* k_scaled, ElemType k_scaled_type, float* lf,
+                               cudaStream_t stream);
+// The normalized kind's cotangent on those extended values: from
+// o = [num | q'·n | …] (fp32, ext_width wide) and dh, with den = max(|q'·n|, 1) + eps,
+//   [dh/den | −(dh·num)/den²·sign(q'·n)·[|q'·n| ≥ 1] | 0 …].
+cudaError_t LaunchMlstmSigNormCotangent(const float* o_ext, Operand dh, int64_t rows, int V,
+                                        int ext_width, float eps, void* out, ElemType out_type,
+                                        cudaStream_t stream);
+// From the scans' dk' (fp32) and decay gradient dg: dk = σ(i)·dk',
+// di = (k'·dk')·σ(−i), df = dg·σ(−f).
+cudaError_t LaunchMlstmSigGateGrads(Operand k_scaled, const float* dk_scaled, const float* i,
+                                    const float* f, const float* dg, int64_t rows, int K, void* dk,
+                                    ElemType dk_type, float* di, float* df, cudaStream_t stream);
+
 // fp32 elements of scratch the launch needs (dims, num_seqs and max_len set).
 int64_t MlstmBackwardScratchFloats(const MlstmBackwardParams& p);
 

@@ -67,8 +67,15 @@ class CudaVsCpu : public CudaVsCpuTest {
   // inputs with forget-gate pre-activations in [f_lo, f_hi], initial states
   // in the pool's slots (unless batch_ starts from zero), every cotangent
   // present and every GPU output poisoned first.
+  // Which state cotangents come in and which state gradients are asked for.
+  enum class StateGrads {
+    kAll,       // d_ct, d_nt in; d_c0, d_n0 out
+    kCellOnly,  // d_ct in; d_c0, d_n0 out (no cotangent reaches n)
+    kNone,      // none (training from zero states)
+  };
+
   void CompareMlstmBackward(MlstmKind kind, DType dt, int K, int V, float f_lo, float f_hi,
-                            const std::string& what) {
+                            const std::string& what, StateGrads grads = StateGrads::kAll) {
     const int64_t n = offsets_.back();
     const int H = 2, S = batch_.num_seqs;
     const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
@@ -88,19 +95,23 @@ class CudaVsCpu : public CudaVsCpuTest {
     d.fwd.state_c = Gpu(c0, DType::kF32), d.fwd.state_n = Gpu(n0, DType::kF32);
     d.fwd.state_m = Gpu(m0, DType::kF32);
     c.d_h = Cpu(d_h, dt), d.d_h = Gpu(d_h, dt);
-    c.d_ct = d_ct.Clone(), c.d_nt = d_nt.Clone();
-    d.d_ct = Gpu(d_ct, DType::kF32), d.d_nt = Gpu(d_nt, DType::kF32);
+    if (grads != StateGrads::kNone) c.d_ct = d_ct.Clone(), d.d_ct = Gpu(d_ct, DType::kF32);
+    if (grads == StateGrads::kAll) c.d_nt = d_nt.Clone(), d.d_nt = Gpu(d_nt, DType::kF32);
     c.dq = Tensor::Zeros(DType::kF32, {n, H, K}), c.dk = Tensor::Zeros(DType::kF32, {n, H, K});
     c.dv = Tensor::Zeros(DType::kF32, {n, H, V});
     c.di = Tensor::Zeros(DType::kF32, {n, H}), c.df = Tensor::Zeros(DType::kF32, {n, H});
-    c.d_c0 = Tensor::Zeros(DType::kF32, {S, H, K, V});
-    c.d_n0 = Tensor::Zeros(DType::kF32, {S, H, K});
+    if (grads != StateGrads::kNone) {
+      c.d_c0 = Tensor::Zeros(DType::kF32, {S, H, K, V});
+      c.d_n0 = Tensor::Zeros(DType::kF32, {S, H, K});
+    }
     // Poisoned: every element must be written.
     d.dq = Gpu(Rand({n, H, K}, 7, 8), dt), d.dk = Gpu(Rand({n, H, K}, 7, 8), dt);
     d.dv = Gpu(Rand({n, H, V}, 7, 8), dt);
     d.di = Gpu(Rand({n, H}, 7, 8), DType::kF32), d.df = Gpu(Rand({n, H}, 7, 8), DType::kF32);
-    d.d_c0 = Gpu(Rand({S, H, K, V}, 7, 8), DType::kF32);
-    d.d_n0 = Gpu(Rand({S, H, K}, 7, 8), DType::kF32);
+    if (grads != StateGrads::kNone) {
+      d.d_c0 = Gpu(Rand({S, H, K, V}, 7, 8), DType::kF32);
+      d.d_n0 = Gpu(Rand({S, H, K}, 7, 8), DType::kF32);
+    }
     ASSERT_TRUE(cpu_->MlstmBackward(batch_, c).ok());
     const absl::Status st = gpu_->MlstmBackward(batch_, d);
     ASSERT_TRUE(st.ok()) << what << ": " << st;
@@ -111,6 +122,7 @@ class CudaVsCpu : public CudaVsCpuTest {
     Expect(d.dv, c.dv, gtol, what + " dv");
     Expect(d.di, c.di, gtol, what + " di");
     Expect(d.df, c.df, gtol, what + " df");
+    if (grads == StateGrads::kNone) return;
     Expect(d.d_c0, c.d_c0, gtol, what + " dc0");
     Expect(d.d_n0, c.d_n0, gtol, what + " dn0");
   }
@@ -331,6 +343,25 @@ TEST_F(CudaVsCpu, MlstmBackward) {
       }
     }
   }
+}
+
+// Without a cotangent on the normalizer state the sigmoid kinds take the
+// decay family's tensor-core scans (the normalized kind from zero states and
+// without state cotangents; cuda_backend.cc, MlstmSigBackward): every kind
+// under both kinds of state gradients, short and several-chunk sequences.
+TEST_F(CudaVsCpu, MlstmBackwardWithoutNormalizerCotangent) {
+  for (DType dt : {DType::kF32, DType::kBF16})
+    for (MlstmKind kind : {MlstmKind::kExp, MlstmKind::kSig, MlstmKind::kSigNorm})
+      for (StateGrads grads : {StateGrads::kCellOnly, StateGrads::kNone})
+        for (bool zero_init : {false, true}) {
+          MakeBatch({70, 1, 0, 33, 300});
+          batch_.zero_initial_state = zero_init;
+          const std::string what = "mlstm backward kind " + std::to_string(static_cast<int>(kind)) +
+                                   " " + std::string(DTypeName(dt)) +
+                                   (zero_init ? " zero h0" : "") +
+                                   (grads == StateGrads::kNone ? " no state grads" : " d_ct");
+          CompareMlstmBackward(kind, dt, 128, 128, -1, 5, what, grads);
+        }
 }
 
 // Long packed sequences (several chunks of 64 and thousands of tokens, ragged
