@@ -829,15 +829,121 @@ class CudaBackend : public Backend {
     p.df = b.df.f32();
     p.d_c0 = b.d_c0.defined() ? b.d_c0.f32() : nullptr;
     p.d_n0 = b.d_n0.defined() ? b.d_n0.f32() : nullptr;
+    if (ExpBackwardByScans(batch, b)) return MlstmExpBackward(db, batch, b, p);
     LAIR_ASSIGN_OR_RETURN(Tensor scratch,
                           Uninitialized(DType::kF32, {cuda::MlstmBackwardScratchFloats(p)}));
     p.scratch = scratch.f32();
     return CudaStatus(cuda::LaunchMlstmBackward(p, s()), "mlstm backward");
   }
 
+  // The exponential kind's backward on the tensor-core scans, from zero
+  // states without state cotangents or gradients (training from scratch),
+  // 16-bit operands and key_dim a multiple of 16. With F the in-sequence
+  // cumsum of log σ(f), m_t the stabilizer and values [v | 1 | 1 | 0 …] (q'·n
+  // as value columns), every product is a stabilized scalar-decay scan:
+  //   dq_t = Σ_{s≤t} e^{F_t − F_s + i_s − m_t} (dO_t·V_s) k_s         (forward; its own m is m_t)
+  //   dv_s = e^{i_s + M_s} Σ_{t≥s} e^{F_t − F_s − m_t − M_s} (q'_t·k_s) dO_t   (reverse, shifted)
+  //   dk_s = e^{i_s + M_s} Σ_{t≥s} e^{F_t − F_s − m_t − M_s} (V_s·dO_t) q'_t
+  // where the reverse scans take −m_t as key weights, M_s is their own
+  // stabilizer (so i_s + M_s ≤ 0) and e^{i_s + M_s} their row weight; dO =
+  // [dh/den | the q'·n cotangent]. The mLSTM kernel's per-token steps give m,
+  // the cotangents and the gate gradients.
+  static bool ExpBackwardByScans(const SequenceBatch& batch, const MlstmBackwardArgs& b) {
+    const MlstmForwardArgs& a = b.fwd;
+    const auto half = [](const Tensor& t) { return t.dtype() != DType::kF32; };
+    return a.kind == MlstmKind::kExp && batch.zero_initial_state && !b.d_ct.defined() &&
+           !b.d_nt.defined() && !b.d_c0.defined() && !b.d_n0.defined() && half(a.q) && half(a.k) &&
+           half(a.v) && a.key_dim % 16 == 0;
+  }
+
+  absl::Status MlstmExpBackward(const DeviceBatch& db, const SequenceBatch& batch,
+                                const MlstmBackwardArgs& b, cuda::MlstmBackwardParams p) {
+    const MlstmForwardArgs& a = b.fwd;
+    const int64_t n = db.tokens;
+    const int H = a.heads, K = a.key_dim, V = a.value_dim, S = batch.num_seqs;
+    const int E = (V + 2 + 15) / 16 * 16;  // V values, two columns of ones, padding
+    const float q_scale = 1.0f / std::sqrt(static_cast<float>(K));
+    LAIR_ASSIGN_OR_RETURN(Tensor scratch,
+                          Uninitialized(DType::kF32, {cuda::MlstmTokenScratchFloats(p)}));
+    p.scratch = scratch.f32();
+    LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchMlstmStabilizers(p, s()), "mlstm backward m"));
+    LAIR_ASSIGN_OR_RETURN(Tensor v_ext, Uninitialized(a.v.dtype(), {n, H, E}));
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchResizeColumns(Op(a.v), V, n * H, V, E, 2, v_ext.raw(),
+                                             Elem(v_ext.dtype()), s()),
+                   "mlstm backward values"));
+    LogGate forget = Gate(a.f, H, 1);
+    forget.fn = cuda::GateFn::kLogSigmoid;
+    const LogGate input = Gate(a.i, H, 1);
+    auto scan = [&](int dk, int dv) {
+      ScanParams sp = Base(db, batch, H, dk, dv);
+      sp.stabilize = true;
+      return sp;
+    };
+    // The forward again, h and q'·n as the forward computes them (the branch
+    // of den's max must be the forward's).
+    LAIR_ASSIGN_OR_RETURN(Tensor h_out, Uninitialized(DType::kF32, {n, H, V}));
+    LAIR_ASSIGN_OR_RETURN(Tensor norm_dot, Uninitialized(DType::kF32, {n, H}));
+    {
+      ScanParams sp = scan(K, V);
+      sp.q = Op(a.q), sp.q_scale = q_scale, sp.k = Op(a.k), sp.v = Op(a.v);
+      sp.left = forget, sp.key_weight = input;
+      sp.norm = cuda::NormKind::kMlstmExp, sp.eps = a.eps;
+      sp.o = h_out.raw();
+      sp.norm_dot = norm_dot.f32();
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward forward"));
+    }
+    LAIR_ASSIGN_OR_RETURN(Tensor d_o_ext, Uninitialized(DType::kBF16, {n, H, E}));
+    LAIR_ASSIGN_OR_RETURN(Tensor neg_m, Uninitialized(DType::kF32, {n, H}));
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchMlstmExpCotangent(p, h_out.f32(), norm_dot.f32(), E, d_o_ext.raw(),
+                                                 ElemType::kBF16, neg_m.f32(), s()),
+                   "mlstm backward cotangent"));
+    // The reverse scans start from a zero state whose stabilizer is −∞.
+    Tensor m_none_host = Tensor::Zeros(DType::kF32, {S, H});
+    std::fill_n(m_none_host.f32(), m_none_host.numel(), -std::numeric_limits<float>::infinity());
+    LAIR_ASSIGN_OR_RETURN(Tensor m_none, Upload(m_none_host, DType::kF32));
+    auto reverse = [&](int dk, int dv) {
+      ScanParams sp = scan(dk, dv);
+      sp.reverse = true;
+      sp.left = Shifted(forget);
+      sp.key_weight = Gate(neg_m, H, 1);
+      sp.row_weight = input;
+      sp.m_init = m_none.f32();
+      return sp;
+    };
+    LAIR_ASSIGN_OR_RETURN(Tensor dq_f, Uninitialized(DType::kF32, {n, H, K}));
+    LAIR_ASSIGN_OR_RETURN(Tensor dk_f, Uninitialized(DType::kF32, {n, H, K}));
+    LAIR_ASSIGN_OR_RETURN(Tensor dv_ext, Uninitialized(DType::kF32, {n, H, E}));
+    {
+      ScanParams sp = scan(E, K);
+      sp.q = Op(d_o_ext), sp.q_scale = q_scale, sp.k = Op(v_ext), sp.v = Op(a.k);
+      sp.left = forget, sp.key_weight = input;
+      sp.o = dq_f.raw();
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dq"));
+    }
+    {
+      ScanParams sp = reverse(K, E);
+      sp.q = Op(a.k), sp.k = Op(a.q), sp.k_scale = q_scale, sp.v = Op(d_o_ext);
+      sp.o = dv_ext.raw();
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dv"));
+    }
+    {
+      ScanParams sp = reverse(E, K);
+      sp.q = Op(v_ext), sp.k = Op(d_o_ext), sp.v = Op(a.q), sp.k_scale = q_scale;
+      sp.o = dk_f.raw();
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dk"));
+    }
+    LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchResizeColumns(Op(dv_ext), E, n * H, V, V, 0,
+                                                              b.dv.raw(), Elem(b.dv.dtype()), s()),
+                                    "mlstm backward dv"));
+    return CudaStatus(cuda::LaunchMlstmExpGateGrads(p, dq_f.f32(), dk_f.f32(), s()),
+                      "mlstm backward gates");
+  }
+
   // The sigmoid kinds' backward as the decay family's, on the tensor-core
   // scans: a scalar decay lf = log σ(f) over keys k' = σ(i)·k (the
-  // normalized kind adds q'·n as a column of ones on the values). Taken
+  // normalized kind adds q'·n as columns of ones on the values). Taken
   // where the normalizer state n carries no cotangent or gradient, and, for
   // the normalized kind, from zero initial states without state cotangents
   // or gradients; the mLSTM kernel serves the rest.
@@ -884,13 +990,14 @@ class CudaBackend : public Backend {
         LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(b.d_n0.raw(), 0, b.d_n0.nbytes(), s()),
                                         "mlstm backward d_n0"));
     } else {
-      // Values [v | 1 | 0 …], E wide, so the scans carry n as a value column;
-      // the forward again for num and q'·n, then their cotangents.
-      const int E = (V + 16) / 16 * 16;
+      // Values [v | 1 | 1 | 0 …], E wide, so the scans carry n as value
+      // columns (q'·n's cotangent in two parts); the forward again for num
+      // and q'·n, then their cotangents.
+      const int E = (V + 2 + 15) / 16 * 16;
       LAIR_ASSIGN_OR_RETURN(Tensor v_ext, Uninitialized(a.v.dtype(), {n, H, E}));
       LAIR_RETURN_IF_ERROR(
-          CudaStatus(cuda::LaunchCopyColumns(Op(a.v), V, n * H, V, E, true, v_ext.raw(),
-                                             Elem(v_ext.dtype()), s()),
+          CudaStatus(cuda::LaunchResizeColumns(Op(a.v), V, n * H, V, E, 2, v_ext.raw(),
+                                               Elem(v_ext.dtype()), s()),
                      "mlstm backward values"));
       LAIR_ASSIGN_OR_RETURN(Tensor states, Uninitialized(DType::kF32, {a.state_c.dim(0), H, K, E}));
       LAIR_ASSIGN_OR_RETURN(Tensor o_ext, Uninitialized(DType::kF32, {n, H, E}));
@@ -908,9 +1015,10 @@ class CudaBackend : public Backend {
       d.d_o = d_o_ext;
       d.dv = dv_ext;
       LAIR_RETURN_IF_ERROR(DecayBackward(batch, d));
-      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchCopyColumns(Op(dv_ext), E, n * H, V, V, false,
-                                                              b.dv.raw(), Elem(b.dv.dtype()), s()),
-                                      "mlstm backward dv"));
+      LAIR_RETURN_IF_ERROR(
+          CudaStatus(cuda::LaunchResizeColumns(Op(dv_ext), E, n * H, V, V, 0, b.dv.raw(),
+                                               Elem(b.dv.dtype()), s()),
+                     "mlstm backward dv"));
     }
     return CudaStatus(cuda::LaunchMlstmSigGateGrads(
                           Op(k_scaled), dk_scaled.f32(), a.i.f32(), a.f.f32(), dg.f32(), n * H, K,
@@ -1302,7 +1410,7 @@ class CudaBackend : public Backend {
   // The mLSTM normalizer and stabilizer are not sums over rows.
   absl::StatusOr<int> KeyBlocks(const ScanParams& p, bool step, std::string_view what) const {
     const bool row_sums = p.norm == cuda::NormKind::kNone && !p.stabilize && !p.key_weight.ptr &&
-                          !p.n_final && !p.n_init;
+                          !p.row_weight.ptr && !p.n_final && !p.n_init;
     // The step kernel takes wide keys whole (no repeated operands and no
     // partial sums to add: GSA's key pass at key_dim 512).
     const int max_dk = step ? cuda::kMaxStepKeyDim : kMaxScanKeyDim;

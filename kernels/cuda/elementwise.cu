@@ -90,15 +90,15 @@ __global__ void SumRowGroupsKernel(const float* parts, int64_t rows, int width, 
   }
 }
 
-__global__ void CopyColumnsKernel(Operand src, int src_width, int64_t rows, int width,
-                                  int dst_width, bool ones_column, void* dst, ElemType dst_type) {
+__global__ void ResizeColumnsKernel(Operand src, int src_width, int64_t rows, int width,
+                                    int dst_width, int ones, void* dst, ElemType dst_type) {
   const int64_t n = rows * dst_width;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t c = i % dst_width, r = i / dst_width;
-    const float x = c < width                     ? LoadElem(src.ptr, src.type, r * src_width + c)
-                    : (c == width && ones_column) ? 1.0f
-                                                  : 0.0f;
+    const float x = c < width          ? LoadElem(src.ptr, src.type, r * src_width + c)
+                    : c < width + ones ? 1.0f
+                                       : 0.0f;
     StoreElem(dst, dst_type, i, x);
   }
 }
@@ -127,12 +127,12 @@ cudaError_t LaunchRepeatRows(const void* src, ElemType type, int64_t rows, int w
   return cudaGetLastError();
 }
 
-cudaError_t LaunchCopyColumns(Operand src, int src_width, int64_t rows, int width, int dst_width,
-                              bool ones_column, void* dst, ElemType dst_type, cudaStream_t stream) {
+cudaError_t LaunchResizeColumns(Operand src, int src_width, int64_t rows, int width, int dst_width,
+                                int ones, void* dst, ElemType dst_type, cudaStream_t stream) {
   const int64_t n = rows * dst_width;
   if (n == 0) return cudaSuccess;
-  CopyColumnsKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(
-      src, src_width, rows, width, dst_width, ones_column, dst, dst_type);
+  ResizeColumnsKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(src, src_width, rows, width,
+                                                                    dst_width, ones, dst, dst_type);
   return cudaGetLastError();
 }
 

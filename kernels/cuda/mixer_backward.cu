@@ -62,6 +62,17 @@ __global__ void MlstmSigKeysKernel(Operand k, const float* i, const float* f, in
   if (lane == 0) lf[r] = LogSigmoid(f[r]);
 }
 
+// Columns V… of a cotangent row: the q'·n cotangent x as hi + lo, hi rounded
+// to `type` (against two columns of ones: the scans carry x to about twice
+// the type's precision, since its path can cancel much of the num path's),
+// then zeros.
+__device__ __forceinline__ void StoreNormCotangent(void* out, ElemType type, int64_t row, int V,
+                                                   int ext_width, int lane, float x) {
+  const float hi = RoundedTo(type, x);
+  for (int c = V + lane; c < ext_width; c += 32)
+    StoreElem(out, type, row + c, c == V ? hi : c == V + 1 ? x - hi : 0.0f);
+}
+
 __global__ void MlstmSigNormCotangentKernel(const float* o_ext, Operand dh, int64_t rows, int V,
                                             int ext_width, float eps, void* out, ElemType type) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
@@ -78,8 +89,7 @@ __global__ void MlstmSigNormCotangentKernel(const float* o_ext, Operand dh, int6
   for (int off = 16; off > 0; off >>= 1) dh_num += __shfl_xor_sync(0xffffffffu, dh_num, off);
   // d den / d(q'·n) = sign(q'·n) where the max took |q'·n|, else 0.
   const float sign = fabsf(qn) >= 1.0f ? (qn >= 0.0f ? 1.0f : -1.0f) : 0.0f;
-  for (int c = V + lane; c < ext_width; c += 32)
-    StoreElem(out, type, r * ext_width + c, c == V ? -dh_num / (den * den) * sign : 0.0f);
+  StoreNormCotangent(out, type, r * ext_width, V, ext_width, lane, -dh_num / (den * den) * sign);
 }
 
 __global__ void MlstmSigGateGradsKernel(Operand k_scaled, const float* dk_scaled, const float* i,
@@ -117,12 +127,13 @@ __host__ __device__ inline int MaxChunks(const MlstmBackwardParams& p) {
 
 // Scratch, carved from p.scratch. Token arrays use the padded index
 // (seq·max_len + t)·H + h, chunk arrays (seq·max_chunks + c)·H + h; states are
-// [K][V+1] with the normalizer (n, or its cotangent) as column V.
+// [K][V+1] with the normalizer (n, or its cotangent) as column V. Everything
+// before fwd is the token scratch (MlstmTokenScratchFloats).
 struct Scratch {
   float *b, *m, *den, *dqn, *dm, *qdq, *kdk;  // per token
   float* m_in;                                // per chunk: m entering it
-  float *fwd, *rev;                           // per chunk: C̃ entering it, G at its end
   float* dt;                                  // per (seq, head, column tile): <dC_T, C_T> parts
+  float *fwd, *rev;                           // per chunk: C̃ entering it, G at its end
   int64_t width;                              // K·(V+1)
   int tiles;                                  // column tiles of the state scans
 };
@@ -141,18 +152,23 @@ __host__ __device__ inline Scratch ScratchOf(const MlstmBackwardParams& p) {
   s.qdq = s.dm + tok;
   s.kdk = s.qdq + tok;
   s.m_in = s.kdk + tok;
-  s.fwd = s.m_in + chunks;
+  s.dt = s.m_in + chunks;
+  s.fwd = s.dt + static_cast<int64_t>(p.num_seqs) * p.heads * s.tiles;
   s.rev = s.fwd + chunks * s.width;
-  s.dt = s.rev + chunks * s.width;
   return s;
 }
 
-int64_t ScratchFloatsOf(const MlstmBackwardParams& p) {
+int64_t TokenScratchFloatsOf(const MlstmBackwardParams& p) {
   const int64_t tok = static_cast<int64_t>(p.num_seqs) * p.max_len * p.heads;
   const int64_t chunks = static_cast<int64_t>(p.num_seqs) * MaxChunks(p) * p.heads;
-  const int64_t width = static_cast<int64_t>(p.dk) * (p.dv + 1);
   const int tiles = (p.dv + 1 + kCols - 1) / kCols;
-  return 7 * tok + chunks * (1 + 2 * width) + static_cast<int64_t>(p.num_seqs) * p.heads * tiles;
+  return 7 * tok + chunks + static_cast<int64_t>(p.num_seqs) * p.heads * tiles;
+}
+
+int64_t ScratchFloatsOf(const MlstmBackwardParams& p) {
+  const int64_t chunks = static_cast<int64_t>(p.num_seqs) * MaxChunks(p) * p.heads;
+  const int64_t width = static_cast<int64_t>(p.dk) * (p.dv + 1);
+  return TokenScratchFloatsOf(p) + 2 * chunks * width;
 }
 
 __device__ __forceinline__ int64_t TokenAt(const MlstmBackwardParams& p, int seq, int t, int h) {
@@ -741,6 +757,67 @@ __global__ void MlstmGateGradKernel(const MlstmBackwardParams p) {
   }
 }
 
+// --- The exponential kind on the scans: per-token pieces (one warp per token,
+// grid (⌈max_len / 8⌉, H, num_seqs), the token scratch's padded layout) -------
+
+constexpr int kTokenWarps = kThreads / 32;
+
+// From o = [num | q'·n | …] (E wide, the forward scan again) and dh, with
+// den = max(|q'·n|, e^{−m}) + eps: the cotangents [dh/den | −(dh·h)/den·sign | 0 …],
+// −m as the reverse scans' key weight, and the explicit dm = −(dh·h)·eps/den.
+__global__ void MlstmExpCotangentKernel(const MlstmBackwardParams p, const float* h_out,
+                                        const float* norm_dot, int E, void* d_o_ext, ElemType type,
+                                        float* neg_m) {
+  const int seq = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32;
+  const int t = blockIdx.x * kTokenWarps + threadIdx.x / 32;
+  const int64_t bos = p.cu_seqlens[seq];
+  if (t >= p.cu_seqlens[seq + 1] - bos) return;
+  const Scratch sc = ScratchOf(p);
+  const int64_t row = (bos + t) * p.heads + h, pt = TokenAt(p, seq, t, h);
+  const float m = sc.m[pt], lower = expf(-m);
+  const float qn = norm_dot[row], den = fmaxf(fabsf(qn), lower) + p.eps;
+  float dh_h = 0.0f;
+  for (int c = lane; c < p.dv; c += 32) {
+    const float g = LoadElem(p.dh.ptr, p.dh.type, row * p.dv + c);
+    dh_h += g * h_out[row * p.dv + c];
+    StoreElem(d_o_ext, type, row * E + c, g / den);
+  }
+  for (int off = 16; off > 0; off >>= 1) dh_h += __shfl_xor_sync(0xffffffffu, dh_h, off);
+  const float sign = fabsf(qn) >= lower ? (qn >= 0.0f ? 1.0f : -1.0f) : 0.0f;
+  StoreNormCotangent(d_o_ext, type, row * E, p.dv, E, lane, -dh_h / den * sign);
+  if (lane == 0) {
+    neg_m[row] = -m;
+    sc.dm[pt] = -dh_h * p.eps / den;
+  }
+}
+
+// dq and dk from the scans' fp32 outputs into their dtypes, and the gate
+// gradients' per-token terms q·dq and k·dk.
+__global__ void MlstmExpTermsKernel(const MlstmBackwardParams p, const float* dq, const float* dk) {
+  const int seq = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32;
+  const int t = blockIdx.x * kTokenWarps + threadIdx.x / 32;
+  const int64_t bos = p.cu_seqlens[seq];
+  if (t >= p.cu_seqlens[seq + 1] - bos) return;
+  const Scratch sc = ScratchOf(p);
+  const int64_t row = ((bos + t) * p.heads + h) * p.dk;
+  float qdq = 0.0f, kdk = 0.0f;
+  for (int a = lane; a < p.dk; a += 32) {
+    qdq += LoadElem(p.q.ptr, p.q.type, row + a) * dq[row + a];
+    kdk += LoadElem(p.k.ptr, p.k.type, row + a) * dk[row + a];
+    StoreElem(p.dq, p.dq_type, row + a, dq[row + a]);
+    StoreElem(p.dk_out, p.dk_type, row + a, dk[row + a]);
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    qdq += __shfl_xor_sync(0xffffffffu, qdq, off);
+    kdk += __shfl_xor_sync(0xffffffffu, kdk, off);
+  }
+  if (lane == 0) {
+    const int64_t pt = TokenAt(p, seq, t, h);
+    sc.qdq[pt] = qdq;
+    sc.kdk[pt] = kdk;
+  }
+}
+
 size_t StateScanSmem(const MlstmBackwardParams& p) {
   return sizeof(float) * (static_cast<size_t>(kChunk) * kMlstmBackwardMaxDim + kChunk * kCols +
                           kChunk + kRowGroups);
@@ -800,7 +877,7 @@ cudaError_t LaunchMlstmSigNormCotangent(const float* o_ext, Operand dh, int64_t 
                                         int ext_width, float eps, void* out, ElemType out_type,
                                         cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  if (ext_width <= V) return cudaErrorInvalidValue;
+  if (ext_width < V + 2) return cudaErrorInvalidValue;
   MlstmSigNormCotangentKernel<<<Blocks(rows, kThreads / 32), kThreads, 0, stream>>>(
       o_ext, dh, rows, V, ext_width, eps, out, out_type);
   return cudaGetLastError();
@@ -816,6 +893,43 @@ cudaError_t LaunchMlstmSigGateGrads(Operand k_scaled, const float* dk_scaled, co
 }
 
 int64_t MlstmBackwardScratchFloats(const MlstmBackwardParams& p) { return ScratchFloatsOf(p); }
+int64_t MlstmTokenScratchFloats(const MlstmBackwardParams& p) { return TokenScratchFloatsOf(p); }
+
+namespace {
+dim3 TokenGrid(const MlstmBackwardParams& p) {
+  return dim3((p.max_len + kTokenWarps - 1) / kTokenWarps, p.heads, p.num_seqs);
+}
+dim3 TaskGrid(const MlstmBackwardParams& p) { return dim3((p.num_seqs * p.heads + 3) / 4); }
+}  // namespace
+
+cudaError_t LaunchMlstmStabilizers(const MlstmBackwardParams& p, cudaStream_t stream) {
+  if (p.num_seqs * p.heads == 0) return cudaSuccess;
+  return Launch(MlstmGatesKernel, TaskGrid(p), 128, 0, stream, p);
+}
+
+cudaError_t LaunchMlstmExpCotangent(const MlstmBackwardParams& p, const float* h_out,
+                                    const float* norm_dot, int E, void* d_o_ext, ElemType type,
+                                    float* neg_m, cudaStream_t stream) {
+  if (p.num_seqs * p.heads == 0 || p.max_len == 0) return cudaSuccess;
+  if (E < p.dv + 2) return cudaErrorInvalidValue;
+  MlstmExpCotangentKernel<<<TokenGrid(p), kThreads, 0, stream>>>(p, h_out, norm_dot, E, d_o_ext,
+                                                                 type, neg_m);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMlstmExpGateGrads(const MlstmBackwardParams& p, const float* dq, const float* dk,
+                                    cudaStream_t stream) {
+  if (p.num_seqs * p.heads == 0) return cudaSuccess;
+  const Scratch sc = ScratchOf(p);
+  cudaError_t err = cudaMemsetAsync(
+      sc.dt, 0, sizeof(float) * static_cast<size_t>(p.num_seqs) * p.heads * sc.tiles, stream);
+  if (err != cudaSuccess) return err;
+  if (p.max_len > 0) {
+    MlstmExpTermsKernel<<<TokenGrid(p), kThreads, 0, stream>>>(p, dq, dk);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
+  return Launch(MlstmGateGradKernel, TaskGrid(p), 128, 0, stream, p);
+}
 
 cudaError_t LaunchMlstmBackward(const MlstmBackwardParams& p, cudaStream_t stream) {
   const int tasks = p.num_seqs * p.heads;

@@ -69,9 +69,11 @@ struct MlstmBackwardParams {
 cudaError_t LaunchMlstmSigKeys(Operand k, const float* i, const float* f, int64_t rows, int K,
                                void* k_scaled, ElemType k_scaled_type, float* lf,
                                cudaStream_t stream);
-// The normalized kind's cotangent on those extended values: from
-// o = [num | q'·n | …] (fp32, ext_width wide) and dh, with den = max(|q'·n|, 1) + eps,
-//   [dh/den | −(dh·num)/den²·sign(q'·n)·[|q'·n| ≥ 1] | 0 …].
+// The normalized kind's cotangent on those extended values [v | 1 | 1 | 0 …]:
+// from o = [num | q'·n | …] (fp32, ext_width ≥ V + 2 wide) and dh, with
+// den = max(|q'·n|, 1) + eps and x = −(dh·num)/den²·sign(q'·n)·[|q'·n| ≥ 1],
+//   [dh/den | x_hi | x − x_hi | 0 …],  x_hi = x rounded to out_type
+// (x's path can cancel much of the num path's, so it is carried in two parts).
 cudaError_t LaunchMlstmSigNormCotangent(const float* o_ext, Operand dh, int64_t rows, int V,
                                         int ext_width, float eps, void* out, ElemType out_type,
                                         cudaStream_t stream);
@@ -80,6 +82,26 @@ cudaError_t LaunchMlstmSigNormCotangent(const float* o_ext, Operand dh, int64_t 
 cudaError_t LaunchMlstmSigGateGrads(Operand k_scaled, const float* dk_scaled, const float* i,
                                     const float* f, const float* dg, int64_t rows, int K, void* dk,
                                     ElemType dk_type, float* di, float* df, cudaStream_t stream);
+
+// The exponential kind's backward on the scans (cuda_backend.cc) takes the
+// mLSTM kernel's per-token steps around its scans, in a scratch of
+// MlstmTokenScratchFloats(p) (no chunk states):
+//   LaunchMlstmStabilizers   m_t of every token (p.m_init or 0 entering);
+//   LaunchMlstmExpCotangent  from the forward's h (fp32 [N,H,V]), its q'·n
+//     (norm_dot [N,H], ScanParams::norm_dot: the max's branch as the forward
+//     took it) and p.dh, with den = max(|q'·n|, e^{−m}) + eps and
+//     x = −(dh·h)/den·sign(q'·n): [dh/den | x_hi | x − x_hi | 0 …] (E ≥ V + 2
+//     wide) into d_o_ext, as the normalized sigmoid kind's, −m_t into neg_m
+//     [N,H], and the explicit dm_t = −(dh·h)·eps/den;
+//   LaunchMlstmExpGateGrads  dq, dk (fp32 [N,H,K]) into p.dq, p.dk_out, then di, df
+//     from q·dq − k·dk and the m chain (no state cotangents: d_ct, d_nt unset).
+int64_t MlstmTokenScratchFloats(const MlstmBackwardParams& p);
+cudaError_t LaunchMlstmStabilizers(const MlstmBackwardParams& p, cudaStream_t stream);
+cudaError_t LaunchMlstmExpCotangent(const MlstmBackwardParams& p, const float* h_out,
+                                    const float* norm_dot, int E, void* d_o_ext, ElemType type,
+                                    float* neg_m, cudaStream_t stream);
+cudaError_t LaunchMlstmExpGateGrads(const MlstmBackwardParams& p, const float* dq, const float* dk,
+                                    cudaStream_t stream);
 
 // fp32 elements of scratch the launch needs (dims, num_seqs and max_len set).
 int64_t MlstmBackwardScratchFloats(const MlstmBackwardParams& p);

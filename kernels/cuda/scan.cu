@@ -60,7 +60,8 @@ __global__ void __launch_bounds__(ScanTraits::kThreads) ScanKernel(const ScanPar
   const int len = p.cu_seqlens[seq + 1] - static_cast<int>(bos);
   const int dk = p.dk, dkp = dk + 1;
   const bool has_right = p.right.ptr != nullptr;
-  const bool carry_n = p.n_final != nullptr;
+  // The normalizer n: carried where a norm reads it or n_final wants it.
+  const bool carry_n = p.n_final != nullptr || p.norm != NormKind::kNone;
 
   float* qs = smem;                              // [C][dkp]  q̂
   float* ks = qs + C * dkp;                      // [C][dkp]  k̂
@@ -335,7 +336,7 @@ __global__ void __launch_bounds__(ScanTraits::kThreads) ScanKernel(const ScanPar
              static_cast<int64_t>(e0 + e) * p.s_final.stride_b] = S[idx];
     }
     if (blockIdx.x == 0) {
-      if (carry_n)
+      if (p.n_final)
         for (int a = tid; a < dk; a += T::kThreads)
           p.n_final[(static_cast<int64_t>(slot) * p.heads + h) * dk + a] = nn[a];
       if (p.stabilize && p.m_final && tid == 0)
@@ -365,6 +366,8 @@ cudaError_t LaunchScan(const ScanParams& p, cudaStream_t stream) {
   }
   if (p.num_seqs == 0) return cudaSuccess;
   if (ScanMmaSupports(p)) return LaunchScanMma(p, stream);
+  // Row weights and the normalizer dot are the tensor-core path's alone.
+  if (p.row_weight.ptr || p.norm_dot) return cudaErrorInvalidValue;
   return p.left_vector ? LaunchScanInstance<true>(p, stream) : LaunchScanInstance<false>(p, stream);
 }
 

@@ -70,6 +70,13 @@ struct ScanParams {
   LogGate right;             // on the dv side, [N,H,dv] or null
   LogGate key_weight;        // log w_t per token (mLSTM input gate) or null
   bool stabilize = false;    // mLSTM max stabilizer m (needs m_init/m_final)
+  // log r_t per token or null: output row t is scaled by e^{r_t + m_t}, m_t the
+  // stabilizer (0 without it). Scalar decays on the tensor-core path only (the
+  // mLSTM exp backward's reverse scans: the input gate of the row's token).
+  LogGate row_weight;
+  // [N, H] or null: each row's q'ᵀn before the normalizer's max (norm kinds,
+  // tensor-core path only; the mLSTM exp backward's branch of that max).
+  float* norm_dot = nullptr;
   NormKind norm = NormKind::kNone;
   float eps = 0.0f;
   StateRef s_init, s_final;  // s_init.ptr null → zero state
@@ -111,11 +118,11 @@ cudaError_t LaunchConvert(const void* src, ElemType src_type, void* dst, ElemTyp
 // an operand of H heads seen as H·copies heads (key blocks as heads).
 cudaError_t LaunchRepeatRows(const void* src, ElemType type, int64_t rows, int width, int copies,
                              void* dst, cudaStream_t stream);
-// dst[r, c] = src[r, c] for c < width, then (with ones_column) 1 at c = width,
-// then 0, over dst rows of dst_width (src rows are src_width wide): a slice of
-// the first columns, or an operand widened by a column of ones and padding.
-cudaError_t LaunchCopyColumns(Operand src, int src_width, int64_t rows, int width, int dst_width,
-                              bool ones_column, void* dst, ElemType dst_type, cudaStream_t stream);
+// dst[r, c] = src[r, c] for c < width, 1 for width ≤ c < width + ones, then 0,
+// over dst rows of dst_width (src rows are src_width wide): a slice of the
+// first columns, or an operand widened by columns of ones and padding.
+cudaError_t LaunchResizeColumns(Operand src, int src_width, int64_t rows, int width, int dst_width,
+                                int ones, void* dst, ElemType dst_type, cudaStream_t stream);
 // out[r, :] = Σ_c parts[r·copies + c, :] over fp32 rows of `width`, stored as out_type.
 cudaError_t LaunchSumRowGroups(const float* parts, int64_t rows, int width, int copies, void* out,
                                ElemType out_type, cudaStream_t stream);

@@ -307,7 +307,8 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
   auto chunk_state = [&](int c) {
     return chunk_states + (ChunkIndex(bos, seq, c) * p.heads + h) * dk * p.dv;
   };
-  const bool carry_n = kScalar && p.n_final != nullptr;
+  // The normalizer n: carried where a norm reads it or n_final wants it.
+  const bool carry_n = kScalar && (p.n_final != nullptr || p.norm != NormKind::kNone);
   const bool norm = kScalar && p.norm != NormKind::kNone;
   const float qk_scale = p.q_scale * p.k_scale;
   const int64_t head_off = static_cast<int64_t>(h) * dk * p.dv;
@@ -796,6 +797,10 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
           } else if (p.norm == NormKind::kSigNorm) {
             inv_den = 1.0f / (fmaxf(fabsf(den[i]), 1.0f) + p.eps);
           }
+          if (p.row_weight.ptr)
+            inv_den *= __expf(GateAt(p.row_weight, bos, len, tok0 + dir * i, h, 0) + ms[i]);
+          if (norm && p.norm_dot && tile == 0 && ntb == 0 && t4 == 0)
+            p.norm_dot[row_of(i) * p.heads + h] = den[i];
         }
         const int64_t out = (row_of(i) * p.heads + h) * p.dv + e0;
 #pragma unroll
@@ -888,7 +893,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
                  static_cast<int64_t>(e0 + e) * p.s_final.stride_b] = sacc[r][n][c];
         }
     if (blockIdx.x == 0) {
-      if (carry_n)
+      if (p.n_final)
         for (int a = tid; a < dk; a += T::kThreads)
           p.n_final[(static_cast<int64_t>(slot) * p.heads + h) * dk + a] = nn[a];
       if (p.stabilize && p.m_final && tid == 0)
@@ -970,7 +975,9 @@ bool ScanMmaSupports(const ScanParams& p) {
       p.right.ptr == nullptr ||
       (p.left.ptr == nullptr && p.key_weight.ptr == nullptr && !p.stabilize &&
        p.norm == NormKind::kNone && p.n_init == nullptr && p.n_final == nullptr);
-  return Half(p.q) && Half(p.k) && Half(p.v) && right_alone && p.dk > 0 &&
+  // Row weights go with scalar decays.
+  const bool row_weight_ok = p.row_weight.ptr == nullptr || (!p.left_vector && !p.right.ptr);
+  return Half(p.q) && Half(p.k) && Half(p.v) && right_alone && row_weight_ok && p.dk > 0 &&
          p.dk <= MmaTile::kMaxDk && p.dk % 16 == 0 && p.dv > 0 && p.dv % 16 == 0 &&
          MmaLayout(p.dk, DecayOf(p), MmaPass::kFused).bytes <= kMaxSmemBytes;
 }
@@ -981,7 +988,8 @@ cudaError_t LaunchScanMma(const ScanParams& p, cudaStream_t stream) {
 
 bool ScanMmaTwoPassSupports(const ScanParams& p) {
   return ScanMmaSupports(p) && !p.reverse && !p.stabilize && p.norm == NormKind::kNone &&
-         p.key_weight.ptr == nullptr && p.n_init == nullptr && p.n_final == nullptr &&
+         p.key_weight.ptr == nullptr && p.row_weight.ptr == nullptr && p.n_init == nullptr &&
+         p.n_final == nullptr &&
          MmaLayout(p.dk, DecayOf(p), MmaPass::kOutputs).bytes <= kMaxSmemBytes;
 }
 

@@ -129,7 +129,8 @@ cudaError_t LaunchStep(const ScanParams& p, cudaStream_t stream) {
   if (p.dk <= 0 || p.dk > StepTraits::kMaxDk || p.dv % StepTraits::kCols != 0 || p.reverse ||
       p.left.shift || p.right.shift || p.s_final.ptr == nullptr ||
       (p.s_init.ptr != nullptr && p.s_init.ptr != p.s_final.ptr) || p.s_final.stride_b != 1 ||
-      p.s_final.stride_a != p.dv || (p.left_vector && p.stabilize)) {
+      p.s_final.stride_a != p.dv || (p.left_vector && p.stabilize) || p.row_weight.ptr ||
+      p.norm_dot) {
     return cudaErrorInvalidValue;
   }
   if (p.num_seqs == 0) return cudaSuccess;

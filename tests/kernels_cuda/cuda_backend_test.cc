@@ -347,8 +347,10 @@ TEST_F(CudaVsCpu, MlstmBackward) {
 
 // Without a cotangent on the normalizer state the sigmoid kinds take the
 // decay family's tensor-core scans (the normalized kind from zero states and
-// without state cotangents; cuda_backend.cc, MlstmSigBackward): every kind
-// under both kinds of state gradients, short and several-chunk sequences.
+// without state cotangents; cuda_backend.cc, MlstmSigBackward), and so does
+// the exponential kind from zero states without state cotangents and with
+// bf16 operands (MlstmExpBackward): every kind under both kinds of state
+// gradients, short and several-chunk sequences.
 TEST_F(CudaVsCpu, MlstmBackwardWithoutNormalizerCotangent) {
   for (DType dt : {DType::kF32, DType::kBF16})
     for (MlstmKind kind : {MlstmKind::kExp, MlstmKind::kSig, MlstmKind::kSigNorm})
@@ -365,15 +367,19 @@ TEST_F(CudaVsCpu, MlstmBackwardWithoutNormalizerCotangent) {
 }
 
 // Long packed sequences (several chunks of 64 and thousands of tokens, ragged
-// ends), every kind, from pooled initial states.
+// ends), every kind: from pooled initial states with every state cotangent
+// (the mLSTM kernel), and from zero states without them (bf16: the scans).
 TEST_F(CudaVsCpu, MlstmBackwardLongPacked) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (MlstmKind kind : {MlstmKind::kExp, MlstmKind::kSig, MlstmKind::kSigNorm}) {
-      MakeBatch({3000, 65, 1, 0, 517});
-      const std::string what = "long mlstm backward kind " +
-                               std::to_string(static_cast<int>(kind)) + " " +
-                               std::string(DTypeName(dt));
-      CompareMlstmBackward(kind, dt, 64, 64, 0, 6, what);
+      for (StateGrads grads : {StateGrads::kAll, StateGrads::kNone}) {
+        MakeBatch({3000, 65, 1, 0, 517});
+        batch_.zero_initial_state = grads == StateGrads::kNone;
+        const std::string what =
+            "long mlstm backward kind " + std::to_string(static_cast<int>(kind)) + " " +
+            std::string(DTypeName(dt)) + (grads == StateGrads::kNone ? " zero states" : "");
+        CompareMlstmBackward(kind, dt, 64, 64, 0, 6, what, grads);
+      }
     }
   }
 }
