@@ -789,7 +789,7 @@ class CudaBackend : public Backend {
     LAIR_RETURN_IF_ERROR(CheckTensor(b.df, {n, H}, "df", true));
     if (b.d_c0.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_c0, {S, H, K, V}, "d_c0", true));
     if (b.d_n0.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_n0, {S, H, K}, "d_n0", true));
-    if (SigBackwardByScans(batch, b)) return MlstmSigBackward(batch, b, n);
+    if (SigBackwardByScans(batch, b)) return MlstmSigBackward(db, batch, b);
 
     cuda::MlstmBackwardParams p;
     p.num_seqs = S;
@@ -954,8 +954,10 @@ class CudaBackend : public Backend {
                                        !b.d_c0.defined() && !b.d_n0.defined());
   }
 
-  absl::Status MlstmSigBackward(const SequenceBatch& batch, const MlstmBackwardArgs& b, int64_t n) {
+  absl::Status MlstmSigBackward(const DeviceBatch& db, const SequenceBatch& batch,
+                                const MlstmBackwardArgs& b) {
     const MlstmForwardArgs& a = b.fwd;
+    const int64_t n = db.tokens;
     const int H = a.heads, K = a.key_dim, V = a.value_dim;
     LAIR_ASSIGN_OR_RETURN(Tensor k_scaled, Uninitialized(a.k.dtype(), {n, H, K}));
     LAIR_ASSIGN_OR_RETURN(Tensor lf, Uninitialized(DType::kF32, {n, H}));
@@ -991,26 +993,32 @@ class CudaBackend : public Backend {
                                         "mlstm backward d_n0"));
     } else {
       // Values [v | 1 | 1 | 0 …], E wide, so the scans carry n as value
-      // columns (q'·n's cotangent in two parts); the forward again for num
-      // and q'·n, then their cotangents.
+      // columns (q'·n's cotangent in two parts); the forward again for h and
+      // q'·n as the forward computes them (the branch of den's max must be
+      // the forward's), then their cotangents.
       const int E = (V + 2 + 15) / 16 * 16;
       LAIR_ASSIGN_OR_RETURN(Tensor v_ext, Uninitialized(a.v.dtype(), {n, H, E}));
       LAIR_RETURN_IF_ERROR(
           CudaStatus(cuda::LaunchResizeColumns(Op(a.v), V, n * H, V, E, 2, v_ext.raw(),
                                                Elem(v_ext.dtype()), s()),
                      "mlstm backward values"));
-      LAIR_ASSIGN_OR_RETURN(Tensor states, Uninitialized(DType::kF32, {a.state_c.dim(0), H, K, E}));
-      LAIR_ASSIGN_OR_RETURN(Tensor o_ext, Uninitialized(DType::kF32, {n, H, E}));
+      LAIR_ASSIGN_OR_RETURN(Tensor h_out, Uninitialized(DType::kF32, {n, H, V}));
+      LAIR_ASSIGN_OR_RETURN(Tensor norm_dot, Uninitialized(DType::kF32, {n, H}));
+      ScanParams sp = Base(db, batch, H, K, V);
+      sp.q = Op(a.q), sp.q_scale = d.fwd.scale, sp.k = Op(k_scaled), sp.v = Op(a.v);
+      sp.left = Gate(lf, H, 1);
+      sp.norm = cuda::NormKind::kSigNorm, sp.eps = a.eps;
+      sp.o = h_out.raw();
+      sp.norm_dot = norm_dot.f32();
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward forward"));
       d.fwd.value_dim = E;
       d.fwd.v = v_ext;
-      d.fwd.state = states;  // written by the forward; zero initial states read none
-      d.fwd.o = o_ext;
-      LAIR_RETURN_IF_ERROR(DecayForward(batch, d.fwd, MixerForm::kChunked));
+      LAIR_ASSIGN_OR_RETURN(d.fwd.state, Uninitialized(DType::kF32, {a.state_c.dim(0), H, K, E}));
       LAIR_ASSIGN_OR_RETURN(Tensor d_o_ext, Uninitialized(b.d_h.dtype(), {n, H, E}));
-      LAIR_RETURN_IF_ERROR(
-          CudaStatus(cuda::LaunchMlstmSigNormCotangent(o_ext.f32(), Op(b.d_h), n * H, V, E, a.eps,
-                                                       d_o_ext.raw(), Elem(d_o_ext.dtype()), s()),
-                     "mlstm backward cotangent"));
+      LAIR_RETURN_IF_ERROR(CudaStatus(
+          cuda::LaunchMlstmSigNormCotangent(h_out.f32(), norm_dot.f32(), Op(b.d_h), n * H, V, E,
+                                            a.eps, d_o_ext.raw(), Elem(d_o_ext.dtype()), s()),
+          "mlstm backward cotangent"));
       LAIR_ASSIGN_OR_RETURN(Tensor dv_ext, Uninitialized(DType::kF32, {n, H, E}));
       d.d_o = d_o_ext;
       d.dv = dv_ext;

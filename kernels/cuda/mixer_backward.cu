@@ -63,9 +63,8 @@ __global__ void MlstmSigKeysKernel(Operand k, const float* i, const float* f, in
 }
 
 // Columns V… of a cotangent row: the q'·n cotangent x as hi + lo, hi rounded
-// to `type` (against two columns of ones: the scans carry x to about twice
-// the type's precision, since its path can cancel much of the num path's),
-// then zeros.
+// to `type`, against two columns of ones (the scans carry x to about twice
+// the type's precision), then zeros.
 __device__ __forceinline__ void StoreNormCotangent(void* out, ElemType type, int64_t row, int V,
                                                    int ext_width, int lane, float x) {
   const float hi = RoundedTo(type, x);
@@ -73,23 +72,23 @@ __device__ __forceinline__ void StoreNormCotangent(void* out, ElemType type, int
     StoreElem(out, type, row + c, c == V ? hi : c == V + 1 ? x - hi : 0.0f);
 }
 
-__global__ void MlstmSigNormCotangentKernel(const float* o_ext, Operand dh, int64_t rows, int V,
-                                            int ext_width, float eps, void* out, ElemType type) {
+__global__ void MlstmSigNormCotangentKernel(const float* h_out, const float* norm_dot, Operand dh,
+                                            int64_t rows, int V, int ext_width, float eps,
+                                            void* out, ElemType type) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
-  const float* o = o_ext + r * ext_width;
-  const float qn = o[V], den = fmaxf(fabsf(qn), 1.0f) + eps;
-  float dh_num = 0.0f;
+  const float qn = norm_dot[r], den = fmaxf(fabsf(qn), 1.0f) + eps;
+  float dh_h = 0.0f;
   for (int c = lane; c < V; c += 32) {
     const float g = LoadElem(dh.ptr, dh.type, r * V + c);
-    dh_num += g * o[c];
+    dh_h += g * h_out[r * V + c];
     StoreElem(out, type, r * ext_width + c, g / den);
   }
-  for (int off = 16; off > 0; off >>= 1) dh_num += __shfl_xor_sync(0xffffffffu, dh_num, off);
+  for (int off = 16; off > 0; off >>= 1) dh_h += __shfl_xor_sync(0xffffffffu, dh_h, off);
   // d den / d(q'·n) = sign(q'·n) where the max took |q'·n|, else 0.
   const float sign = fabsf(qn) >= 1.0f ? (qn >= 0.0f ? 1.0f : -1.0f) : 0.0f;
-  StoreNormCotangent(out, type, r * ext_width, V, ext_width, lane, -dh_num / (den * den) * sign);
+  StoreNormCotangent(out, type, r * ext_width, V, ext_width, lane, -dh_h / den * sign);
 }
 
 __global__ void MlstmSigGateGradsKernel(Operand k_scaled, const float* dk_scaled, const float* i,
@@ -873,13 +872,13 @@ cudaError_t LaunchMlstmSigKeys(Operand k, const float* i, const float* f, int64_
   return cudaGetLastError();
 }
 
-cudaError_t LaunchMlstmSigNormCotangent(const float* o_ext, Operand dh, int64_t rows, int V,
-                                        int ext_width, float eps, void* out, ElemType out_type,
-                                        cudaStream_t stream) {
+cudaError_t LaunchMlstmSigNormCotangent(const float* h_out, const float* norm_dot, Operand dh,
+                                        int64_t rows, int V, int ext_width, float eps, void* out,
+                                        ElemType out_type, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (ext_width < V + 2) return cudaErrorInvalidValue;
   MlstmSigNormCotangentKernel<<<Blocks(rows, kThreads / 32), kThreads, 0, stream>>>(
-      o_ext, dh, rows, V, ext_width, eps, out, out_type);
+      h_out, norm_dot, dh, rows, V, ext_width, eps, out, out_type);
   return cudaGetLastError();
 }
 

@@ -70,13 +70,13 @@ cudaError_t LaunchMlstmSigKeys(Operand k, const float* i, const float* f, int64_
                                void* k_scaled, ElemType k_scaled_type, float* lf,
                                cudaStream_t stream);
 // The normalized kind's cotangent on those extended values [v | 1 | 1 | 0 …]:
-// from o = [num | q'·n | …] (fp32, ext_width ≥ V + 2 wide) and dh, with
-// den = max(|q'·n|, 1) + eps and x = −(dh·num)/den²·sign(q'·n)·[|q'·n| ≥ 1],
-//   [dh/den | x_hi | x − x_hi | 0 …],  x_hi = x rounded to out_type
-// (x's path can cancel much of the num path's, so it is carried in two parts).
-cudaError_t LaunchMlstmSigNormCotangent(const float* o_ext, Operand dh, int64_t rows, int V,
-                                        int ext_width, float eps, void* out, ElemType out_type,
-                                        cudaStream_t stream);
+// from the forward's h (fp32 [rows, V]) and q'·n (norm_dot, ScanParams::norm_dot:
+// the max's branch as the forward took it) and dh, with den = max(|q'·n|, 1) + eps
+// and x = −(dh·h)/den·sign(q'·n)·[|q'·n| ≥ 1], ext_width ≥ V + 2 columns
+//   [dh/den | x_hi | x − x_hi | 0 …],  x_hi = x rounded to out_type.
+cudaError_t LaunchMlstmSigNormCotangent(const float* h_out, const float* norm_dot, Operand dh,
+                                        int64_t rows, int V, int ext_width, float eps, void* out,
+                                        ElemType out_type, cudaStream_t stream);
 // From the scans' dk' (fp32) and decay gradient dg: dk = σ(i)·dk',
 // di = (k'·dk')·σ(−i), df = dg·σ(−f).
 cudaError_t LaunchMlstmSigGateGrads(Operand k_scaled, const float* dk_scaled, const float* i,

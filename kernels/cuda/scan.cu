@@ -247,6 +247,8 @@ __global__ void __launch_bounds__(ScanTraits::kThreads) ScanKernel(const ScanPar
         for (int j = 0; j <= i; ++j) intra += A[i * T::kChunkP + j];
         for (int a = 0; a < dk; ++a) inter += qs[i * dkp + a] * nn[a];
         den[i] = intra + coef[i] * inter;
+        if (p.norm_dot && blockIdx.x == 0 && i < lc)
+          p.norm_dot[(bos + token(i)) * p.heads + h] = den[i];
       }
       __syncthreads();
     }
@@ -366,8 +368,7 @@ cudaError_t LaunchScan(const ScanParams& p, cudaStream_t stream) {
   }
   if (p.num_seqs == 0) return cudaSuccess;
   if (ScanMmaSupports(p)) return LaunchScanMma(p, stream);
-  // Row weights and the normalizer dot are the tensor-core path's alone.
-  if (p.row_weight.ptr || p.norm_dot) return cudaErrorInvalidValue;
+  if (p.row_weight.ptr) return cudaErrorInvalidValue;  // the tensor-core path's alone
   return p.left_vector ? LaunchScanInstance<true>(p, stream) : LaunchScanInstance<false>(p, stream);
 }
 

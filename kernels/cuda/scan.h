@@ -74,8 +74,8 @@ struct ScanParams {
   // stabilizer (0 without it). Scalar decays on the tensor-core path only (the
   // mLSTM exp backward's reverse scans: the input gate of the row's token).
   LogGate row_weight;
-  // [N, H] or null: each row's q'ᵀn before the normalizer's max (norm kinds,
-  // tensor-core path only; the mLSTM exp backward's branch of that max).
+  // [N, H] or null: each row's q'ᵀn before the normalizer's max (norm kinds;
+  // the mLSTM backward's branch of that max, as the forward took it).
   float* norm_dot = nullptr;
   NormKind norm = NormKind::kNone;
   float eps = 0.0f;
