@@ -838,7 +838,7 @@ class CudaBackend : public Backend {
 
   // The exponential kind's backward on the tensor-core scans, from zero
   // states without state cotangents or gradients (training from scratch),
-  // 16-bit operands and key_dim a multiple of 16. With F the in-sequence
+  // 16-bit operands and dims multiples of 16. With F the in-sequence
   // cumsum of log σ(f), m_t the stabilizer and values [v | 1 | 1 | 0 …] (q'·n
   // as value columns), every product is a stabilized scalar-decay scan:
   //   dq_t = Σ_{s≤t} e^{F_t − F_s + i_s − m_t} (dO_t·V_s) k_s         (forward; its own m is m_t)
@@ -846,14 +846,15 @@ class CudaBackend : public Backend {
   //   dk_s = e^{i_s + M_s} Σ_{t≥s} e^{F_t − F_s − m_t − M_s} (V_s·dO_t) q'_t
   // where the reverse scans take −m_t as key weights, M_s is their own
   // stabilizer (so i_s + M_s ≤ 0) and e^{i_s + M_s} their row weight; dO =
-  // [dh/den | the q'·n cotangent]. The mLSTM kernel's per-token steps give m,
-  // the cotangents and the gate gradients.
+  // [dh/den | the q'·n cotangent]. Sums over V's columns split into the
+  // values' and the ones' scans, which add. The mLSTM kernel's per-token steps
+  // give m, the cotangents and the gate gradients.
   static bool ExpBackwardByScans(const SequenceBatch& batch, const MlstmBackwardArgs& b) {
     const MlstmForwardArgs& a = b.fwd;
     const auto half = [](const Tensor& t) { return t.dtype() != DType::kF32; };
     return a.kind == MlstmKind::kExp && batch.zero_initial_state && !b.d_ct.defined() &&
            !b.d_nt.defined() && !b.d_c0.defined() && !b.d_n0.defined() && half(a.q) && half(a.k) &&
-           half(a.v) && a.key_dim % 16 == 0;
+           half(a.v) && a.key_dim % 16 == 0 && a.value_dim % 16 == 0;
   }
 
   absl::Status MlstmExpBackward(const DeviceBatch& db, const SequenceBatch& batch,
@@ -861,17 +862,16 @@ class CudaBackend : public Backend {
     const MlstmForwardArgs& a = b.fwd;
     const int64_t n = db.tokens;
     const int H = a.heads, K = a.key_dim, V = a.value_dim, S = batch.num_seqs;
-    const int E = (V + 2 + 15) / 16 * 16;  // V values, two columns of ones, padding
+    constexpr int kNormCols = 16;  // q'·n's value columns: two of ones, padding
     const float q_scale = 1.0f / std::sqrt(static_cast<float>(K));
     LAIR_ASSIGN_OR_RETURN(Tensor scratch,
                           Uninitialized(DType::kF32, {cuda::MlstmTokenScratchFloats(p)}));
     p.scratch = scratch.f32();
     LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchMlstmStabilizers(p, s()), "mlstm backward m"));
-    LAIR_ASSIGN_OR_RETURN(Tensor v_ext, Uninitialized(a.v.dtype(), {n, H, E}));
-    LAIR_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchResizeColumns(Op(a.v), V, n * H, V, E, 2, v_ext.raw(),
-                                             Elem(v_ext.dtype()), s()),
-                   "mlstm backward values"));
+    LAIR_ASSIGN_OR_RETURN(Tensor ones, Uninitialized(DType::kBF16, {n, H, kNormCols}));
+    LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchResizeColumns(Op(a.v), V, n * H, 0, kNormCols, 2,
+                                                              ones.raw(), ElemType::kBF16, s()),
+                                    "mlstm backward ones"));
     LogGate forget = Gate(a.f, H, 1);
     forget.fn = cuda::GateFn::kLogSigmoid;
     const LogGate input = Gate(a.i, H, 1);
@@ -893,12 +893,13 @@ class CudaBackend : public Backend {
       sp.norm_dot = norm_dot.f32();
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward forward"));
     }
-    LAIR_ASSIGN_OR_RETURN(Tensor d_o_ext, Uninitialized(DType::kBF16, {n, H, E}));
+    LAIR_ASSIGN_OR_RETURN(Tensor d_num, Uninitialized(DType::kBF16, {n, H, V}));
+    LAIR_ASSIGN_OR_RETURN(Tensor d_norm, Uninitialized(DType::kBF16, {n, H, kNormCols}));
     LAIR_ASSIGN_OR_RETURN(Tensor neg_m, Uninitialized(DType::kF32, {n, H}));
-    LAIR_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchMlstmExpCotangent(p, h_out.f32(), norm_dot.f32(), E, d_o_ext.raw(),
-                                                 ElemType::kBF16, neg_m.f32(), s()),
-                   "mlstm backward cotangent"));
+    LAIR_RETURN_IF_ERROR(CudaStatus(
+        cuda::LaunchMlstmExpCotangent(p, h_out.f32(), norm_dot.f32(), d_num.raw(), d_norm.raw(),
+                                      kNormCols, ElemType::kBF16, neg_m.f32(), s()),
+        "mlstm backward cotangent"));
     // The reverse scans start from a zero state whose stabilizer is −∞.
     Tensor m_none_host = Tensor::Zeros(DType::kF32, {S, H});
     std::fill_n(m_none_host.f32(), m_none_host.numel(), -std::numeric_limits<float>::infinity());
@@ -912,32 +913,37 @@ class CudaBackend : public Backend {
       sp.m_init = m_none.f32();
       return sp;
     };
-    LAIR_ASSIGN_OR_RETURN(Tensor dq_f, Uninitialized(DType::kF32, {n, H, K}));
-    LAIR_ASSIGN_OR_RETURN(Tensor dk_f, Uninitialized(DType::kF32, {n, H, K}));
-    LAIR_ASSIGN_OR_RETURN(Tensor dv_ext, Uninitialized(DType::kF32, {n, H, E}));
-    {
-      ScanParams sp = scan(E, K);
-      sp.q = Op(d_o_ext), sp.q_scale = q_scale, sp.k = Op(v_ext), sp.v = Op(a.k);
+    // dq and dk each add a scan over the values and one over q'·n's columns
+    // (narrow keys, so neither takes the wide-key kernel).
+    LAIR_ASSIGN_OR_RETURN(Tensor dq_num, Uninitialized(DType::kF32, {n, H, K}));
+    LAIR_ASSIGN_OR_RETURN(Tensor dq_norm, Uninitialized(DType::kF32, {n, H, K}));
+    LAIR_ASSIGN_OR_RETURN(Tensor dk_num, Uninitialized(DType::kF32, {n, H, K}));
+    LAIR_ASSIGN_OR_RETURN(Tensor dk_norm, Uninitialized(DType::kF32, {n, H, K}));
+    auto dq_scan = [&](const Tensor& d_o, const Tensor& values, const Tensor& out) {
+      ScanParams sp = scan(static_cast<int>(d_o.dim(2)), K);
+      sp.q = Op(d_o), sp.q_scale = q_scale, sp.k = Op(values), sp.v = Op(a.k);
       sp.left = forget, sp.key_weight = input;
-      sp.o = dq_f.raw();
-      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dq"));
-    }
+      sp.o = out.raw();
+      return CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dq");
+    };
+    auto dk_scan = [&](const Tensor& d_o, const Tensor& values, const Tensor& out) {
+      ScanParams sp = reverse(static_cast<int>(d_o.dim(2)), K);
+      sp.q = Op(values), sp.k = Op(d_o), sp.v = Op(a.q), sp.k_scale = q_scale;
+      sp.o = out.raw();
+      return CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dk");
+    };
+    LAIR_RETURN_IF_ERROR(dq_scan(d_num, a.v, dq_num));
+    LAIR_RETURN_IF_ERROR(dq_scan(d_norm, ones, dq_norm));
+    LAIR_RETURN_IF_ERROR(dk_scan(d_num, a.v, dk_num));
+    LAIR_RETURN_IF_ERROR(dk_scan(d_norm, ones, dk_norm));
     {
-      ScanParams sp = reverse(K, E);
-      sp.q = Op(a.k), sp.k = Op(a.q), sp.k_scale = q_scale, sp.v = Op(d_o_ext);
-      sp.o = dv_ext.raw();
+      ScanParams sp = reverse(K, V);
+      sp.q = Op(a.k), sp.k = Op(a.q), sp.k_scale = q_scale, sp.v = Op(d_num);
+      sp.o = b.dv.raw(), sp.o_type = Elem(b.dv.dtype());
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dv"));
     }
-    {
-      ScanParams sp = reverse(E, K);
-      sp.q = Op(v_ext), sp.k = Op(d_o_ext), sp.v = Op(a.q), sp.k_scale = q_scale;
-      sp.o = dk_f.raw();
-      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dk"));
-    }
-    LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchResizeColumns(Op(dv_ext), E, n * H, V, V, 0,
-                                                              b.dv.raw(), Elem(b.dv.dtype()), s()),
-                                    "mlstm backward dv"));
-    return CudaStatus(cuda::LaunchMlstmExpGateGrads(p, dq_f.f32(), dk_f.f32(), s()),
+    return CudaStatus(cuda::LaunchMlstmExpGateGrads(p, dq_num.f32(), dq_norm.f32(), dk_num.f32(),
+                                                    dk_norm.f32(), s()),
                       "mlstm backward gates");
   }
 

@@ -765,8 +765,8 @@ constexpr int kTokenWarps = kThreads / 32;
 // den = max(|q'·n|, e^{−m}) + eps: the cotangents [dh/den | −(dh·h)/den·sign | 0 …],
 // −m as the reverse scans' key weight, and the explicit dm = −(dh·h)·eps/den.
 __global__ void MlstmExpCotangentKernel(const MlstmBackwardParams p, const float* h_out,
-                                        const float* norm_dot, int E, void* d_o_ext, ElemType type,
-                                        float* neg_m) {
+                                        const float* norm_dot, void* d_num, void* d_norm,
+                                        int norm_cols, ElemType type, float* neg_m) {
   const int seq = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32;
   const int t = blockIdx.x * kTokenWarps + threadIdx.x / 32;
   const int64_t bos = p.cu_seqlens[seq];
@@ -779,20 +779,21 @@ __global__ void MlstmExpCotangentKernel(const MlstmBackwardParams p, const float
   for (int c = lane; c < p.dv; c += 32) {
     const float g = LoadElem(p.dh.ptr, p.dh.type, row * p.dv + c);
     dh_h += g * h_out[row * p.dv + c];
-    StoreElem(d_o_ext, type, row * E + c, g / den);
+    StoreElem(d_num, type, row * p.dv + c, g / den);
   }
   for (int off = 16; off > 0; off >>= 1) dh_h += __shfl_xor_sync(0xffffffffu, dh_h, off);
   const float sign = fabsf(qn) >= lower ? (qn >= 0.0f ? 1.0f : -1.0f) : 0.0f;
-  StoreNormCotangent(d_o_ext, type, row * E, p.dv, E, lane, -dh_h / den * sign);
+  StoreNormCotangent(d_norm, type, row * norm_cols, 0, norm_cols, lane, -dh_h / den * sign);
   if (lane == 0) {
     neg_m[row] = -m;
     sc.dm[pt] = -dh_h * p.eps / den;
   }
 }
 
-// dq and dk from the scans' fp32 outputs into their dtypes, and the gate
-// gradients' per-token terms q·dq and k·dk.
-__global__ void MlstmExpTermsKernel(const MlstmBackwardParams p, const float* dq, const float* dk) {
+// dq and dk, each the sum of two scans' fp32 outputs, into their dtypes, and
+// the gate gradients' per-token terms q·dq and k·dk.
+__global__ void MlstmExpTermsKernel(const MlstmBackwardParams p, const float* dq, const float* dq2,
+                                    const float* dk, const float* dk2) {
   const int seq = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32;
   const int t = blockIdx.x * kTokenWarps + threadIdx.x / 32;
   const int64_t bos = p.cu_seqlens[seq];
@@ -801,10 +802,11 @@ __global__ void MlstmExpTermsKernel(const MlstmBackwardParams p, const float* dq
   const int64_t row = ((bos + t) * p.heads + h) * p.dk;
   float qdq = 0.0f, kdk = 0.0f;
   for (int a = lane; a < p.dk; a += 32) {
-    qdq += LoadElem(p.q.ptr, p.q.type, row + a) * dq[row + a];
-    kdk += LoadElem(p.k.ptr, p.k.type, row + a) * dk[row + a];
-    StoreElem(p.dq, p.dq_type, row + a, dq[row + a]);
-    StoreElem(p.dk_out, p.dk_type, row + a, dk[row + a]);
+    const float dqa = dq[row + a] + dq2[row + a], dka = dk[row + a] + dk2[row + a];
+    qdq += LoadElem(p.q.ptr, p.q.type, row + a) * dqa;
+    kdk += LoadElem(p.k.ptr, p.k.type, row + a) * dka;
+    StoreElem(p.dq, p.dq_type, row + a, dqa);
+    StoreElem(p.dk_out, p.dk_type, row + a, dka);
   }
   for (int off = 16; off > 0; off >>= 1) {
     qdq += __shfl_xor_sync(0xffffffffu, qdq, off);
@@ -907,24 +909,24 @@ cudaError_t LaunchMlstmStabilizers(const MlstmBackwardParams& p, cudaStream_t st
 }
 
 cudaError_t LaunchMlstmExpCotangent(const MlstmBackwardParams& p, const float* h_out,
-                                    const float* norm_dot, int E, void* d_o_ext, ElemType type,
-                                    float* neg_m, cudaStream_t stream) {
+                                    const float* norm_dot, void* d_num, void* d_norm, int norm_cols,
+                                    ElemType type, float* neg_m, cudaStream_t stream) {
   if (p.num_seqs * p.heads == 0 || p.max_len == 0) return cudaSuccess;
-  if (E < p.dv + 2) return cudaErrorInvalidValue;
-  MlstmExpCotangentKernel<<<TokenGrid(p), kThreads, 0, stream>>>(p, h_out, norm_dot, E, d_o_ext,
-                                                                 type, neg_m);
+  if (norm_cols < 2) return cudaErrorInvalidValue;
+  MlstmExpCotangentKernel<<<TokenGrid(p), kThreads, 0, stream>>>(p, h_out, norm_dot, d_num, d_norm,
+                                                                 norm_cols, type, neg_m);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchMlstmExpGateGrads(const MlstmBackwardParams& p, const float* dq, const float* dk,
-                                    cudaStream_t stream) {
+cudaError_t LaunchMlstmExpGateGrads(const MlstmBackwardParams& p, const float* dq, const float* dq2,
+                                    const float* dk, const float* dk2, cudaStream_t stream) {
   if (p.num_seqs * p.heads == 0) return cudaSuccess;
   const Scratch sc = ScratchOf(p);
   cudaError_t err = cudaMemsetAsync(
       sc.dt, 0, sizeof(float) * static_cast<size_t>(p.num_seqs) * p.heads * sc.tiles, stream);
   if (err != cudaSuccess) return err;
   if (p.max_len > 0) {
-    MlstmExpTermsKernel<<<TokenGrid(p), kThreads, 0, stream>>>(p, dq, dk);
+    MlstmExpTermsKernel<<<TokenGrid(p), kThreads, 0, stream>>>(p, dq, dq2, dk, dk2);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   return Launch(MlstmGateGradKernel, TaskGrid(p), 128, 0, stream, p);

@@ -90,18 +90,18 @@ cudaError_t LaunchMlstmSigGateGrads(Operand k_scaled, const float* dk_scaled, co
 //   LaunchMlstmExpCotangent  from the forward's h (fp32 [N,H,V]), its q'·n
 //     (norm_dot [N,H], ScanParams::norm_dot: the max's branch as the forward
 //     took it) and p.dh, with den = max(|q'·n|, e^{−m}) + eps and
-//     x = −(dh·h)/den·sign(q'·n): [dh/den | x_hi | x − x_hi | 0 …] (E ≥ V + 2
-//     wide) into d_o_ext, as the normalized sigmoid kind's, −m_t into neg_m
-//     [N,H], and the explicit dm_t = −(dh·h)·eps/den;
-//   LaunchMlstmExpGateGrads  dq, dk (fp32 [N,H,K]) into p.dq, p.dk_out, then di, df
-//     from q·dq − k·dk and the m chain (no state cotangents: d_ct, d_nt unset).
+//     x = −(dh·h)/den·sign(q'·n): dh/den into d_num [N,H,V], [x_hi | x − x_hi |
+//     0 …] into d_norm [N,H,norm_cols] (against two columns of ones), −m_t into
+//     neg_m [N,H], and the explicit dm_t = −(dh·h)·eps/den;
+//   LaunchMlstmExpGateGrads  dq = dq + dq2, dk = dk + dk2 (fp32 [N,H,K]) into p.dq,
+//     p.dk_out, then di, df from q·dq − k·dk and the m chain (no state cotangents).
 int64_t MlstmTokenScratchFloats(const MlstmBackwardParams& p);
 cudaError_t LaunchMlstmStabilizers(const MlstmBackwardParams& p, cudaStream_t stream);
 cudaError_t LaunchMlstmExpCotangent(const MlstmBackwardParams& p, const float* h_out,
-                                    const float* norm_dot, int E, void* d_o_ext, ElemType type,
-                                    float* neg_m, cudaStream_t stream);
-cudaError_t LaunchMlstmExpGateGrads(const MlstmBackwardParams& p, const float* dq, const float* dk,
-                                    cudaStream_t stream);
+                                    const float* norm_dot, void* d_num, void* d_norm, int norm_cols,
+                                    ElemType type, float* neg_m, cudaStream_t stream);
+cudaError_t LaunchMlstmExpGateGrads(const MlstmBackwardParams& p, const float* dq, const float* dq2,
+                                    const float* dk, const float* dk2, cudaStream_t stream);
 
 // fp32 elements of scratch the launch needs (dims, num_seqs and max_len set).
 int64_t MlstmBackwardScratchFloats(const MlstmBackwardParams& p);
