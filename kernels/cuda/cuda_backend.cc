@@ -869,9 +869,9 @@ class CudaBackend : public Backend {
     p.scratch = scratch.f32();
     LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchMlstmStabilizers(p, s()), "mlstm backward m"));
     LAIR_ASSIGN_OR_RETURN(Tensor ones, Uninitialized(DType::kBF16, {n, H, kNormCols}));
-    LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchResizeColumns(Op(a.v), V, n * H, 0, kNormCols, 2,
-                                                              ones.raw(), ElemType::kBF16, s()),
-                                    "mlstm backward ones"));
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchLeadingOnes(n * H, kNormCols, 2, ones.raw(), ElemType::kBF16, s()),
+                   "mlstm backward ones"));
     LogGate forget = Gate(a.f, H, 1);
     forget.fn = cuda::GateFn::kLogSigmoid;
     const LogGate input = Gate(a.i, H, 1);
@@ -998,16 +998,12 @@ class CudaBackend : public Backend {
         LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(b.d_n0.raw(), 0, b.d_n0.nbytes(), s()),
                                         "mlstm backward d_n0"));
     } else {
-      // Values [v | 1 | 1 | 0 …], E wide, so the scans carry n as value
-      // columns (q'·n's cotangent in two parts); the forward again for h and
-      // q'·n as the forward computes them (the branch of den's max must be
-      // the forward's), then their cotangents.
-      const int E = (V + 2 + 15) / 16 * 16;
-      LAIR_ASSIGN_OR_RETURN(Tensor v_ext, Uninitialized(a.v.dtype(), {n, H, E}));
-      LAIR_RETURN_IF_ERROR(
-          CudaStatus(cuda::LaunchResizeColumns(Op(a.v), V, n * H, V, E, 2, v_ext.raw(),
-                                               Elem(v_ext.dtype()), s()),
-                     "mlstm backward values"));
+      // The forward again for h and q'·n as the forward computes them (the
+      // branch of den's max must be the forward's), then their cotangents:
+      // dh/den on the values, and q'·n's on two columns of ones (in two
+      // parts). The values' products are the decay backward; the ones' are
+      // two narrow scans whose dq and dk add before the decay gradient.
+      constexpr int kNormCols = 16;
       LAIR_ASSIGN_OR_RETURN(Tensor h_out, Uninitialized(DType::kF32, {n, H, V}));
       LAIR_ASSIGN_OR_RETURN(Tensor norm_dot, Uninitialized(DType::kF32, {n, H}));
       ScanParams sp = Base(db, batch, H, K, V);
@@ -1017,22 +1013,60 @@ class CudaBackend : public Backend {
       sp.o = h_out.raw();
       sp.norm_dot = norm_dot.f32();
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward forward"));
-      d.fwd.value_dim = E;
-      d.fwd.v = v_ext;
-      LAIR_ASSIGN_OR_RETURN(d.fwd.state, Uninitialized(DType::kF32, {a.state_c.dim(0), H, K, E}));
-      LAIR_ASSIGN_OR_RETURN(Tensor d_o_ext, Uninitialized(b.d_h.dtype(), {n, H, E}));
-      LAIR_RETURN_IF_ERROR(CudaStatus(
-          cuda::LaunchMlstmSigNormCotangent(h_out.f32(), norm_dot.f32(), Op(b.d_h), n * H, V, E,
-                                            a.eps, d_o_ext.raw(), Elem(d_o_ext.dtype()), s()),
-          "mlstm backward cotangent"));
-      LAIR_ASSIGN_OR_RETURN(Tensor dv_ext, Uninitialized(DType::kF32, {n, H, E}));
-      d.d_o = d_o_ext;
-      d.dv = dv_ext;
-      LAIR_RETURN_IF_ERROR(DecayBackward(batch, d));
+      LAIR_ASSIGN_OR_RETURN(Tensor d_num, Uninitialized(b.d_h.dtype(), {n, H, V}));
+      LAIR_ASSIGN_OR_RETURN(Tensor d_norm, Uninitialized(b.d_h.dtype(), {n, H, kNormCols}));
+      LAIR_ASSIGN_OR_RETURN(Tensor ones, Uninitialized(b.d_h.dtype(), {n, H, kNormCols}));
       LAIR_RETURN_IF_ERROR(
-          CudaStatus(cuda::LaunchResizeColumns(Op(dv_ext), E, n * H, V, V, 0, b.dv.raw(),
-                                               Elem(b.dv.dtype()), s()),
-                     "mlstm backward dv"));
+          CudaStatus(cuda::LaunchMlstmSigNormCotangent(h_out.f32(), norm_dot.f32(), Op(b.d_h),
+                                                       n * H, V, a.eps, d_num.raw(), d_norm.raw(),
+                                                       kNormCols, Elem(d_num.dtype()), s()),
+                     "mlstm backward cotangent"));
+      LAIR_RETURN_IF_ERROR(CudaStatus(
+          cuda::LaunchLeadingOnes(n * H, kNormCols, 2, ones.raw(), Elem(ones.dtype()), s()),
+          "mlstm backward ones"));
+      LAIR_ASSIGN_OR_RETURN(Tensor dq_num, Uninitialized(DType::kF32, {n, H, K}));
+      LAIR_ASSIGN_OR_RETURN(Tensor dq_norm, Uninitialized(DType::kF32, {n, H, K}));
+      LAIR_ASSIGN_OR_RETURN(Tensor dk_norm, Uninitialized(DType::kF32, {n, H, K}));
+      d.fwd.value_dim = V;
+      d.fwd.v = a.v;
+      d.fwd.state = a.state_c;  // zero initial states: not read
+      d.d_o = d_num;
+      d.dq = dq_num;
+      d.dv = b.dv;
+      d.dg = Tensor();  // the decay gradient waits for the ones' scans
+      LAIR_RETURN_IF_ERROR(DecayBackward(batch, d));
+      {
+        ScanParams dq = Base(db, batch, H, kNormCols, K);
+        dq.q = Op(d_norm), dq.q_scale = d.fwd.scale, dq.k = Op(ones), dq.v = Op(k_scaled);
+        dq.left = Gate(lf, H, 1);
+        dq.o = dq_norm.raw();
+        LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(dq, s()), "mlstm backward dq"));
+        ScanParams dk = Base(db, batch, H, kNormCols, K);
+        dk.reverse = true;
+        dk.q = Op(ones), dk.k = Op(d_norm), dk.k_scale = d.fwd.scale, dk.v = Op(a.q);
+        dk.left = Shifted(Gate(lf, H, 1));
+        dk.o = dk_norm.raw();
+        LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(dk, s()), "mlstm backward dk"));
+      }
+      const int64_t count = n * H * K;
+      LAIR_RETURN_IF_ERROR(CudaStatus(
+          cuda::LaunchAdd(dq_num.f32(), dq_norm.f32(), dq_num.raw(), ElemType::kF32, count, s()),
+          "mlstm backward dq"));
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchAdd(dk_scaled.f32(), dk_norm.f32(),
+                                                      dk_scaled.raw(), ElemType::kF32, count, s()),
+                                      "mlstm backward dk"));
+      // d log σ(f): the reversed cumsum of q·dq − k'·dk', dq stored on the way.
+      cuda::DecayGradParams g;
+      g.num_seqs = batch.num_seqs;
+      g.heads = H;
+      g.tokens = n;
+      g.cu_seqlens = db.cu_seqlens;
+      g.dim = K;
+      g.x = Op(a.q), g.dx = Op(dq_num), g.y = Op(k_scaled), g.dy = Op(dk_scaled);
+      g.dx_out = b.dq.raw(), g.dx_out_type = Elem(b.dq.dtype());
+      g.reduce_features = true;
+      g.out = dg.f32();
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchDecayGrad(g, s()), "mlstm backward df"));
     }
     return CudaStatus(cuda::LaunchMlstmSigGateGrads(
                           Op(k_scaled), dk_scaled.f32(), a.i.f32(), a.f.f32(), dg.f32(), n * H, K,

@@ -90,17 +90,11 @@ __global__ void SumRowGroupsKernel(const float* parts, int64_t rows, int width, 
   }
 }
 
-__global__ void ResizeColumnsKernel(Operand src, int src_width, int64_t rows, int width,
-                                    int dst_width, int ones, void* dst, ElemType dst_type) {
-  const int64_t n = rows * dst_width;
+__global__ void LeadingOnesKernel(int64_t rows, int width, int ones, void* dst, ElemType type) {
+  const int64_t n = rows * width;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t c = i % dst_width, r = i / dst_width;
-    const float x = c < width          ? LoadElem(src.ptr, src.type, r * src_width + c)
-                    : c < width + ones ? 1.0f
-                                       : 0.0f;
-    StoreElem(dst, dst_type, i, x);
-  }
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    StoreElem(dst, type, i, i % width < ones ? 1.0f : 0.0f);
 }
 
 int Blocks(int64_t n, int per_block) {
@@ -127,12 +121,11 @@ cudaError_t LaunchRepeatRows(const void* src, ElemType type, int64_t rows, int w
   return cudaGetLastError();
 }
 
-cudaError_t LaunchResizeColumns(Operand src, int src_width, int64_t rows, int width, int dst_width,
-                                int ones, void* dst, ElemType dst_type, cudaStream_t stream) {
-  const int64_t n = rows * dst_width;
+cudaError_t LaunchLeadingOnes(int64_t rows, int width, int ones, void* dst, ElemType type,
+                              cudaStream_t stream) {
+  const int64_t n = rows * width;
   if (n == 0) return cudaSuccess;
-  ResizeColumnsKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(src, src_width, rows, width,
-                                                                    dst_width, ones, dst, dst_type);
+  LeadingOnesKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(rows, width, ones, dst, type);
   return cudaGetLastError();
 }
 

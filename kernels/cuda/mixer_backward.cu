@@ -73,8 +73,8 @@ __device__ __forceinline__ void StoreNormCotangent(void* out, ElemType type, int
 }
 
 __global__ void MlstmSigNormCotangentKernel(const float* h_out, const float* norm_dot, Operand dh,
-                                            int64_t rows, int V, int ext_width, float eps,
-                                            void* out, ElemType type) {
+                                            int64_t rows, int V, float eps, void* d_num,
+                                            void* d_norm, int norm_cols, ElemType type) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
@@ -83,12 +83,12 @@ __global__ void MlstmSigNormCotangentKernel(const float* h_out, const float* nor
   for (int c = lane; c < V; c += 32) {
     const float g = LoadElem(dh.ptr, dh.type, r * V + c);
     dh_h += g * h_out[r * V + c];
-    StoreElem(out, type, r * ext_width + c, g / den);
+    StoreElem(d_num, type, r * V + c, g / den);
   }
   for (int off = 16; off > 0; off >>= 1) dh_h += __shfl_xor_sync(0xffffffffu, dh_h, off);
   // d den / d(q'·n) = sign(q'·n) where the max took |q'·n|, else 0.
   const float sign = fabsf(qn) >= 1.0f ? (qn >= 0.0f ? 1.0f : -1.0f) : 0.0f;
-  StoreNormCotangent(out, type, r * ext_width, V, ext_width, lane, -dh_h / den * sign);
+  StoreNormCotangent(d_norm, type, r * norm_cols, 0, norm_cols, lane, -dh_h / den * sign);
 }
 
 __global__ void MlstmSigGateGradsKernel(Operand k_scaled, const float* dk_scaled, const float* i,
@@ -875,12 +875,12 @@ cudaError_t LaunchMlstmSigKeys(Operand k, const float* i, const float* f, int64_
 }
 
 cudaError_t LaunchMlstmSigNormCotangent(const float* h_out, const float* norm_dot, Operand dh,
-                                        int64_t rows, int V, int ext_width, float eps, void* out,
-                                        ElemType out_type, cudaStream_t stream) {
+                                        int64_t rows, int V, float eps, void* d_num, void* d_norm,
+                                        int norm_cols, ElemType type, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  if (ext_width < V + 2) return cudaErrorInvalidValue;
+  if (norm_cols < 2) return cudaErrorInvalidValue;
   MlstmSigNormCotangentKernel<<<Blocks(rows, kThreads / 32), kThreads, 0, stream>>>(
-      h_out, norm_dot, dh, rows, V, ext_width, eps, out, out_type);
+      h_out, norm_dot, dh, rows, V, eps, d_num, d_norm, norm_cols, type);
   return cudaGetLastError();
 }
 

@@ -64,19 +64,20 @@ struct MlstmBackwardParams {
 
 // The sigmoid kinds' backward through the decay-family scans (cuda_backend.cc)
 // sees the mLSTM as a scalar decay lf = log σ(f) over keys k' = σ(i)·k, with
-// q'·n as an extra value column of ones. Per row of [rows, K]:
+// q'·n as extra value columns of ones. Per row of [rows, K]:
 //   k'[r] = σ(i_r)·k[r], lf[r] = log σ(f_r).
 cudaError_t LaunchMlstmSigKeys(Operand k, const float* i, const float* f, int64_t rows, int K,
                                void* k_scaled, ElemType k_scaled_type, float* lf,
                                cudaStream_t stream);
-// The normalized kind's cotangent on those extended values [v | 1 | 1 | 0 …]:
-// from the forward's h (fp32 [rows, V]) and q'·n (norm_dot, ScanParams::norm_dot:
-// the max's branch as the forward took it) and dh, with den = max(|q'·n|, 1) + eps
-// and x = −(dh·h)/den·sign(q'·n)·[|q'·n| ≥ 1], ext_width ≥ V + 2 columns
-//   [dh/den | x_hi | x − x_hi | 0 …],  x_hi = x rounded to out_type.
+// The normalized kind's cotangents: from the forward's h (fp32 [rows, V]) and
+// q'·n (norm_dot, ScanParams::norm_dot: the max's branch as the forward took
+// it) and dh, with den = max(|q'·n|, 1) + eps and
+// x = −(dh·h)/den·sign(q'·n)·[|q'·n| ≥ 1]: dh/den into d_num [rows, V] and
+// [x_hi | x − x_hi | 0 …] into d_norm [rows, norm_cols], x_hi = x rounded to
+// `type` (against two columns of ones, q'·n's values).
 cudaError_t LaunchMlstmSigNormCotangent(const float* h_out, const float* norm_dot, Operand dh,
-                                        int64_t rows, int V, int ext_width, float eps, void* out,
-                                        ElemType out_type, cudaStream_t stream);
+                                        int64_t rows, int V, float eps, void* d_num, void* d_norm,
+                                        int norm_cols, ElemType type, cudaStream_t stream);
 // From the scans' dk' (fp32) and decay gradient dg: dk = σ(i)·dk',
 // di = (k'·dk')·σ(−i), df = dg·σ(−f).
 cudaError_t LaunchMlstmSigGateGrads(Operand k_scaled, const float* dk_scaled, const float* i,
