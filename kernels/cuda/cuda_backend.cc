@@ -217,6 +217,9 @@ LogGate Gate(const Tensor& t, int token_stride, int head_stride) {
   return g;
 }
 
+// bf16 or f16: an operand the tensor-core scans take as it is.
+bool SixteenBit(const Tensor& t) { return t.dtype() == DType::kBF16 || t.dtype() == DType::kF16; }
+
 LogGate Shifted(LogGate g) {
   g.shift = true;
   return g;
@@ -600,7 +603,7 @@ class CudaBackend : public Backend {
     // Pass 2 queries with the probabilities in the precision of its keys and
     // values: bf16 where those are 16-bit, so the scan takes the tensor cores.
     Tensor probs = z;
-    if (a.s.dtype() != DType::kF32 && a.v.dtype() != DType::kF32) {
+    if (SixteenBit(a.s) && SixteenBit(a.v)) {
       LAIR_ASSIGN_OR_RETURN(probs, Temporary(DType::kBF16, {n, H, M}));
     }
     LAIR_RETURN_IF_ERROR(CudaStatus(
@@ -676,12 +679,12 @@ class CudaBackend : public Backend {
       LAIR_RETURN_IF_ERROR(ConvertInto(x, y));
       return y;
     };
-    const auto half = [](const Tensor& t) { return t.dtype() != DType::kF32; };
 
     // 2. Pass 2 backward: dP, ds (key side), dv, dg, dHv_0.
     LAIR_ASSIGN_OR_RETURN(Tensor dp, Uninitialized(DType::kF32, {n, H, M}));
     LAIR_ASSIGN_OR_RETURN(Tensor ds_key, Uninitialized(DType::kF32, {n, H, M}));
-    LAIR_ASSIGN_OR_RETURN(const Tensor p_scan, as_scan_operand(p, half(a.s) && half(a.v)));
+    LAIR_ASSIGN_OR_RETURN(const Tensor p_scan,
+                          as_scan_operand(p, SixteenBit(a.s) && SixteenBit(a.v)));
     DecayBackwardArgs back2;
     back2.fwd = GsaValuePass(a, p_scan, a.state_v);
     back2.d_o = b.d_o;
@@ -700,8 +703,9 @@ class CudaBackend : public Backend {
     // 4. Pass 1 backward: dq, dk, ds (value side), dg, dHk_0.
     LAIR_ASSIGN_OR_RETURN(Tensor ds_value, Uninitialized(DType::kF32, {n, H, M}));
     LAIR_ASSIGN_OR_RETURN(Tensor dg_value, Uninitialized(DType::kF32, {n, H, M}));
-    LAIR_ASSIGN_OR_RETURN(const Tensor dz_scan,
-                          as_scan_operand(dp, half(a.q) && half(a.k) && half(a.s)));
+    LAIR_ASSIGN_OR_RETURN(
+        const Tensor dz_scan,
+        as_scan_operand(dp, SixteenBit(a.q) && SixteenBit(a.k) && SixteenBit(a.s)));
     DecayBackwardArgs back1;
     back1.fwd = GsaKeyPass(a, a.state_k);
     back1.d_o = dz_scan;
@@ -851,10 +855,9 @@ class CudaBackend : public Backend {
   // give m, the cotangents and the gate gradients.
   static bool ExpBackwardByScans(const SequenceBatch& batch, const MlstmBackwardArgs& b) {
     const MlstmForwardArgs& a = b.fwd;
-    const auto half = [](const Tensor& t) { return t.dtype() != DType::kF32; };
     return a.kind == MlstmKind::kExp && batch.zero_initial_state && !b.d_ct.defined() &&
-           !b.d_nt.defined() && !b.d_c0.defined() && !b.d_n0.defined() && half(a.q) && half(a.k) &&
-           half(a.v) && a.key_dim % 16 == 0 && a.value_dim % 16 == 0;
+           !b.d_nt.defined() && !b.d_c0.defined() && !b.d_n0.defined() && SixteenBit(a.q) &&
+           SixteenBit(a.k) && SixteenBit(a.v) && a.key_dim % 16 == 0 && a.value_dim % 16 == 0;
   }
 
   absl::Status MlstmExpBackward(const DeviceBatch& db, const SequenceBatch& batch,

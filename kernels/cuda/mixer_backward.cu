@@ -62,23 +62,20 @@ __global__ void MlstmSigKeysKernel(Operand k, const float* i, const float* f, in
   if (lane == 0) lf[r] = LogSigmoid(f[r]);
 }
 
-// Columns V… of a cotangent row: the q'·n cotangent x as hi + lo, hi rounded
-// to `type`, against two columns of ones (the scans carry x to about twice
-// the type's precision), then zeros.
-__device__ __forceinline__ void StoreNormCotangent(void* out, ElemType type, int64_t row, int V,
-                                                   int ext_width, int lane, float x) {
-  const float hi = RoundedTo(type, x);
-  for (int c = V + lane; c < ext_width; c += 32)
-    StoreElem(out, type, row + c, c == V ? hi : c == V + 1 ? x - hi : 0.0f);
-}
-
-__global__ void MlstmSigNormCotangentKernel(const float* h_out, const float* norm_dot, Operand dh,
-                                            int64_t rows, int V, float eps, void* d_num,
-                                            void* d_norm, int norm_cols, ElemType type) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (r >= rows) return;
-  const float qn = norm_dot[r], den = fmaxf(fabsf(qn), 1.0f) + eps;
+// The normalized output's cotangents for packed row r, one warp: with
+// h = num/den, den = max(|q'·n|, lower) + eps, dh/den into d_num [., V] and
+// x = −(dh·h)/den·sign(q'·n) (0 where the max took `lower`) into d_norm
+// [., norm_cols] as hi + lo, hi rounded to `type`, then zeros: against two
+// columns of ones the scans carry x to about twice the type's precision.
+// Returns dh·h and den (every lane).
+struct RowNorm {
+  float dh_h, den;
+};
+__device__ __forceinline__ RowNorm StoreNormCotangents(int64_t r, int V, float qn, float lower,
+                                                       float eps, Operand dh, const float* h_out,
+                                                       void* d_num, void* d_norm, int norm_cols,
+                                                       ElemType type, int lane) {
+  const float den = fmaxf(fabsf(qn), lower) + eps;
   float dh_h = 0.0f;
   for (int c = lane; c < V; c += 32) {
     const float g = LoadElem(dh.ptr, dh.type, r * V + c);
@@ -86,9 +83,20 @@ __global__ void MlstmSigNormCotangentKernel(const float* h_out, const float* nor
     StoreElem(d_num, type, r * V + c, g / den);
   }
   for (int off = 16; off > 0; off >>= 1) dh_h += __shfl_xor_sync(0xffffffffu, dh_h, off);
-  // d den / d(q'·n) = sign(q'·n) where the max took |q'·n|, else 0.
-  const float sign = fabsf(qn) >= 1.0f ? (qn >= 0.0f ? 1.0f : -1.0f) : 0.0f;
-  StoreNormCotangent(d_norm, type, r * norm_cols, 0, norm_cols, lane, -dh_h / den * sign);
+  const float sign = fabsf(qn) >= lower ? (qn >= 0.0f ? 1.0f : -1.0f) : 0.0f;
+  const float x = -dh_h / den * sign, hi = RoundedTo(type, x);
+  for (int c = lane; c < norm_cols; c += 32)
+    StoreElem(d_norm, type, r * norm_cols + c, c == 0 ? hi : c == 1 ? x - hi : 0.0f);
+  return {dh_h, den};
+}
+
+__global__ void MlstmSigNormCotangentKernel(const float* h_out, const float* norm_dot, Operand dh,
+                                            int64_t rows, int V, float eps, void* d_num,
+                                            void* d_norm, int norm_cols, ElemType type) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= rows) return;
+  StoreNormCotangents(r, V, norm_dot[r], 1.0f, eps, dh, h_out, d_num, d_norm, norm_cols, type,
+                      threadIdx.x % 32);
 }
 
 __global__ void MlstmSigGateGradsKernel(Operand k_scaled, const float* dk_scaled, const float* i,
@@ -761,8 +769,7 @@ __global__ void MlstmGateGradKernel(const MlstmBackwardParams p) {
 
 constexpr int kTokenWarps = kThreads / 32;
 
-// From o = [num | q'·n | …] (E wide, the forward scan again) and dh, with
-// den = max(|q'·n|, e^{−m}) + eps: the cotangents [dh/den | −(dh·h)/den·sign | 0 …],
+// The normalized output's cotangents (StoreNormCotangents, lower = e^{−m}),
 // −m as the reverse scans' key weight, and the explicit dm = −(dh·h)·eps/den.
 __global__ void MlstmExpCotangentKernel(const MlstmBackwardParams p, const float* h_out,
                                         const float* norm_dot, void* d_num, void* d_norm,
@@ -773,20 +780,12 @@ __global__ void MlstmExpCotangentKernel(const MlstmBackwardParams p, const float
   if (t >= p.cu_seqlens[seq + 1] - bos) return;
   const Scratch sc = ScratchOf(p);
   const int64_t row = (bos + t) * p.heads + h, pt = TokenAt(p, seq, t, h);
-  const float m = sc.m[pt], lower = expf(-m);
-  const float qn = norm_dot[row], den = fmaxf(fabsf(qn), lower) + p.eps;
-  float dh_h = 0.0f;
-  for (int c = lane; c < p.dv; c += 32) {
-    const float g = LoadElem(p.dh.ptr, p.dh.type, row * p.dv + c);
-    dh_h += g * h_out[row * p.dv + c];
-    StoreElem(d_num, type, row * p.dv + c, g / den);
-  }
-  for (int off = 16; off > 0; off >>= 1) dh_h += __shfl_xor_sync(0xffffffffu, dh_h, off);
-  const float sign = fabsf(qn) >= lower ? (qn >= 0.0f ? 1.0f : -1.0f) : 0.0f;
-  StoreNormCotangent(d_norm, type, row * norm_cols, 0, norm_cols, lane, -dh_h / den * sign);
+  const float m = sc.m[pt];
+  const RowNorm rn = StoreNormCotangents(row, p.dv, norm_dot[row], expf(-m), p.eps, p.dh, h_out,
+                                         d_num, d_norm, norm_cols, type, lane);
   if (lane == 0) {
     neg_m[row] = -m;
-    sc.dm[pt] = -dh_h * p.eps / den;
+    sc.dm[pt] = -rn.dh_h * p.eps / rn.den;
   }
 }
 
@@ -835,6 +834,16 @@ size_t ChunkGradSmem(const MlstmBackwardParams& p) {
   return sizeof(float) * (static_cast<size_t>(kChunk) * 2 * (p.dk + 1) +
                           static_cast<size_t>(2 * kChunk) * (p.dv + 1) + 33 * p.dk +
                           2 * kChunk * (kChunk + 1) + 6 * kChunk);
+}
+
+// The per-token kernels: a warp per token. The gate kernels: a warp per
+// (sequence, head), kTaskWarps to a CTA.
+constexpr int kTaskWarps = 4;
+dim3 TokenGrid(const MlstmBackwardParams& p) {
+  return dim3((p.max_len + kTokenWarps - 1) / kTokenWarps, p.heads, p.num_seqs);
+}
+dim3 TaskGrid(const MlstmBackwardParams& p) {
+  return dim3((p.num_seqs * p.heads + kTaskWarps - 1) / kTaskWarps);
 }
 
 template <typename Kernel>
@@ -896,16 +905,9 @@ cudaError_t LaunchMlstmSigGateGrads(Operand k_scaled, const float* dk_scaled, co
 int64_t MlstmBackwardScratchFloats(const MlstmBackwardParams& p) { return ScratchFloatsOf(p); }
 int64_t MlstmTokenScratchFloats(const MlstmBackwardParams& p) { return TokenScratchFloatsOf(p); }
 
-namespace {
-dim3 TokenGrid(const MlstmBackwardParams& p) {
-  return dim3((p.max_len + kTokenWarps - 1) / kTokenWarps, p.heads, p.num_seqs);
-}
-dim3 TaskGrid(const MlstmBackwardParams& p) { return dim3((p.num_seqs * p.heads + 3) / 4); }
-}  // namespace
-
 cudaError_t LaunchMlstmStabilizers(const MlstmBackwardParams& p, cudaStream_t stream) {
   if (p.num_seqs * p.heads == 0) return cudaSuccess;
-  return Launch(MlstmGatesKernel, TaskGrid(p), 128, 0, stream, p);
+  return Launch(MlstmGatesKernel, TaskGrid(p), 32 * kTaskWarps, 0, stream, p);
 }
 
 cudaError_t LaunchMlstmExpCotangent(const MlstmBackwardParams& p, const float* h_out,
@@ -929,7 +931,7 @@ cudaError_t LaunchMlstmExpGateGrads(const MlstmBackwardParams& p, const float* d
     MlstmExpTermsKernel<<<TokenGrid(p), kThreads, 0, stream>>>(p, dq, dq2, dk, dk2);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
-  return Launch(MlstmGateGradKernel, TaskGrid(p), 128, 0, stream, p);
+  return Launch(MlstmGateGradKernel, TaskGrid(p), 32 * kTaskWarps, 0, stream, p);
 }
 
 cudaError_t LaunchMlstmBackward(const MlstmBackwardParams& p, cudaStream_t stream) {
@@ -938,12 +940,10 @@ cudaError_t LaunchMlstmBackward(const MlstmBackwardParams& p, cudaStream_t strea
   if (p.dk < 1 || p.dv < 1 || p.dk > kMlstmBackwardMaxDim || p.dv > kMlstmBackwardMaxDim ||
       p.max_len < 0)
     return cudaErrorInvalidValue;
-  const int warps_per_cta = 4;  // the gate kernels: one warp per (sequence, head)
-  const dim3 tasks_grid((tasks + warps_per_cta - 1) / warps_per_cta);
   const dim3 chunk_grid(MaxChunks(p) > 0 ? MaxChunks(p) : 1, p.heads, p.num_seqs);
   const dim3 tile_grid(ScratchOf(p).tiles, p.heads, p.num_seqs);
   cudaError_t err;
-  if ((err = Launch(MlstmGatesKernel, tasks_grid, 32 * warps_per_cta, 0, stream, p)) != cudaSuccess)
+  if ((err = Launch(MlstmGatesKernel, TaskGrid(p), 32 * kTaskWarps, 0, stream, p)) != cudaSuccess)
     return err;
   if ((err = Launch(MlstmStateScanKernel<false>, tile_grid, kThreads, StateScanSmem(p), stream,
                     p)) != cudaSuccess)
@@ -957,7 +957,7 @@ cudaError_t LaunchMlstmBackward(const MlstmBackwardParams& p, cudaStream_t strea
   if ((err = Launch(MlstmChunkGradKernel, chunk_grid, kThreads, ChunkGradSmem(p), stream, p)) !=
       cudaSuccess)
     return err;
-  return Launch(MlstmGateGradKernel, tasks_grid, 32 * warps_per_cta, 0, stream, p);
+  return Launch(MlstmGateGradKernel, TaskGrid(p), 32 * kTaskWarps, 0, stream, p);
 }
 
 }  // namespace lair::kernels::cuda

@@ -734,7 +734,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
       [[maybe_unused]] const float* c_first = bl + 16 * mb * gw;
       const bool exact_diagonal = kRight && span_over[mb];
       for (int k0 = 0; k0 <= 16 * mb; k0 += 16) {
-        if (kRight && k0 == 16 * mb && exact_diagonal) break;
+        if (k0 == 16 * mb && exact_diagonal) break;
         uint32_t fa[4];
         Ldsm4(fa, as + (16 * mb + (lane & 15)) * T::kLdA + k0 + 8 * (lane >> 4));
 #pragma unroll
