@@ -10,6 +10,7 @@
 #
 # STAGES (default all): build test verify models bench ref model profile hf
 #   build   configure (server off) and build lair and the CUDA test binaries
+#           (in BUILD, default build-gpu; CUDA_FLAGS adds nvcc flags, e.g. -lineinfo)
 #   test    the CUDA unit tests (scan, decay gradient, backend vs CPU and the
 #           op fixtures, dense ops, decode-step machinery, every family's tiny
 #           model through CUDA graphs)
@@ -35,7 +36,7 @@ has() { [[ " $STAGES " == *" $1 "* ]]; }
 ROOT=/tmp/debroot
 LIB=$ROOT/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH=$LIB:$LIB/openblas-pthread:${LD_LIBRARY_PATH:-}
-BUILD=build-gpu
+BUILD=${BUILD:-build-gpu}  # another folder keeps a second configuration (CUDA_FLAGS) beside it
 LAIR=$BUILD/bin/lair
 status() { echo "== $* ($(date +%T))"; }
 # Prints a test binary's failures and its summary line.
@@ -57,7 +58,7 @@ if has build; then
   fi
   export PKG_CONFIG_LIBDIR=$LIB/pkgconfig:$ROOT/usr/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=$ROOT
   cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAIR_WITH_SERVER=OFF -DLAIR_WITH_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$ROOT/usr;$LIB/cmake;$ROOT/usr/share/cmake" \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_FLAGS="${CUDA_FLAGS:-}" -DCMAKE_PREFIX_PATH="$ROOT/usr;$LIB/cmake;$ROOT/usr/share/cmake" \
     -DICU_ROOT=$ROOT/usr -DPKG_CONFIG_EXECUTABLE=$ROOT/usr/bin/pkg-config \
     -DCMAKE_CXX_FLAGS="-isystem $ROOT/usr/include -isystem $ROOT/usr/include/x86_64-linux-gnu/openblas-pthread" \
     -DBLAS_LIBRARIES="$LIB/openblas-pthread/libopenblas.so" -DLAIR_DEFAULT_FIXTURES="$PWD/.carry" \

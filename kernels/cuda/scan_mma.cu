@@ -133,8 +133,8 @@ struct MmaLayout {
     s = Take(dk * ldv * 2);             // S, bf16 [dk][ldv]
     a = Take(T::kChunk * T::kLdA * 2);  // masked A, bf16 [C][kLdA]
     // vector kinds: e^{b_I0} [4][gw], e^{b_C − b_Je} [4][gw], e^{b_C} [gw];
-    // scalar: m, e^{b_i + m_prev − m_i}, column weights, den [C] and n [dk].
-    tab = Take((scalar ? 4 * T::kChunk + dk : 9 * gw) * 4);
+    // scalar: m, e^{b_i + m_prev − m_i}, column weights, den, y [C] and n [dk].
+    tab = Take((scalar ? 5 * T::kChunk + dk : 9 * gw) * 4);
     flags = Take(T::kBlocks * 4);
   }
 
@@ -281,11 +281,12 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
   float* ebl = tab + 4 * gw;   // [4][gw] e^{b_C − b_Je}
   float* sdec = tab + 8 * gw;  // [gw]    e^{b_C}
   // scalar tables
-  float* ms = tab;       // [C] m_i
-  float* coef = ms + C;  // [C] e^{b_i + m_prev − m_i}
-  float* wj = coef + C;  // [C] e^{b_C − b_j + lw_j − m_C}
-  float* den = wj + C;   // [C] q'ᵀn
-  float* nn = den + C;   // [dk] n
+  float* ms = tab;        // [C] m_i
+  float* coef = ms + C;   // [C] e^{b_i + m_prev − m_i}
+  float* wj = coef + C;   // [C] e^{b_C − b_j + lw_j − m_C}
+  float* den = wj + C;    // [C] q'ᵀn
+  float* ycol = den + C;  // [C] y_j = b_j − lw_j
+  float* nn = ycol + C;   // [dk] n
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
@@ -307,10 +308,16 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
   auto chunk_state = [&](int c) {
     return chunk_states + (ChunkIndex(bos, seq, c) * p.heads + h) * dk * p.dv;
   };
-  // The normalizer n: carried where a norm reads it or n_final wants it.
-  const bool carry_n = kScalar && (p.n_final != nullptr || p.norm != NormKind::kNone);
-  const bool norm = kScalar && p.norm != NormKind::kNone;
+  // The normalizer n: carried where a norm reads it or n_final wants it (the
+  // one-pass scan alone has either).
+  const bool carry_n =
+      kScalar && kPass == MmaPass::kFused && (p.n_final != nullptr || p.norm != NormKind::kNone);
+  const bool norm = kScalar && kPass == MmaPass::kFused && p.norm != NormKind::kNone;
   const float qk_scale = p.q_scale * p.k_scale;
+  // Outputs staged through shared memory (step 5): 16-bit, aligned, and a q
+  // row holds a tile row.
+  const bool stage_out = (p.o_type == ElemType::kBF16 || p.o_type == ElemType::kF16) &&
+                         reinterpret_cast<uintptr_t>(p.o) % 16 == 0 && dk >= TV;
   const int64_t head_off = static_cast<int64_t>(h) * dk * p.dv;
   // Which loads go through cp.async (bf16 operands, aligned log-valued vector gates).
   const bool qk_async = p.q.type == ElemType::kBF16 && p.k.type == ElemType::kBF16;
@@ -323,8 +330,10 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
       !kScalar && gate.ptr != nullptr && reinterpret_cast<uintptr_t>(gate.ptr) % 16 == 0 &&
       gate.fn == GateFn::kIdentity && gate.token_stride % 4 == 0 && gate.head_stride % 4 == 0;
 
-  // State accumulators: m-tile w + 8r (rows a), n-tile n (cols e) of S.
+  // State accumulators: m-tile w + 8r (rows a), n-tile n (cols e) of S; and
+  // n at rows a = 16(w + 8r) + g + 8·half, the same in the four lanes of g.
   float sacc[kStateTiles][kNt][4];
+  float nreg[kStateTiles][2] = {};
   if constexpr (kCarry) {
     const int slot = p.s_init.slot ? p.s_init.slot[seq] : seq;
     const float* base =
@@ -341,9 +350,14 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
                                      static_cast<int64_t>(e0 + e) * p.s_init.stride_b]
                               : 0.0f;
         }
-    if (carry_n) {
-      for (int a = tid; a < dk; a += T::kThreads)
-        nn[a] = p.n_init ? p.n_init[(static_cast<int64_t>(slot) * p.heads + h) * dk + a] : 0.0f;
+    if (carry_n && p.n_init) {
+#pragma unroll
+      for (int r = 0; r < kStateTiles; ++r)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int a = 16 * (warp + 8 * r) + g + 8 * half;
+          if (a < dk) nreg[r][half] = p.n_init[(static_cast<int64_t>(slot) * p.heads + h) * dk + a];
+        }
     }
   }
   // The bf16 copy of S (step 1 of each chunk, while its copies are in flight).
@@ -361,6 +375,16 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
             __floats2bfloat162_rn(sacc[r][n][2], sacc[r][n][3]);
       }
     }
+  };
+  // n entering the chunk, for q'ᵀn (step 1 too).
+  auto store_n_copy = [&] {
+#pragma unroll
+    for (int r = 0; r < kStateTiles; ++r)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int a = 16 * (warp + 8 * r) + g + 8 * half;
+        if (t4 == 0 && a < dk) nn[a] = nreg[r][half];
+      }
   };
   // A zeroed once: entries right of the diagonal blocks stay 0.
   for (int idx = tid; idx < C * T::kLdA; idx += T::kThreads) as[idx] = __float2bfloat16_rn(0.0f);
@@ -483,6 +507,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
       CpAsyncWait<0>();
     }
     if constexpr (kCarry) store_state_copy();
+    if (carry_n) store_n_copy();
     if (!kScalar && tid < T::kBlocks) span_over[tid] = 0;
     __syncthreads();
     if constexpr (kPass == MmaPass::kStates) {
@@ -559,11 +584,16 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
         coef[i1] = __expf(b1 + mp - m1);
         wj[i0] = i0 < lc ? __expf(b_last - b0 + lws[i0] - m_last) * p.k_scale : 0.0f;
         wj[i1] = i1 < lc ? __expf(b_last - b1 + lws[i1] - m_last) * p.k_scale : 0.0f;
+        // Columns past lc hold k = 0, and their factor is not bounded by m_i: 0.
+        ycol[i0] = i0 < lc ? b0 - lws[i0] : INFINITY;
+        ycol[i1] = i1 < lc ? b1 - lws[i1] : INFINITY;
+        den[i0] = 0.0f;  // the in-chunk part of q'ᵀn, summed in step 4
+        den[i1] = 0.0f;
       }
     }
     __syncthreads();
 
-    // 3. Left: rescale q and k in place. Right: v. Scalar: the inter part of q'ᵀn.
+    // 3. Left: rescale q and k in place. Right: v.
     if constexpr (kVector) {
       for (int idx = tid; idx < C * dk / 2; idx += T::kThreads) {
         const int i = idx / (dk / 2), a = 2 * (idx % (dk / 2));
@@ -592,31 +622,28 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
         *vp = __floats2bfloat162_rn(vv.x * p.k_scale * __expf(c_last[e] - cj[e]),
                                     vv.y * p.k_scale * __expf(c_last[e + 1] - cj[e + 1]));
       }
-    } else if (norm) {
-      // den_i starts at e^{b_i + m_prev − m_i} q'_iᵀ n_prev: four lanes per row.
-      static_assert(T::kThreads == 4 * C, "q'ᵀn: four lanes per row");
-      const int i = tid / 4;
-      float acc = 0.0f;
-      for (int a = tid % 4; a < dk; a += 4) acc += __bfloat162float(qs[i * ldq + a]) * nn[a];
-      acc += __shfl_xor_sync(kAll, acc, 1);
-      acc += __shfl_xor_sync(kAll, acc, 2);
-      if (tid % 4 == 0) den[i] = coef[i] * p.q_scale * acc;
     }
-    if (!kScalar || norm) __syncthreads();  // plain scalar decay: nothing written in step 3
+    if constexpr (!kScalar) __syncthreads();  // scalar decay: nothing written in step 3
 
-    // 4. A, masked, to bf16. Warp w: row block I = w/2, its half of the
-    //    2(I+1) n-tiles of 8 columns that reach the diagonal.
+    // 4. A, masked, to bf16: row block I has the 2(I+1) n-tiles of 8 columns
+    //    that reach the diagonal, 20 in all. Warps 0-3 take three of them and
+    //    warps 4-7 two, so each scheduler (warps w and w + 4) has five:
+    //      warp   0      1      2      3      4      5      6      7
+    //      I      3      3      2      2      3      1      1      0
+    //      tiles  0-2    3-5    0-2    3-5    6-7    0-1    2-3    0-1
     if constexpr (kEmit) {
-      const int blk = warp / 2;
-      const int count = blk + 1, nt0 = (warp % 2) * count;
-      float acc[T::kBlocks][4] = {};
+      static_assert(T::kWarps == 8 && T::kBlocks == 4, "the A tile table");
+      const int blk = (0x01132233 >> (4 * warp)) & 0xf;
+      const int nt0 = (0x02063030 >> (4 * warp)) & 0xf;
+      const int count = warp < 4 ? 3 : 2;
+      float acc[3][4] = {};
       for (int k0 = 0; k0 < dk; k0 += 16) {
         uint32_t qa[4];
         Ldsm4(qa, qs + (16 * blk + (lane & 15)) * ldq + k0 + 8 * (lane >> 4));
         uint32_t qj[4] = {qa[0], qa[1], qa[2], qa[3]};
         int scaled_for = -1;
 #pragma unroll
-        for (int n = 0; n < T::kBlocks; ++n) {
+        for (int n = 0; n < 3; ++n) {
           if (n >= count) break;
           const int nt = nt0 + n, jb = nt / 2;
           if constexpr (kVector) {
@@ -638,11 +665,20 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
         }
       }
       float row_sum[2] = {0.0f, 0.0f};
+      // Scalar: A_ij's factor e^{b_i − b_j + lw_j − m_i} = e^{x_i − y_j}, with
+      // x_i = b_i − m_i for this lane's two rows and y_j from step 2.
+      [[maybe_unused]] float xi[2] = {};
+      if constexpr (kScalar) {
+        xi[0] = bl[16 * blk + g] - ms[16 * blk + g];
+        xi[1] = bl[16 * blk + g + 8] - ms[16 * blk + g + 8];
+      }
 #pragma unroll
-      for (int n = 0; n < T::kBlocks; ++n) {
+      for (int n = 0; n < 3; ++n) {
         if (n >= count) break;
         const int nt = nt0 + n;
         if (kVector && nt / 2 == blk && span_over[blk]) continue;
+        [[maybe_unused]] float2 yj = {};
+        if constexpr (kScalar) yj = *reinterpret_cast<const float2*>(ycol + 8 * nt + 2 * t4);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = 16 * blk + g + 8 * half, j = 8 * nt + 2 * t4;
@@ -652,11 +688,9 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
             v0 *= p.q_scale;  // k_scale is in v̂
             v1 *= p.q_scale;
           } else if constexpr (kScalar) {
-            // Columns past lc hold k = 0; their factor is not bounded by m_i.
-            v0 = j <= i && j < lc ? v0 * qk_scale * __expf(bl[i] - bl[j] + lws[j] - ms[i]) : 0.0f;
-            v1 = j < i && j + 1 < lc
-                     ? v1 * qk_scale * __expf(bl[i] - bl[j + 1] + lws[j + 1] - ms[i])
-                     : 0.0f;
+            // Selected after the product: past the diagonal e^{x_i − y_j} may be inf.
+            v0 = j <= i ? v0 * qk_scale * __expf(xi[half] - yj.x) : 0.0f;
+            v1 = j + 1 <= i ? v1 * qk_scale * __expf(xi[half] - yj.y) : 0.0f;
             row_sum[half] += v0 + v1;
           }
           *reinterpret_cast<__nv_bfloat162*>(as + i * T::kLdA + j) = __floats2bfloat162_rn(v0, v1);
@@ -694,13 +728,26 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
 
     // 5. o = (q̂ ⊙ e^{b_I0}) S, rows scaled (scalar) or columns (right), then
     //    += A·V (right: V̂ scaled per column, then every entry by e^{c_i − c_I0}).
-    //    Warp w: rows 16(w/2).., the (w%2) half of the n-tiles.
+    //    Warp w: rows 16(w/2).., the (w%2) half of the n-tiles. A norm's
+    //    q'_iᵀ n_prev comes from the same q fragments: rows g and g + 8.
     if constexpr (kEmit) {
       const int mb = warp / 2, ntb = kOn * (warp % 2);
       float acc[kOn][4] = {};
+      float qn[2] = {0.0f, 0.0f};
       for (int k0 = 0; k0 < dk; k0 += 16) {
         uint32_t fa[4];
         Ldsm4(fa, qs + (16 * mb + (lane & 15)) * ldq + k0 + 8 * (lane >> 4));
+        if (norm) {
+          const float* n = nn + k0 + 2 * t4;
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            __nv_bfloat162 lo, hi;
+            memcpy(&lo, &fa[half], 4);
+            memcpy(&hi, &fa[half + 2], 4);
+            const float2 ql = __bfloat1622float2(lo), qh = __bfloat1622float2(hi);
+            qn[half] += ql.x * n[0] + ql.y * n[1] + qh.x * n[8] + qh.y * n[9];
+          }
+        }
         if constexpr (kVector) {
           const float* f = eb0 + mb * dk + k0 + 2 * t4;
           const float fs[4] = {f[0], f[1], f[8], f[9]};
@@ -712,6 +759,13 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
           Ldsm4T(fb, ss + (k0 + (lane & 15)) * ldv + 8 * (ntb + n) + 8 * (lane >> 4));
           Mma(acc[n], fa, fb[0], fb[1]);
           Mma(acc[n + 1], fa, fb[2], fb[3]);
+        }
+      }
+      if (norm) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          qn[half] += __shfl_xor_sync(kAll, qn[half], 1);
+          qn[half] += __shfl_xor_sync(kAll, qn[half], 2);
         }
       }
       if constexpr (kScalar) {
@@ -786,29 +840,52 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
           }
         }
       }
+      // 16-bit outputs leave in 16-byte pieces, staged in this row block's q
+      // rows once both its warps are past their reads of them (named barrier
+      // 1 + mb of the two warps); each warp then copies out what it staged.
+      if (stage_out) asm volatile("bar.sync %0, 64;\n" ::"r"(1 + mb));
+      bf16* staged = qs + 16 * mb * ldq;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int i = 16 * mb + g + 8 * half;
         if (i >= lc) continue;
         float inv_den = 1.0f;
         if constexpr (kScalar) {
+          // q'ᵀn = e^{b_i + m_prev − m_i} q'_iᵀ n_prev + the in-chunk part.
+          const float dot = norm ? den[i] + coef[i] * p.q_scale * qn[half] : 0.0f;
           if (p.norm == NormKind::kMlstmExp) {
-            inv_den = 1.0f / (fmaxf(fabsf(den[i]), __expf(-ms[i])) + p.eps);
+            inv_den = 1.0f / (fmaxf(fabsf(dot), __expf(-ms[i])) + p.eps);
           } else if (p.norm == NormKind::kSigNorm) {
-            inv_den = 1.0f / (fmaxf(fabsf(den[i]), 1.0f) + p.eps);
+            inv_den = 1.0f / (fmaxf(fabsf(dot), 1.0f) + p.eps);
           }
           if (p.row_weight.ptr)
             inv_den *= __expf(GateAt(p.row_weight, bos, len, tok0 + dir * i, h, 0) + ms[i]);
           if (norm && p.norm_dot && tile == 0 && ntb == 0 && t4 == 0)
-            p.norm_dot[row_of(i) * p.heads + h] = den[i];
+            p.norm_dot[row_of(i) * p.heads + h] = dot;
         }
         const int64_t out = (row_of(i) * p.heads + h) * p.dv + e0;
 #pragma unroll
         for (int n = 0; n < kOn; ++n) {
           const int e = 8 * (ntb + n) + 2 * t4;
-          if (e >= tv) continue;
-          StorePair(p.o, p.o_type, out + e, acc[n][2 * half] * inv_den,
-                    acc[n][2 * half + 1] * inv_den);
+          if (stage_out) {
+            StorePair(staged, p.o_type, (g + 8 * half) * ldq + e, acc[n][2 * half] * inv_den,
+                      acc[n][2 * half + 1] * inv_den);
+          } else if (e < tv) {
+            StorePair(p.o, p.o_type, out + e, acc[n][2 * half] * inv_den,
+                      acc[n][2 * half + 1] * inv_den);
+          }
+        }
+      }
+      if (stage_out) {
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < kOn / 2; ++u) {
+          const int idx = lane + 32 * u, r = idx / kOn, e = 8 * (ntb + idx % kOn);
+          const int i = 16 * mb + r;
+          if (i < lc && e < tv)
+            *reinterpret_cast<uint4*>(static_cast<bf16*>(p.o) + (row_of(i) * p.heads + h) * p.dv +
+                                      e0 + e) =
+                *reinterpret_cast<const uint4*>(staged + r * ldq + e);
         }
       }
     }
@@ -820,6 +897,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
       for (int r = 0; r < kStateTiles; ++r) {
         const int a0 = 16 * (warp + 8 * r);
         if (a0 >= dk) continue;
+        [[maybe_unused]] float nadd[2] = {0.0f, 0.0f};
         if constexpr (kRight) {
 #pragma unroll
           for (int n = 0; n < kNt; ++n) {
@@ -846,6 +924,17 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
           } else if constexpr (kScalar) {
             const float* w = wj + k0 + 2 * t4;
             const float fs[4] = {w[0], w[1], w[8], w[9]};
+            if (carry_n) {
+              // n += Σ_j k_j w_j over this lane's columns j, before rounding.
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                __nv_bfloat162 lo, hi;
+                memcpy(&lo, &fa[half], 4);
+                memcpy(&hi, &fa[half + 2], 4);
+                const float2 kl = __bfloat1622float2(lo), kh = __bfloat1622float2(hi);
+                nadd[half] += kl.x * fs[0] + kl.y * fs[1] + kh.x * fs[2] + kh.y * fs[3];
+              }
+            }
             ScaleCols(fa, fs);
           }
 #pragma unroll
@@ -861,16 +950,18 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
             Mma(sacc[r][n + 1], fa, fb[2], fb[3]);
           }
         }
-      }
-      if constexpr (kScalar) {
-        if (carry_n) {
-          for (int a = tid; a < dk; a += T::kThreads) {
-            float add[4] = {};
-#pragma unroll 8
-            for (int j = 0; j < C; ++j) add[j % 4] += __bfloat162float(ks[j * ldq + a]) * wj[j];
-            nn[a] = nn[a] * coef[C - 1] + ((add[0] + add[1]) + (add[2] + add[3]));
+        if constexpr (kScalar) {
+          if (carry_n) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              nadd[half] += __shfl_xor_sync(kAll, nadd[half], 1);
+              nadd[half] += __shfl_xor_sync(kAll, nadd[half], 2);
+              nreg[r][half] = nreg[r][half] * coef[C - 1] + nadd[half];
+            }
           }
         }
+      }
+      if constexpr (kScalar) {
         if (p.stabilize) m_prev = ms[C - 1];
       }
     }
@@ -893,9 +984,16 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
                  static_cast<int64_t>(e0 + e) * p.s_final.stride_b] = sacc[r][n][c];
         }
     if (blockIdx.x == 0) {
-      if (p.n_final)
-        for (int a = tid; a < dk; a += T::kThreads)
-          p.n_final[(static_cast<int64_t>(slot) * p.heads + h) * dk + a] = nn[a];
+      if (p.n_final) {
+#pragma unroll
+        for (int r = 0; r < kStateTiles; ++r)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int a = 16 * (warp + 8 * r) + g + 8 * half;
+            if (t4 == 0 && a < dk)
+              p.n_final[(static_cast<int64_t>(slot) * p.heads + h) * dk + a] = nreg[r][half];
+          }
+      }
       if (p.stabilize && p.m_final && tid == 0)
         p.m_final[static_cast<int64_t>(slot) * p.heads + h] = m_prev;
     }

@@ -221,7 +221,7 @@ TEST_F(MmaScanVsCpu, DecayBackward) {
 // Stabilizer, key weights and both normalizers in the scalar mode, across
 // chunk boundaries and from pooled (c, n, m).
 TEST_F(MmaScanVsCpu, MlstmForward) {
-  for (const auto& [K, V] : {std::pair{64, 64}, std::pair{128, 128}})
+  for (const auto& [K, V] : {std::pair{64, 64}, std::pair{128, 128}, std::pair{256, 64}})
     for (MlstmKind kind : {MlstmKind::kExp, MlstmKind::kSig, MlstmKind::kSigNorm}) {
       MakeBatch({130, 1, 0, 64, 200});
       const int64_t n = offsets_.back();
