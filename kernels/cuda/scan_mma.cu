@@ -195,6 +195,15 @@ __device__ __forceinline__ void ScaleCols(uint32_t (&r)[4], const float (&f)[4])
   r[2] = Scale2(r[2], f[2], f[3]);
   r[3] = Scale2(r[3], f[2], f[3]);
 }
+// Row g + 8·half of an A fragment dotted with weights f of its four columns
+// (f[0..3] for columns 2t, 2t+1, 2t+8, 2t+9, as in ScaleCols), in fp32.
+__device__ __forceinline__ float RowDot(const uint32_t (&r)[4], int half, const float (&f)[4]) {
+  __nv_bfloat162 lo, hi;
+  memcpy(&lo, &r[half], 4);
+  memcpy(&hi, &r[half + 2], 4);
+  const float2 a = __bfloat1622float2(lo), b = __bfloat1622float2(hi);
+  return a.x * f[0] + a.y * f[1] + b.x * f[2] + b.y * f[3];
+}
 __device__ __forceinline__ void ScaleRows(uint32_t (&r)[4], float fg, float fg8) {
   r[0] = Scale2(r[0], fg, fg);
   r[1] = Scale2(r[1], fg8, fg8);
@@ -739,14 +748,9 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
         Ldsm4(fa, qs + (16 * mb + (lane & 15)) * ldq + k0 + 8 * (lane >> 4));
         if (norm) {
           const float* n = nn + k0 + 2 * t4;
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            __nv_bfloat162 lo, hi;
-            memcpy(&lo, &fa[half], 4);
-            memcpy(&hi, &fa[half + 2], 4);
-            const float2 ql = __bfloat1622float2(lo), qh = __bfloat1622float2(hi);
-            qn[half] += ql.x * n[0] + ql.y * n[1] + qh.x * n[8] + qh.y * n[9];
-          }
+          const float ns[4] = {n[0], n[1], n[8], n[9]};
+          qn[0] += RowDot(fa, 0, ns);
+          qn[1] += RowDot(fa, 1, ns);
         }
         if constexpr (kVector) {
           const float* f = eb0 + mb * dk + k0 + 2 * t4;
@@ -926,14 +930,8 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
             const float fs[4] = {w[0], w[1], w[8], w[9]};
             if (carry_n) {
               // n += Σ_j k_j w_j over this lane's columns j, before rounding.
-#pragma unroll
-              for (int half = 0; half < 2; ++half) {
-                __nv_bfloat162 lo, hi;
-                memcpy(&lo, &fa[half], 4);
-                memcpy(&hi, &fa[half + 2], 4);
-                const float2 kl = __bfloat1622float2(lo), kh = __bfloat1622float2(hi);
-                nadd[half] += kl.x * fs[0] + kl.y * fs[1] + kh.x * fs[2] + kh.y * fs[3];
-              }
+              nadd[0] += RowDot(fa, 0, fs);
+              nadd[1] += RowDot(fa, 1, fs);
             }
             ScaleCols(fa, fs);
           }
