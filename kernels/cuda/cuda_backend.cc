@@ -1005,7 +1005,8 @@ class CudaBackend : public Backend {
       // branch of den's max must be the forward's), then their cotangents:
       // dh/den on the values, and q'·n's on two columns of ones (in two
       // parts). The values' products are the decay backward; the ones' are
-      // two narrow scans whose dq and dk add before the decay gradient.
+      // two narrow scans that add their dq and dk onto its, before the decay
+      // gradient.
       constexpr int kNormCols = 16;
       LAIR_ASSIGN_OR_RETURN(Tensor h_out, Uninitialized(DType::kF32, {n, H, V}));
       LAIR_ASSIGN_OR_RETURN(Tensor norm_dot, Uninitialized(DType::kF32, {n, H}));
@@ -1028,8 +1029,6 @@ class CudaBackend : public Backend {
           cuda::LaunchLeadingOnes(n * H, kNormCols, 2, ones.raw(), Elem(ones.dtype()), s()),
           "mlstm backward ones"));
       LAIR_ASSIGN_OR_RETURN(Tensor dq_num, Uninitialized(DType::kF32, {n, H, K}));
-      LAIR_ASSIGN_OR_RETURN(Tensor dq_norm, Uninitialized(DType::kF32, {n, H, K}));
-      LAIR_ASSIGN_OR_RETURN(Tensor dk_norm, Uninitialized(DType::kF32, {n, H, K}));
       d.fwd.value_dim = V;
       d.fwd.v = a.v;
       d.fwd.state = a.state_c;  // zero initial states: not read
@@ -1042,22 +1041,17 @@ class CudaBackend : public Backend {
         ScanParams dq = Base(db, batch, H, kNormCols, K);
         dq.q = Op(d_norm), dq.q_scale = d.fwd.scale, dq.k = Op(ones), dq.v = Op(k_scaled);
         dq.left = Gate(lf, H, 1);
-        dq.o = dq_norm.raw();
+        dq.o = dq_num.raw();
+        dq.accumulate = true;
         LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(dq, s()), "mlstm backward dq"));
         ScanParams dk = Base(db, batch, H, kNormCols, K);
         dk.reverse = true;
         dk.q = Op(ones), dk.k = Op(d_norm), dk.k_scale = d.fwd.scale, dk.v = Op(a.q);
         dk.left = Shifted(Gate(lf, H, 1));
-        dk.o = dk_norm.raw();
+        dk.o = dk_scaled.raw();
+        dk.accumulate = true;
         LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(dk, s()), "mlstm backward dk"));
       }
-      const int64_t count = n * H * K;
-      LAIR_RETURN_IF_ERROR(CudaStatus(
-          cuda::LaunchAdd(dq_num.f32(), dq_norm.f32(), dq_num.raw(), ElemType::kF32, count, s()),
-          "mlstm backward dq"));
-      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchAdd(dk_scaled.f32(), dk_norm.f32(),
-                                                      dk_scaled.raw(), ElemType::kF32, count, s()),
-                                      "mlstm backward dk"));
       // d log σ(f): the reversed cumsum of q·dq − k'·dk', dq stored on the way.
       cuda::DecayGradParams g;
       g.num_seqs = batch.num_seqs;

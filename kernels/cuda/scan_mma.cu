@@ -875,8 +875,13 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
             StorePair(staged, p.o_type, (g + 8 * half) * ldq + e, acc[n][2 * half] * inv_den,
                       acc[n][2 * half + 1] * inv_den);
           } else if (e < tv) {
-            StorePair(p.o, p.o_type, out + e, acc[n][2 * half] * inv_den,
-                      acc[n][2 * half + 1] * inv_den);
+            float x = acc[n][2 * half] * inv_den, y = acc[n][2 * half + 1] * inv_den;
+            if (kScalar && p.accumulate) {
+              const float2 old =
+                  *reinterpret_cast<const float2*>(static_cast<float*>(p.o) + out + e);
+              x += old.x, y += old.y;
+            }
+            StorePair(p.o, p.o_type, out + e, x, y);
           }
         }
       }
@@ -1071,9 +1076,10 @@ bool ScanMmaSupports(const ScanParams& p) {
       p.right.ptr == nullptr ||
       (p.left.ptr == nullptr && p.key_weight.ptr == nullptr && !p.stabilize &&
        p.norm == NormKind::kNone && p.n_init == nullptr && p.n_final == nullptr);
-  // Row weights go with scalar decays.
-  const bool row_weight_ok = p.row_weight.ptr == nullptr || (!p.left_vector && !p.right.ptr);
-  return Half(p.q) && Half(p.k) && Half(p.v) && right_alone && row_weight_ok && p.dk > 0 &&
+  // Row weights and accumulated outputs go with scalar decays.
+  const bool scalar = !p.left_vector && !p.right.ptr;
+  const bool scalar_fields_ok = (p.row_weight.ptr == nullptr && !p.accumulate) || scalar;
+  return Half(p.q) && Half(p.k) && Half(p.v) && right_alone && scalar_fields_ok && p.dk > 0 &&
          p.dk <= MmaTile::kMaxDk && p.dk % 16 == 0 && p.dv > 0 && p.dv % 16 == 0 &&
          MmaLayout(p.dk, DecayOf(p), MmaPass::kFused).bytes <= kMaxSmemBytes;
 }
