@@ -81,8 +81,9 @@ struct MmaTile {
   // take 128 dv columns and two load stages (its gate rows make the loads the
   // larger share; measured faster); the others take 64 columns and one stage,
   // and the scalar kind at dk ≤ 128 runs two CTAs per SM instead (measured
-  // faster than prefetching for it; it fits 128 registers exactly, with
-  // nothing to spare). The state pass keeps no q, so the scalar kind there also fits two
+  // faster than prefetching, than 128 columns per CTA in 8 or 16 warps, and
+  // than bulk copies: docs/benchmarks.md; it fits 128 registers, with nothing
+  // to spare). The state pass keeps no q, so the scalar kind there also fits two
   // stages at two CTAs per SM. The output pass of the two-pass scan holds no
   // state and walks one chunk: 64 columns, one stage, two CTAs per SM where
   // shared memory allows.
