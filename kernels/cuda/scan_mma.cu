@@ -205,6 +205,13 @@ __device__ __forceinline__ float RowDot(const uint32_t (&r)[4], int half, const 
   const float2 a = __bfloat1622float2(lo), b = __bfloat1622float2(hi);
   return a.x * f[0] + a.y * f[1] + b.x * f[2] + b.y * f[3];
 }
+// The B fragments of two n-tiles from one Ldsm4T (registers 0-1: tile n,
+// 2-3: tile n + 1; a lane's registers hold its column g of each): column g
+// of tile n times f0, of tile n + 1 times f1.
+__device__ __forceinline__ void ScaleTilePair(uint32_t (&b)[4], float f0, float f1) {
+  b[0] = Scale2(b[0], f0, f0), b[1] = Scale2(b[1], f0, f0);
+  b[2] = Scale2(b[2], f1, f1), b[3] = Scale2(b[3], f1, f1);
+}
 __device__ __forceinline__ void ScaleRows(uint32_t (&r)[4], float fg, float fg8) {
   r[0] = Scale2(r[0], fg, fg);
   r[1] = Scale2(r[1], fg8, fg8);
@@ -344,6 +351,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
   // n at rows a = 16(w + 8r) + g + 8·half, the same in the four lanes of g.
   float sacc[kStateTiles][kNt][4];
   float nreg[kStateTiles][2] = {};
+  auto n_row = [&](int r, int half) { return 16 * (warp + 8 * r) + g + 8 * half; };
   if constexpr (kCarry) {
     const int slot = p.s_init.slot ? p.s_init.slot[seq] : seq;
     const float* base =
@@ -365,7 +373,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
       for (int r = 0; r < kStateTiles; ++r)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int a = 16 * (warp + 8 * r) + g + 8 * half;
+          const int a = n_row(r, half);
           if (a < dk) nreg[r][half] = p.n_init[(static_cast<int64_t>(slot) * p.heads + h) * dk + a];
         }
     }
@@ -392,7 +400,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
     for (int r = 0; r < kStateTiles; ++r)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int a = 16 * (warp + 8 * r) + g + 8 * half;
+        const int a = n_row(r, half);
         if (t4 == 0 && a < dk) nn[a] = nreg[r][half];
       }
   };
@@ -804,10 +812,8 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
             // V̂_J ⊙ e^{c_I0 − c_Je}: a fragment register holds one column (g).
             const float* c_last = bl + (k0 + T::kBlock - 1) * gw;
             const int col = 8 * (ntb + n) + g;
-            const float f0 = __expf(c_first[col] - c_last[col]);
-            const float f1 = __expf(c_first[col + 8] - c_last[col + 8]);
-            fb[0] = Scale2(fb[0], f0, f0), fb[1] = Scale2(fb[1], f0, f0);
-            fb[2] = Scale2(fb[2], f1, f1), fb[3] = Scale2(fb[3], f1, f1);
+            ScaleTilePair(fb, __expf(c_first[col] - c_last[col]),
+                          __expf(c_first[col + 8] - c_last[col + 8]));
           }
           Mma(acc[n], fa, fb[0], fb[1]);
           Mma(acc[n + 1], fa, fb[2], fb[3]);
@@ -946,9 +952,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
             uint32_t fb[4];
             Ldsm4T(fb, vs + (k0 + (lane & 15)) * ldv + 8 * n + 8 * (lane >> 4));
             if constexpr (kRight) {
-              const float f0 = ebl[jb * TV + 8 * n + g], f1 = ebl[jb * TV + 8 * n + 8 + g];
-              fb[0] = Scale2(fb[0], f0, f0), fb[1] = Scale2(fb[1], f0, f0);
-              fb[2] = Scale2(fb[2], f1, f1), fb[3] = Scale2(fb[3], f1, f1);
+              ScaleTilePair(fb, ebl[jb * TV + 8 * n + g], ebl[jb * TV + 8 * n + 8 + g]);
             }
             Mma(sacc[r][n], fa, fb[0], fb[1]);
             Mma(sacc[r][n + 1], fa, fb[2], fb[3]);
@@ -993,7 +997,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
         for (int r = 0; r < kStateTiles; ++r)
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            const int a = 16 * (warp + 8 * r) + g + 8 * half;
+            const int a = n_row(r, half);
             if (t4 == 0 && a < dk)
               p.n_final[(static_cast<int64_t>(slot) * p.heads + h) * dk + a] = nreg[r][half];
           }
