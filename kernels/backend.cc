@@ -56,8 +56,14 @@ absl::Status Backend::ArgmaxRows(const Tensor& logits, const Tensor& ids) {
 
 absl::Status Backend::LinearGroup(const LinearGroupArgs& args) {
   LAIR_ASSIGN_OR_RETURN(std::vector<LinearProduct> products, LinearGroupProducts(args, device()));
+  Tensor gated;
+  if (args.silu_gate.defined()) {
+    LAIR_ASSIGN_OR_RETURN(gated, Allocate(DType::kF32, args.x.shape()));
+    LAIR_RETURN_IF_ERROR(Binary({BinaryOp::kSiluMul, args.silu_gate, args.x, gated}));
+  }
   for (LinearProduct& product : products) {
     GemmArgs& gemm = product.gemm;
+    if (gated.defined()) gemm.a = gated;
     const Activation& act = product.activation;
     // Without an activation the residual is the product's c (beta = 1).
     const bool residual_in_product = product.residual.defined() && act.identity();

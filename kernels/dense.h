@@ -140,7 +140,9 @@ struct Activation {
 // weight in one launch (a decode step's q/k/v/gate projections, an MLP's
 // gate and up) with the activations and the residual add in its epilogue (a
 // block's last product joining the residual stream). An out may alias its
-// residual, nothing else.
+// residual, nothing else. With silu_gate defined the products read
+// silu(silu_gate) ∘ x in place of x (SwiGLU's down projection), so a backend
+// may form that input while it loads the activations.
 struct LinearGroupArgs {
   Tensor x;                                      // [M,K] F32
   std::span<const Tensor> weights;               // each [N_i,K] (dtypes as GemmArgs::b)
@@ -148,6 +150,7 @@ struct LinearGroupArgs {
   std::span<const Tensor> outs;                  // written, each [M,N_i] F32
   std::span<const Activation> activations = {};  // empty (none), or one per weight
   std::span<const Tensor> residuals = {};  // empty, or one per weight: [M,N_i] F32 or undefined
+  Tensor silu_gate = {};                   // undefined, or [M,K] F32
 };
 
 enum class BinaryOp {

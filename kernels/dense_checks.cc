@@ -229,6 +229,11 @@ absl::StatusOr<std::vector<LinearProduct>> LinearGroupProducts(const LinearGroup
         kOp, "residuals",
         absl::StrCat(args.residuals.size(), " for ", args.weights.size(), " weights"));
   }
+  if (args.silu_gate.defined()) {
+    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "silu_gate", args.silu_gate, device, DType::kF32, 2));
+    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", args.x, device, DType::kF32, 2));
+    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "silu_gate", args.silu_gate, args.x.shape()));
+  }
   std::vector<LinearProduct> products;
   for (size_t i = 0; i < args.weights.size(); ++i) {
     LinearProduct product;

@@ -43,10 +43,10 @@ struct LinearProduct {
   Activation activation;
   Tensor residual;  // [M,N] F32 or undefined
 };
-// The group's members, after checking that the spans agree in length, that
-// the group is not empty and that residuals match their outputs (each
-// product's own fields are checked by the Gemm that runs it, or by
-// CheckGemmArgs).
+// The group's members (each reading x; the caller applies silu_gate), after
+// checking that the spans agree in length, that the group is not empty and
+// that residuals match their outputs and silu_gate x (each product's own
+// fields are checked by the Gemm that runs it, or by CheckGemmArgs).
 absl::StatusOr<std::vector<LinearProduct>> LinearGroupProducts(const LinearGroupArgs& args,
                                                                Device device);
 

@@ -155,7 +155,13 @@ absl::StatusOr<Var> Graph::Form(const LinearInput& in) {
 absl::StatusOr<std::vector<Var>> Graph::Products(const LinearInput& in,
                                                  std::span<const LinearWeight> weights,
                                                  std::span<const Var> residuals) {
-  LAIR_ASSIGN_OR_RETURN(const Var x, Form(in));
+  // An inference graph hands SwiGLU's silu(gate)·x to the backend unformed
+  // (LinearGroupArgs::silu_gate), which may form it as it loads x.
+  const bool gate_in_product = !record_ && in.kind == LinearInput::Kind::kSiluMul;
+  Var x = in.x;
+  if (!gate_in_product) {
+    LAIR_ASSIGN_OR_RETURN(x, Form(in));
+  }
   const Tensor x2 = As2d(x.t);
   std::vector<Var> w, b;
   std::vector<Tensor> w_t, b_t, y_t, r_t;
@@ -172,6 +178,7 @@ absl::StatusOr<std::vector<Var>> Graph::Products(const LinearInput& in,
   // A recording graph applies the activations and adds the residuals as
   // Unary and Add ops, which keep what their backward needs.
   kernels::LinearGroupArgs args{x2, w_t, b_t, y_t};
+  if (gate_in_product) args.silu_gate = As2d(in.gate.t);
   if (!record_) {
     args.activations = activations;
     for (const Var& r : residuals) r_t.push_back(r.t.defined() ? As2d(r.t) : Tensor());

@@ -17,6 +17,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/dense_common.cuh"
@@ -45,12 +46,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dst[i] = round-to-nearest-even T(src[i]).
+// dst[i] = round-to-nearest-even T(src[i]), or T(silu(gate[i])·src[i]) when
+// gate is not null (as BinaryOp::kSiluMul computes it).
 template <typename T>
-__global__ void __launch_bounds__(kThreads) NarrowKernel(const float* src, int64_t n, T* dst) {
+__global__ void __launch_bounds__(kThreads)
+    NarrowKernel(const float* src, const float* gate, int64_t n, T* dst) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    dst[i] = T(src[i]);
+    dst[i] = T(gate ? Silu(gate[i]) * src[i] : src[i]);
   }
 }
 
@@ -172,7 +175,7 @@ using PlanKey = std::array<int64_t, 16>;
 }  // namespace
 
 struct GemmRunner::Impl {
-  explicit Impl(cudaStream_t s) : stream(s), scratch(s) {}
+  explicit Impl(cudaStream_t s) : stream(s), scratch(s), gated(s) {}
   ~Impl() {
     if (workspace) cudaFreeAsync(workspace, stream);
     if (handle) cublasLtDestroy(handle);
@@ -295,7 +298,7 @@ struct GemmRunner::Impl {
     const int64_t count = first.m * first.k;
     LAIR_ASSIGN_OR_RETURN(char* buffer, scratch.Get(static_cast<size_t>(count) * sizeof(T)));
     T* a = reinterpret_cast<T*>(buffer);
-    NarrowKernel<T><<<GridFor(count), kThreads, 0, stream>>>(first.a, count, a);
+    NarrowKernel<T><<<GridFor(count), kThreads, 0, stream>>>(first.a, first.a_gate, count, a);
     LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "narrow"));
     for (const GemmCall& g : calls) {
       LAIR_RETURN_IF_ERROR(Matmul(FromRowMajor(g, a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias,
@@ -303,6 +306,36 @@ struct GemmRunner::Impl {
       LAIR_RETURN_IF_ERROR(Finish(g, /*product_ran=*/true));
     }
     return absl::OkStatus();
+  }
+
+  // `group` reading silu(a_gate) ∘ a, formed in the `gated` scratch by an
+  // elementwise pass (one for consecutive calls that share a and a_gate, as
+  // a LinearGroup's members do).
+  absl::StatusOr<std::vector<GemmCall>> FormGated(std::span<const GemmCall> group) {
+    std::vector<GemmCall> out(group.begin(), group.end());
+    size_t bytes = 0;
+    for (const GemmCall& g : group) bytes += static_cast<size_t>(g.m * g.k) * sizeof(float);
+    LAIR_ASSIGN_OR_RETURN(char* buffer, gated.Get(bytes));
+    float* next = reinterpret_cast<float*>(buffer);
+    for (size_t i = 0; i < out.size(); ++i) {
+      GemmCall& g = out[i];
+      if (!g.a_gate) continue;
+      if (i > 0 && group[i - 1].a == g.a && group[i - 1].a_gate == g.a_gate) {
+        g.a = out[i - 1].a;
+      } else {
+        BinaryParams p;
+        p.op = BinaryOp::kSiluMul;
+        p.a = g.a_gate;
+        p.b = g.a;
+        p.y = next;
+        p.count = g.m * g.k;
+        LAIR_RETURN_IF_ERROR(CudaStatus(LaunchBinary(p, stream), "silu gate"));
+        g.a = next;
+        next += p.count;
+      }
+      g.a_gate = nullptr;
+    }
+    return out;
   }
 
   // g.c ← g.act(g.c) + g.residual in elementwise passes, after a product
@@ -364,6 +397,7 @@ struct GemmRunner::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   DeviceScratch scratch;  // narrowed activations or widened weight blocks
+  DeviceScratch gated;    // silu(a_gate) ∘ a for products that do not form it
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
 };
 
@@ -386,18 +420,28 @@ absl::Status GemmRunner::RunGroup(std::span<const GemmCall> group, GemmPrecision
   Impl& im = *impl_;
   if (group.empty()) return absl::OkStatus();
   // Decode-sized products stream the 16-bit weights once, the whole group in
-  // one launch.
-  if (const SmallProduct kind = SmallProductFor(group, precision); kind != SmallProduct::kNone)
-    return CudaStatus(LaunchSmallProduct(kind, group, im.stream), "small product");
-  // Products sharing activations and a 16-bit weight type share one rounding
-  // of the activations on the fast path.
+  // one launch. Products sharing activations and a 16-bit weight type share
+  // one rounding of the activations on the fast path.
+  const SmallProduct kind = SmallProductFor(group, precision);
   const GemmCall& first = group.front();
-  bool shared_narrow = precision == GemmPrecision::kFast && first.m > 0 && first.k > 0;
+  bool shared_narrow = kind == SmallProduct::kNone && precision == GemmPrecision::kFast &&
+                       first.m > 0 && first.k > 0;
   for (const GemmCall& g : group) {
-    shared_narrow &= g.a == first.a && g.m == first.m && g.k == first.k && !g.trans_a &&
-                     g.b_type == first.b_type && g.n > 0 &&
+    shared_narrow &= g.a == first.a && g.a_gate == first.a_gate && g.m == first.m &&
+                     g.k == first.k && !g.trans_a && g.b_type == first.b_type && g.n > 0 &&
                      (g.b_type == DType::kBF16 || g.b_type == DType::kF16);
   }
+  // Gated activations: the rounding pass forms silu(a_gate) ∘ a as it reads
+  // a (a prefill's SwiGLU costs no pass of its own); the other paths read it
+  // formed here. (Forming it in the decode ring kernel as it stages the
+  // activations measured no faster than this pass: docs/benchmarks.md.)
+  std::vector<GemmCall> formed;
+  if (first.a_gate && !shared_narrow) {
+    LAIR_ASSIGN_OR_RETURN(formed, im.FormGated(group));
+    group = formed;
+  }
+  if (kind != SmallProduct::kNone)
+    return CudaStatus(LaunchSmallProduct(kind, group, im.stream), "small product");
   if (shared_narrow) {
     return first.b_type == DType::kBF16 ? im.RunNarrowed<__nv_bfloat16>(group)
                                         : im.RunNarrowed<__half>(group);

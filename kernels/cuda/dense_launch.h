@@ -82,6 +82,9 @@ struct GemmCall {
   const float* bias = nullptr;      // [n] or null
   Activation act;                   // then c ← act(c) (kernels/dense.h)
   const float* residual = nullptr;  // [m,n] or null: then c ← c + residual (c may alias it)
+  // [m,k] or null (RunGroup only, not trans_a): the product reads
+  // silu(a_gate) ∘ a in place of a.
+  const float* a_gate = nullptr;
 };
 
 // Owns the cuBLASLt handle, its workspace, a scratch for converted operands

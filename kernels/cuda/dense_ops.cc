@@ -254,6 +254,7 @@ absl::Status CudaDenseOps::LinearGroup(const LinearGroupArgs& args) {
     LAIR_ASSIGN_OR_RETURN(dense::GemmCall call, CheckedGemmCall(product.gemm));
     call.act = product.activation;
     call.residual = product.residual.defined() ? product.residual.f32() : nullptr;
+    call.a_gate = args.silu_gate.defined() ? args.silu_gate.f32() : nullptr;
     calls.push_back(call);
   }
   return gemm_->RunGroup(calls, precision_);

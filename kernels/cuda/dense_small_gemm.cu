@@ -134,8 +134,8 @@ SmallProduct SmallProductFor(std::span<const GemmCall> calls, GemmPrecision prec
   for (const GemmCall& g : calls) {
     if ((g.b_type != DType::kBF16 && g.b_type != DType::kF16) || g.trans_a || !g.trans_b ||
         g.m == 0 || g.n == 0 || g.k == 0 || g.k % 8 != 0 || !Aligned16(g.a) || !Aligned16(g.b) ||
-        g.a != first.a || g.m != first.m || g.k != first.k || g.b_type != first.b_type ||
-        g.alpha != first.alpha || g.beta != first.beta) {
+        g.a != first.a || g.a_gate != first.a_gate || g.m != first.m || g.k != first.k ||
+        g.b_type != first.b_type || g.alpha != first.alpha || g.beta != first.beta) {
       return SmallProduct::kNone;
     }
   }

@@ -28,7 +28,9 @@ enum class SmallProduct { kNone, kGemv, kTensorCore };
 
 // Which kernel, if either, takes all of `calls` in one launch: each is not
 // empty, has 16-bit weights in the nn.Linear layout with 16-byte aligned rows
-// and shares the activations, m, k, the weight type, alpha and beta.
+// and shares the activations (and their gate), m, k, the weight type, alpha
+// and beta. The kernels read the activations as given: RunGroup forms gated
+// ones first.
 SmallProduct SmallProductFor(std::span<const GemmCall> calls, GemmPrecision precision);
 
 // `calls` through `kind` (not kNone), which SmallProductFor chose for them.

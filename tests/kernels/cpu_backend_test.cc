@@ -63,6 +63,27 @@ TEST(CpuBackendTest, CopyChecksDtypeAndSize) {
   EXPECT_TRUE(backend->Synchronize().ok());
 }
 
+// A LinearGroup with a SiLU gate multiplies silu(gate) ∘ x, exactly as the
+// Binary op forms it, and leaves x and the gate as they were.
+TEST(CpuBackendTest, LinearGroupFormsTheSiluGate) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+  const Tensor x = Tensor::FromFloats({2, 3}, {1.0f, -2.0f, 0.5f, 3.0f, 0.25f, -1.5f});
+  const Tensor gate = Tensor::FromFloats({2, 3}, {0.3f, 2.0f, -1.0f, -4.0f, 1.5f, 0.0f});
+  const Tensor w = Tensor::FromFloats({4, 3}, {1, 2, 3, -1, 0, 1, 0.5f, 0.5f, 0.5f, 2, -2, 1});
+  const Tensor weights[] = {w};
+  const Tensor formed = Tensor::Zeros(DType::kF32, {2, 3});
+  ASSERT_TRUE(backend->Binary({BinaryOp::kSiluMul, gate, x, formed}).ok());
+  const Tensor want[] = {Tensor::Zeros(DType::kF32, {2, 4})};
+  ASSERT_TRUE(backend->LinearGroup({formed, weights, {}, want}).ok());
+  const Tensor got[] = {Tensor::Zeros(DType::kF32, {2, 4})};
+  LinearGroupArgs args{x, weights, {}, got};
+  args.silu_gate = gate;
+  ASSERT_TRUE(backend->LinearGroup(args).ok());
+  for (int64_t e = 0; e < 8; ++e) EXPECT_EQ(got[0].f32()[e], want[0].f32()[e]) << e;
+  EXPECT_EQ(x.f32()[1], -2.0f);
+  EXPECT_EQ(gate.f32()[1], 2.0f);
+}
+
 TEST(CpuBackendTest, MakeBackendKnowsTheDeviceNames) {
   absl::StatusOr<std::unique_ptr<Backend>> cpu = MakeBackend("cpu");
   ASSERT_TRUE(cpu.ok()) << cpu.status();

@@ -104,6 +104,13 @@ TEST(DenseChecksTest, LinearGroupIsOneGemmPerWeight) {
   with_residuals.residuals = misshapen;
   ExpectInvalid(LinearGroupProducts(with_residuals, Device::kCpu).status(),
                 "LinearGroup: residuals[0]");
+
+  // A SiLU gate has x's shape.
+  LinearGroupArgs gated{x, weights, biases, outs};
+  gated.silu_gate = F32({3, 5});
+  EXPECT_TRUE(LinearGroupProducts(gated, Device::kCpu).ok());
+  gated.silu_gate = F32({3, 4});
+  ExpectInvalid(LinearGroupProducts(gated, Device::kCpu).status(), "LinearGroup: silu_gate");
 }
 
 TEST(DenseChecksTest, BinaryBroadcastStrides) {
