@@ -1,8 +1,12 @@
 // `lair verify ops`: runs every op listed in an ops fixture folder's
 // manifest.json through a backend (both forward forms and the backward) and
 // compares outputs, final states and gradients with the golden values at the
-// tolerances of fixtures/README.md. Prints one block per op and ends with
-// "N passed, M failed"; the exit status is 1 when any op failed.
+// tolerances of fixtures/README.md. With bf16 activations each check is also
+// run exactly (F32, on the CPU) on the same rounded inputs: where rounding
+// alone uses up more than half the tolerance, the check is judged against
+// that exact result (kernels/verify_ops.h, AddRoundingFloor) and says so. Prints one block per
+// op and ends with "N passed, M failed"; the exit status is 1 when any op
+// failed.
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -42,18 +46,31 @@ int RunVerifyOps(const VerifyOpsFlags& flags) {
   }
   kernels::VerifyOpsOptions options;
   options.dtype = flags.dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> exact = kernels::MakeBackend("cpu");
+  if (!exact.ok()) {
+    std::fprintf(stderr, "lair verify ops: %s\n", exact.status().ToString().c_str());
+    return 1;
+  }
   options.chunk_size = flags.chunk_size;
   std::printf("backend %s, activations %s, chunk size %d, fixtures %s\n",
               (*backend)->Name().c_str(), flags.dtype.c_str(), flags.chunk_size, flags.dir.c_str());
 
   int passed = 0, failed = 0;
   for (const kernels::OpSpec& spec : *ops) {
-    const kernels::OpReport report = kernels::VerifyOp(**backend, flags.dir, spec, options);
+    kernels::OpReport report = kernels::VerifyOp(**backend, flags.dir, spec, options);
+    kernels::AddRoundingFloor(**exact, flags.dir, options, report);
     std::printf("%s  %s (%s)\n", report.passed() ? "PASS" : "FAIL", spec.name.c_str(),
                 spec.kind.c_str());
     for (const kernels::TensorCheck& check : report.checks) {
       std::printf("      %-20s rel. error %.2e  tolerance %.0e%s\n", check.label.c_str(),
                   check.relative_error, check.tolerance, check.passed() ? "" : "  <-- FAIL");
+      if (check.relative_error > check.tolerance && check.floor >= 0) {
+        std::printf(
+            "      %-20s exact on the rounded inputs: rel. error %.2e; ours against "
+            "it %.2e%s\n",
+            "", check.floor, check.own_error,
+            check.at_floor() ? "  (pass: the rounding alone takes over half the tolerance)" : "");
+      }
     }
     if (!report.status.ok()) std::printf("      error: %s\n", report.status.ToString().c_str());
     ++(report.passed() ? passed : failed);

@@ -52,11 +52,14 @@ class OpRunner {
     LAIR_ASSIGN_OR_RETURN(Tensor host, Host(name));
     LAIR_RETURN_IF_ERROR(
         ExpectShape(host, fixture_shape, absl::StrCat("fixture tensor ", std::string(name))));
+    if (options_.rounded_in_f32 && dtype != DType::kF32) {
+      return backend_.Upload(RoundedTo(host, dtype).Reshape(shape), DType::kF32);
+    }
     return backend_.Upload(host.Reshape(shape), dtype);
   }
 
   absl::StatusOr<Tensor> Output(DType dtype, const Shape& shape) {
-    return backend_.Allocate(dtype, shape);
+    return backend_.Allocate(options_.rounded_in_f32 ? DType::kF32 : dtype, shape);
   }
 
   // Compares `ours` (on the backend) with fixture tensor `ref` and records it.
@@ -68,7 +71,9 @@ class OpRunner {
       return absl::InternalError(absl::StrCat(std::string(label), ": ", got.DebugString(),
                                               " vs fixture ", expected.DebugString()));
     }
-    report_.checks.push_back({std::string(label), RelativeError(got.ToF32(), expected), tolerance});
+    Tensor values = got.ToF32();
+    const double error = RelativeError(values, expected);
+    report_.checks.push_back({std::string(label), error, tolerance, std::move(values)});
     return absl::OkStatus();
   }
 
@@ -102,6 +107,16 @@ class OpRunner {
   double grad_tol() const { return GradientTolerance(options_.dtype); }
 
  private:
+  // An F32 host tensor with every element rounded to `dtype` (BF16 or F16).
+  static Tensor RoundedTo(const Tensor& f32, DType dtype) {
+    Tensor out = f32.Clone();
+    float* x = out.f32();
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      x[i] = dtype == DType::kBF16 ? BF16ToFloat(FloatToBF16(x[i])) : F16ToFloat(FloatToF16(x[i]));
+    }
+    return out;
+  }
+
   static Tensor IntTensor(const std::vector<int32_t>& values) {
     Tensor t = Tensor::Zeros(DType::kI32, {static_cast<int64_t>(values.size())});
     std::copy(values.begin(), values.end(), t.data<int32_t>());
@@ -432,6 +447,21 @@ OpReport VerifyOp(Backend& backend, const std::string& dir, const OpSpec& spec,
   OpRunner runner(backend, *std::move(file), options, report);
   report.status = RunOp(runner, spec);
   return report;
+}
+
+void AddRoundingFloor(Backend& exact, const std::string& dir, const VerifyOpsOptions& options,
+                      OpReport& report) {
+  if (options.dtype == DType::kF32) return;
+  VerifyOpsOptions rounded = options;
+  rounded.rounded_in_f32 = true;
+  const OpReport floor = VerifyOp(exact, dir, report.spec, rounded);
+  for (TensorCheck& check : report.checks) {
+    for (const TensorCheck& f : floor.checks) {
+      if (f.label != check.label || f.values.numel() != check.values.numel()) continue;
+      check.floor = f.relative_error;
+      check.own_error = RelativeError(check.values, f.values);
+    }
+  }
 }
 
 }  // namespace lair::kernels
