@@ -4,9 +4,9 @@
 // tolerances of fixtures/README.md. With bf16 activations each check is also
 // run exactly (F32, on the CPU) on the same rounded inputs: where rounding
 // alone uses up more than half the tolerance, the check is judged against
-// that exact result (kernels/verify_ops.h, AddRoundingFloor) and says so. Prints one block per
-// op and ends with "N passed, M failed"; the exit status is 1 when any op
-// failed.
+// that exact result (kernels/verify_ops.h, AddRoundingFloor) and says so.
+// Prints one block per op and ends with "N passed, M failed"; the exit
+// status is 1 when any op failed.
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
