@@ -115,6 +115,7 @@ template <typename T>
 cudaError_t LaunchGroup(SmallProduct kind, std::span<const GemmCall> calls, cudaStream_t stream) {
   const SmallGroup<T> g = GroupOf<T>(calls);
   if (kind == SmallProduct::kGemv) return LaunchGemv(g, stream);
+  if (kind == SmallProduct::kNarrowK) return LaunchNarrowK(g, stream);
   return g.m > kWideRows ? LaunchPipeMma(g, stream) : LaunchMma(g, stream);
 }
 
@@ -125,6 +126,8 @@ using small_product::kGemvFastMaxRows;
 using small_product::kGemvMaxRows;
 using small_product::kMembers;
 using small_product::kMmaRows;
+using small_product::kNarrowK;
+using small_product::kNarrowKMaxRows;
 using small_product::kPipeRows;
 using small_product::MmaStagesK;
 
@@ -141,6 +144,7 @@ SmallProduct SmallProductFor(std::span<const GemmCall> calls, GemmPrecision prec
   }
   const bool fast = precision == GemmPrecision::kFast;
   if (first.m <= (fast ? kGemvFastMaxRows : kGemvMaxRows)) return SmallProduct::kGemv;
+  if (first.k <= kNarrowK && first.m <= kNarrowKMaxRows) return SmallProduct::kNarrowK;
   // Clusters and the dependent launch's wait need sm_90.
   if (fast && first.m <= kPipeRows && HopperOrLater()) {
     if (first.m > kMmaRows || MmaStagesK(first.k)) return SmallProduct::kTensorCore;

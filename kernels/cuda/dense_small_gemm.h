@@ -6,6 +6,9 @@
 // applying each member's bias, activation and residual in their epilogue.
 //   - kGemv: fp32 arithmetic, one warp per weight row. Exact, so both
 //     precisions take it, up to 8 rows (2 on the fast path).
+//   - kNarrowK: fp32 arithmetic, one thread per output, for k ≤ 64 (a
+//     low-rank gate's up-projection) and more rows than the GEMV takes, up
+//     to 1024. Exact.
 //   - kTensorCore (fast path, sm_90): bf16/f16 mma.sync on the activations
 //     rounded to the weights' type, 3 to 32 rows (cuBLASLt above);
 //     the k range is split across the CTAs of a thread-block cluster, which
@@ -24,7 +27,7 @@ namespace lair::kernels::cuda::dense {
 
 constexpr int kSmallProductMembers = 8;
 
-enum class SmallProduct { kNone, kGemv, kTensorCore };
+enum class SmallProduct { kNone, kGemv, kNarrowK, kTensorCore };
 
 // Which kernel, if either, takes all of `calls` in one launch: each is not
 // empty, has 16-bit weights in the nn.Linear layout with 16-byte aligned rows

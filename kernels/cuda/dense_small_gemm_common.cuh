@@ -146,6 +146,11 @@ inline constexpr int kGemvMaxRows = 8;
 // kernel it wins at 1 row (573 against 479 tokens/s) and ties at 2.
 inline constexpr int kGemvFastMaxRows = 2;
 
+// The narrow-k kernel, exact: k up to kNarrowK, more rows than the GEMV
+// takes, up to kNarrowKMaxRows (a decode batch; cuBLASLt above).
+inline constexpr int kNarrowK = 64;
+inline constexpr int kNarrowKMaxRows = 1024;
+
 // The tensor-core kernels: staged activations up to kMmaRows, chunked up to
 // kWideRows (dense_small_gemm_mma.cu), a shared-memory ring up to kPipeRows
 // (dense_small_gemm_ring.cu); cuBLASLt above.
@@ -323,6 +328,10 @@ cudaError_t LaunchCut(void (*kernel)(Params...), const MmaShape& s, int threads,
 // 1 to kGemvMaxRows rows (dense_small_gemm_gemv.cu).
 template <typename T>
 cudaError_t LaunchGemv(const SmallGroup<T>& g, cudaStream_t stream);
+
+// k ≤ kNarrowK, up to kNarrowKMaxRows rows (dense_small_gemm_narrow_k.cu).
+template <typename T>
+cudaError_t LaunchNarrowK(const SmallGroup<T>& g, cudaStream_t stream);
 
 // 3 to kWideRows rows (dense_small_gemm_mma.cu), sm_90.
 template <typename T>
