@@ -125,6 +125,27 @@ __device__ __forceinline__ void Store(float alpha, float beta, const Output& o, 
       o.act.alpha * ApplyUnary(o.act.op, o.act.in_scale * y) + o.act.beta + p.residual;
 }
 
+// The eight 16-bit weights of a 16-byte vector as four fp32 pairs (the
+// exact kernels' arithmetic).
+template <typename T>
+__device__ __forceinline__ void Widen8(const uint4& v, float2 (&wf)[4]) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2* pairs = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) wf[p] = __half22float2(pairs[p]);
+  } else {
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) wf[p] = __bfloat1622float2(pairs[p]);
+  }
+}
+
+// wf (Widen8) · the eight activations x0, x1, in fp32.
+__device__ __forceinline__ float Dot8(const float2 (&wf)[4], const float4& x0, const float4& x1) {
+  return x0.x * wf[0].x + x0.y * wf[0].y + x0.z * wf[1].x + x0.w * wf[1].y + x1.x * wf[2].x +
+         x1.y * wf[2].y + x1.z * wf[3].x + x1.w * wf[3].y;
+}
+
 // A 16-byte weight load that skips L1: each weight is read once.
 __device__ __forceinline__ uint4 LoadStreaming(const void* p) {
   uint4 v;

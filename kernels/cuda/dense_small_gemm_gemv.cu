@@ -3,8 +3,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <type_traits>
-
 #include "kernels/cuda/dense_small_gemm_common.cuh"
 #include "kernels/cuda/dependent_launch.cuh"
 
@@ -19,9 +17,6 @@ constexpr int kGemvWarps = 8;
 // 8 (a whole 2048-wide row per round trip) measured slower on an H100: GLA
 // 1.3B decode at batch 1 went from 2.13 to 2.28 ms per step.
 constexpr int kGemvUnroll = 4;
-
-__device__ __forceinline__ float2 Pair(const __nv_bfloat162& v) { return __bfloat1622float2(v); }
-__device__ __forceinline__ float2 Pair(const __half2& v) { return __half22float2(v); }
 
 // A lane's kGemvUnroll 16-byte loads of a weight row from vector `base` on
 // (zeros past the row's end).
@@ -39,21 +34,16 @@ template <typename T, int kRows>
 __device__ __forceinline__ void AccumulateChunk(const uint4 (&chunk)[kGemvUnroll], const float* a,
                                                 int64_t k, int64_t vectors, int64_t base, int lane,
                                                 float (&sum)[kRows]) {
-  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
 #pragma unroll
   for (int u = 0; u < kGemvUnroll; ++u) {
     const int64_t v = base + u * 32 + lane;
     if (v >= vectors) break;
-    const T2* pairs = reinterpret_cast<const T2*>(&chunk[u]);
     float2 wf[4];
-#pragma unroll
-    for (int p = 0; p < 4; ++p) wf[p] = Pair(pairs[p]);
+    Widen8<T>(chunk[u], wf);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float4* x = reinterpret_cast<const float4*>(a + r * k + v * 8);
-      const float4 x0 = __ldg(x), x1 = __ldg(x + 1);
-      sum[r] += x0.x * wf[0].x + x0.y * wf[0].y + x0.z * wf[1].x + x0.w * wf[1].y + x1.x * wf[2].x +
-                x1.y * wf[2].y + x1.z * wf[3].x + x1.w * wf[3].y;
+      sum[r] += Dot8(wf, __ldg(x), __ldg(x + 1));
     }
   }
 }

@@ -4,8 +4,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <type_traits>
-
 #include "kernels/cuda/dense_small_gemm_common.cuh"
 #include "kernels/cuda/dependent_launch.cuh"
 
@@ -21,15 +19,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kVectors = kNarrowK / 8;  // 16-byte weight vectors per row at most
 
-__device__ __forceinline__ float2 Pair(const __nv_bfloat162& v) { return __bfloat1622float2(v); }
-__device__ __forceinline__ float2 Pair(const __half2& v) { return __half22float2(v); }
-
 // Launched as a dependent: a thread's weights are loaded before the wait for
 // the kernel that writes the activations.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) NarrowKKernel(const SmallGroup<T> g) {
   AllowDependents();
-  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
   const int64_t rows = g.first_row[g.count];
   const int64_t index = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x;
   if (index >= rows * g.m) return;
@@ -47,11 +41,10 @@ __global__ void __launch_bounds__(kThreads) NarrowKKernel(const SmallGroup<T> g)
 #pragma unroll
   for (int v = 0; v < kVectors; ++v) {
     if (v >= vectors) break;
-    const T2* pairs = reinterpret_cast<const T2*>(&weights[v]);
     const float4 x0 = __ldg(a + 2 * v), x1 = __ldg(a + 2 * v + 1);
-    const float2 w0 = Pair(pairs[0]), w1 = Pair(pairs[1]), w2 = Pair(pairs[2]), w3 = Pair(pairs[3]);
-    sum += x0.x * w0.x + x0.y * w0.y + x0.z * w1.x + x0.w * w1.y + x1.x * w2.x + x1.y * w2.y +
-           x1.z * w3.x + x1.w * w3.y;
+    float2 wf[4];
+    Widen8<T>(weights[v], wf);
+    sum += Dot8(wf, x0, x1);
   }
   const Output out = OutputOf(g, member);
   Store(g.alpha, g.beta, out, r, j, sum, PriorOf(g.beta, out, r, j));
