@@ -58,7 +58,7 @@ absl::Status Backend::LinearGroup(const LinearGroupArgs& args) {
   LAIR_ASSIGN_OR_RETURN(std::vector<LinearProduct> products, LinearGroupProducts(args, device()));
   Tensor gated;
   if (args.silu_gate.defined()) {
-    LAIR_ASSIGN_OR_RETURN(gated, Allocate(DType::kF32, args.x.shape()));
+    LAIR_ASSIGN_OR_RETURN(gated, AllocateScratch(DType::kF32, args.x.shape()));
     LAIR_RETURN_IF_ERROR(Binary({BinaryOp::kSiluMul, args.silu_gate, args.x, gated}));
   }
   for (LinearProduct& product : products) {

@@ -1,7 +1,8 @@
 // The decay family on the CPU backend against the golden ops fixtures, through
 // kernels/verify_ops.h (the engine of `lair verify ops`): both forward forms
 // (output, final state) and every gradient, at the README tolerances, for the
-// default and a smaller chunk size, and with BF16 activations.
+// default and a smaller chunk size, and with BF16 activations; and the
+// engine's own behaviour (the rounding floor, a missing fixture).
 #include <memory>
 #include <string>
 #include <vector>
