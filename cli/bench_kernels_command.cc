@@ -310,7 +310,7 @@ LAIR_REGISTER_COMMAND(bench_kernels, [](CLI::App& app) {
   cmd->add_option("--modes", flags->modes, "fwd and/or fwdbwd")->capture_default_str();
   cmd->add_option("--reps", flags->reps, "Timed rounds (median)")->capture_default_str();
   cmd->add_option("--scan-schedule", flags->scan_schedule,
-                  "Chunked scans on the tensor cores: auto, one-pass or two-pass")
+                  "Chunked scans on the tensor cores: auto, one-pass, two-pass or segmented")
       ->capture_default_str();
   cmd->callback([flags] {
     const absl::Status status = Run(*flags);

@@ -5,7 +5,7 @@
 //                      --batch B --prompt-len P --gen-len G [--warmup N] [--no-graphs]
 //   lair bench prefill --model DIR [--device cpu|cuda] [--dtype f32|bf16] [--gemm fast|exact]
 //                      --batch B --prompt-len P [--warmup N]
-//                      [--scan-schedule auto|one-pass|two-pass]
+//                      [--scan-schedule auto|one-pass|two-pass|segmented]
 //
 // Both load DIR (projection matrices as --dtype; bf16 needs CUDA) on a
 // backend multiplying as --gemm (kernels::GemmMode: fast, the serving
@@ -368,7 +368,7 @@ void AddCommand(CLI::App& app, bool decode) {
   cmd->add_option("--warmup", flags->warmup, decode ? "Untimed decode steps" : "Untimed prefills")
       ->capture_default_str();
   cmd->add_option("--scan-schedule", flags->scan_schedule,
-                  "Chunked scans on the tensor cores: auto, one-pass or two-pass")
+                  "Chunked scans on the tensor cores: auto, one-pass, two-pass or segmented")
       ->capture_default_str();
   cmd->callback([flags, decode] {
     const absl::Status status = decode ? RunDecode(*flags) : RunPrefill(*flags);

@@ -20,8 +20,10 @@ absl::StatusOr<ScanSchedule> ParseScanSchedule(std::string_view name, std::strin
   if (name == "auto") return ScanSchedule::kAuto;
   if (name == "one-pass") return ScanSchedule::kOnePass;
   if (name == "two-pass") return ScanSchedule::kTwoPass;
-  return absl::InvalidArgumentError(absl::StrCat(
-      std::string(flag), " must be auto, one-pass or two-pass, not '", std::string(name), "'"));
+  if (name == "segmented") return ScanSchedule::kSegmented;
+  return absl::InvalidArgumentError(
+      absl::StrCat(std::string(flag), " must be auto, one-pass, two-pass or segmented, not '",
+                   std::string(name), "'"));
 }
 
 absl::StatusOr<std::vector<Tensor>> Backend::StageInts(

@@ -40,9 +40,12 @@ enum class GemmMode { kExact, kFast };
 // (kernels/cuda/scan_mma.h). kOnePass: one CTA per (sequence, head, tile)
 // walks its chunks in order. kTwoPass: a state pass walks them running only
 // the state update, then every chunk's outputs are computed in parallel.
-// kAuto takes the two passes when the one-pass CTAs would leave
-// multiprocessors idle. The outputs are the same; only the speed differs.
-enum class ScanSchedule { kAuto, kOnePass, kTwoPass };
+// kSegmented: the sequences split into segments of whole chunks; a state pass
+// runs them all at once from zero states, a carry chains their final states,
+// and the one-pass scan runs every segment from the state entering it.
+// kAuto takes the segments when the one-pass CTAs would leave
+// multiprocessors idle. The outputs agree to rounding; only the speed differs.
+enum class ScanSchedule { kAuto, kOnePass, kTwoPass, kSegmented };
 
 struct BackendOptions {
   GemmMode gemm = GemmMode::kExact;
@@ -51,7 +54,8 @@ struct BackendOptions {
 
 // "exact" or "fast"; InvalidArgument naming `flag` otherwise.
 absl::StatusOr<GemmMode> ParseGemmMode(std::string_view name, std::string_view flag);
-// "auto", "one-pass" or "two-pass"; InvalidArgument naming `flag` otherwise.
+// "auto", "one-pass", "two-pass" or "segmented"; InvalidArgument naming `flag`
+// otherwise.
 absl::StatusOr<ScanSchedule> ParseScanSchedule(std::string_view name, std::string_view flag);
 
 // A recorded step (a CUDA graph): Launch queues the same device work again,

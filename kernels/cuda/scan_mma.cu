@@ -524,11 +524,14 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
       if (chunk > first_chunk) issue(chunk, 0);
       CpAsyncWait<0>();
     }
-    if constexpr (kCarry) store_state_copy();
+    // The state pass without a chunk-state buffer wants s_final alone.
+    if constexpr (kCarry) {
+      if (kPass == MmaPass::kFused || chunk_states) store_state_copy();
+    }
     if (carry_n) store_n_copy();
     if (!kScalar && tid < T::kBlocks) span_over[tid] = 0;
     __syncthreads();
-    if constexpr (kPass == MmaPass::kStates) {
+    if (kPass == MmaPass::kStates && chunk_states) {
       // The copy goes out in 16-byte rows; the next write of ss is past two barriers.
       bf16* dst = chunk_state(chunk);
       for (int idx = tid; idx < dk * (TV / 8); idx += T::kThreads) {

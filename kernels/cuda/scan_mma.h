@@ -34,9 +34,10 @@ bool ScanMmaTwoPassSupports(const ScanParams& p);
 // sequences; each entry is [heads][dk][dv] bf16, 16-byte aligned.
 int64_t ScanMmaChunkStates(int64_t tokens, int num_seqs);
 // The state pass: writes the chunk states and s_final (p.o is not read or
-// written). Each state row evolves alone, so p may also be a key-block view
-// of the scan (its heads the (head, block) pairs, ScanParams::v_head_share);
-// the buffer's layout is the same.
+// written); with chunk_states null, s_final alone (the segmented schedule's
+// local final states, scan_segments.h). Each state row evolves alone, so p may also be a key-block
+// view of the scan (its heads the (head, block) pairs, ScanParams::v_head_share); the buffer's
+// layout is the same.
 cudaError_t LaunchScanMmaStates(const ScanParams& p, void* chunk_states, cudaStream_t stream);
 // The output pass: writes p.o from the chunk states (s_init and s_final are
 // not read or written); max_len is the longest sequence.

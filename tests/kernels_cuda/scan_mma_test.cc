@@ -5,8 +5,8 @@
 // with initial states from shuffled slots, several dv tiles (128 wide for
 // dk ≤ 128, 64 above), key_dim 256, right decays (GSA's key pass and the
 // decay backward's dq and dk scans), the reverse scans of the backward, and
-// mLSTM; the forward in both schedules (one pass, and the state pass then the
-// chunk-parallel output pass). Skips without a GPU.
+// mLSTM; the forward in every schedule (one pass; the state pass then the
+// chunk-parallel output pass; segments carried). Skips without a GPU.
 #include <cmath>
 #include <memory>
 #include <random>
@@ -124,21 +124,32 @@ TEST_P(MmaScanScheduleVsCpu, GsaForward) {
       }
 }
 
+// Segmented: the sequences cut into segments of whole chunks (when forced,
+// as many as fill the GPU: every chunk its own segment here), so the 0- and
+// 1-token sequences and the states carried across every chunk boundary are
+// covered.
 INSTANTIATE_TEST_SUITE_P(Schedules, MmaScanScheduleVsCpu,
-                         ::testing::Values(ScanSchedule::kOnePass, ScanSchedule::kTwoPass),
+                         ::testing::Values(ScanSchedule::kOnePass, ScanSchedule::kTwoPass,
+                                           ScanSchedule::kSegmented),
                          [](const ::testing::TestParamInfo<ScanSchedule>& info) {
-                           return info.param == ScanSchedule::kOnePass ? "OnePass" : "TwoPass";
+                           return info.param == ScanSchedule::kOnePass   ? "OnePass"
+                                  : info.param == ScanSchedule::kTwoPass ? "TwoPass"
+                                                                         : "Segmented";
                          });
 
-// The two schedules on a prefill-like launch (one sequence of 1000 tokens, two
-// heads): at 64 keys both make the same products in the same order, so they
-// agree exactly; at 256 keys both split the keys into blocks (the one-pass
-// scan four of 64, the output pass two of 128), each rounding its part of A to
-// bf16, so they agree to that rounding.
-TEST_F(MmaScanVsCpu, TwoPassMatchesOnePass) {
+// The schedules on a prefill-like launch (one sequence of 1000 tokens, two
+// heads). Two passes: at 64 keys both make the same products in the same
+// order, so they agree exactly; at 256 keys both split the keys into blocks
+// (the one-pass scan four of 64, the output pass two of 128), each rounding
+// its part of A to bf16, so they agree to that rounding. Segmented: the
+// states entering the segments are sums in another order (fp32 rounding),
+// and each chunk rounds its S to bf16 from them.
+TEST_F(MmaScanVsCpu, SchedulesMatchOnePass) {
   absl::StatusOr<std::unique_ptr<Backend>> one = MakeBackend("cuda", {{}, ScanSchedule::kOnePass});
   absl::StatusOr<std::unique_ptr<Backend>> two = MakeBackend("cuda", {{}, ScanSchedule::kTwoPass});
-  ASSERT_TRUE(one.ok() && two.ok());
+  absl::StatusOr<std::unique_ptr<Backend>> seg =
+      MakeBackend("cuda", {{}, ScanSchedule::kSegmented});
+  ASSERT_TRUE(one.ok() && two.ok() && seg.ok());
   for (const auto& [K, tol] : {std::pair{64, 0.0}, std::pair{256, 1e-2}})
     for (DecayKind kind : {DecayKind::kScalar, DecayKind::kVector}) {
       MakeBatch({1000});
@@ -148,9 +159,9 @@ TEST_F(MmaScanVsCpu, TwoPassMatchesOnePass) {
                    v = Rand({n, H, V}, -1, 1);
       const Tensor g = Rand({n, H}, -0.3f, -0.01f), gk = Rand({n, H, K}, -0.3f, -0.01f);
       const Tensor h0 = Rand({2, H, K, V}, -1, 1);
-      Tensor outs[2], states[2];
-      for (int i = 0; i < 2; ++i) {
-        Backend& b = i == 0 ? **one : **two;
+      Tensor outs[3], states[3];
+      for (int i = 0; i < 3; ++i) {
+        Backend& b = i == 0 ? **one : i == 1 ? **two : **seg;
         DecayForwardArgs a;
         a.kind = kind, a.heads = H, a.key_dim = K, a.value_dim = V, a.scale = 0.0625f;
         a.q = *b.Upload(q, DType::kBF16), a.k = *b.Upload(k, DType::kBF16);
@@ -165,8 +176,10 @@ TEST_F(MmaScanVsCpu, TwoPassMatchesOnePass) {
       }
       const std::string what =
           "K=" + std::to_string(K) + " kind " + std::to_string(static_cast<int>(kind));
-      EXPECT_LE(RelativeError(outs[1], outs[0]), tol) << what << " o";
-      EXPECT_EQ(RelativeError(states[1], states[0]), 0.0) << what << " final state";
+      EXPECT_LE(RelativeError(outs[1], outs[0]), tol) << what << " two-pass o";
+      EXPECT_EQ(RelativeError(states[1], states[0]), 0.0) << what << " two-pass final state";
+      EXPECT_LE(RelativeError(outs[2], outs[0]), 1e-2) << what << " segmented o";
+      EXPECT_LE(RelativeError(states[2], states[0]), 1e-5) << what << " segmented final state";
     }
 }
 
