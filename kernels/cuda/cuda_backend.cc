@@ -1385,12 +1385,16 @@ class CudaBackend : public Backend {
   }
 
   // The segmented schedule (scan_segments.h) serves the forward scans the
-  // two passes do, unless a gate is shifted (a segment's last token would read
-  // past it). Auto takes it where the one-pass CTAs leave multiprocessors idle
-  // while each walks more than one chunk (a prefill of one long prompt).
+  // two passes do, keys wider than a launch's tile too (both of its scans
+  // take them in blocks), unless a gate is shifted (a segment's last token
+  // would read past it). Auto takes it where the one-pass CTAs leave
+  // multiprocessors idle while each walks more than one chunk (a prefill of
+  // one long prompt).
   bool Segmented(const ScanParams& p, const DeviceBatch& db) const {
+    ScanParams tile = p;
+    tile.dk = std::min(p.dk, kMaxScanKeyDim);
     if (scan_schedule_ == ScanSchedule::kOnePass || scan_schedule_ == ScanSchedule::kTwoPass ||
-        !cuda::ScanMmaTwoPassSupports(p) || p.left.shift || p.right.shift)
+        !cuda::ScanMmaTwoPassSupports(tile) || p.left.shift || p.right.shift)
       return false;
     if (scan_schedule_ == ScanSchedule::kSegmented) return true;
     return OnePassCtas(p) < sm_count_ && db.max_len > kScanChunk;
