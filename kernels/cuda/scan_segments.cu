@@ -24,28 +24,38 @@ __global__ void SegmentOffsetsKernel(const int32_t* cu_seqlens, int num_seqs, in
   }
 }
 
-// decay_sums[g, h, f] = Σ_{t ∈ g} left_t[f] for f < dk (every f alike for a
-// scalar decay), Σ_{t ∈ g} right_t[f − dk] above; grid (features / 32, H, segments).
+// The features whose log decays a segment sums: the left gate's (every key,
+// or one value for a scalar decay), then the right gate's columns; none for
+// an absent gate.
+struct DecayFeatures {
+  int left, right;
+  __host__ __device__ explicit DecayFeatures(const SegmentCarryParams& p)
+      : left(p.left.ptr ? (p.left_vector ? p.dk : 1) : 0), right(p.right.ptr ? p.dv : 0) {}
+  __host__ __device__ int width() const { return left + right; }
+};
+
+// decay_sums[g, h, f] = Σ_{t ∈ g} of feature f's log decay (DecayFeatures);
+// grid (features / 32, H, segments).
 __global__ void SegmentDecaySumsKernel(const SegmentCarryParams p) {
   __shared__ float part[kSumRows][kSumFeatures + 1];
+  const DecayFeatures features(p);
   const int f = blockIdx.x * kSumFeatures + threadIdx.x, h = blockIdx.y, g = blockIdx.z;
-  const int width = p.dk + p.dv;
   const int64_t bos = p.segment_cu[g];
   const int len = p.segment_cu[g + 1] - static_cast<int>(bos);
   float sum = 0.0f;
-  if (f < width) {
-    const bool left = f < p.dk;
+  if (f < features.width()) {
+    const bool left = f < features.left;
     const LogGate& gate = left ? p.left : p.right;
-    const int feature = left ? (p.left_vector ? f : 0) : f - p.dk;
+    const int feature = left ? f : f - features.left;
     // Independent loads in flight: a segment is hundreds of tokens.
 #pragma unroll 4
     for (int t = threadIdx.y; t < len; t += kSumRows) sum += GateAt(gate, bos, len, t, h, feature);
   }
   part[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
-  if (threadIdx.y != 0 || f >= width) return;
+  if (threadIdx.y != 0 || f >= features.width()) return;
   for (int r = 1; r < kSumRows; ++r) sum += part[r][threadIdx.x];
-  p.decay_sums[(static_cast<int64_t>(g) * p.heads + h) * width + f] = sum;
+  p.decay_sums[(static_cast<int64_t>(g) * p.heads + h) * features.width() + f] = sum;
 }
 
 // One thread per state entry (h, a, e) of sequence blockIdx.y, in order over
@@ -62,13 +72,16 @@ __global__ void CarryKernel(const SegmentCarryParams p) {
     return slot * r.slot_stride + in_head + static_cast<int64_t>(a) * r.stride_a +
            static_cast<int64_t>(e) * r.stride_b;
   };
+  const DecayFeatures features(p);
+  const int left_feature = p.left_vector ? a : 0;
   float state = p.s_init.ptr ? p.s_init.ptr[at(p.s_init)] : 0.0f;
-  const int width = p.dk + p.dv;
   for (int g = p.seq_segments[s]; g < p.seq_segments[s + 1]; ++g) {
     const int64_t off = g * per_seq + i;
     p.entering[off] = state;
-    const float* sums = p.decay_sums + (static_cast<int64_t>(g) * p.heads + h) * width;
-    state = expf(sums[a] + sums[p.dk + e]) * state + p.local_final[off];
+    const float* sums = p.decay_sums + (static_cast<int64_t>(g) * p.heads + h) * features.width();
+    const float log_decay = (features.left ? sums[left_feature] : 0.0f) +
+                            (features.right ? sums[features.left + e] : 0.0f);
+    state = expf(log_decay) * state + p.local_final[off];
   }
   if (p.s_final.ptr) p.s_final.ptr[at(p.s_final)] = state;
 }
@@ -85,8 +98,8 @@ cudaError_t LaunchSegmentOffsets(const int32_t* cu_seqlens, int num_seqs, int sp
 cudaError_t LaunchCarrySegmentStates(const SegmentCarryParams& p, cudaStream_t stream) {
   if (p.num_seqs == 0) return cudaSuccess;
   if (p.left.shift || p.right.shift) return cudaErrorInvalidValue;  // segments would cut them
-  if (p.segments > 0) {
-    const dim3 grid((p.dk + p.dv + kSumFeatures - 1) / kSumFeatures, p.heads, p.segments);
+  if (const int width = DecayFeatures(p).width(); p.segments > 0 && width > 0) {
+    const dim3 grid((width + kSumFeatures - 1) / kSumFeatures, p.heads, p.segments);
     SegmentDecaySumsKernel<<<grid, dim3(kSumFeatures, kSumRows), 0, stream>>>(p);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   }

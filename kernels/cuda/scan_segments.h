@@ -36,11 +36,11 @@ struct SegmentCarryParams {
   // Per sequence, as the scan's: s_init.ptr null is a zero state; s_final may
   // be s_init (in place); s_final.ptr null leaves the final state unwritten.
   StateRef s_init, s_final;
-  // [segments, H, dk + dv] scratch for the segments' summed log decays.
+  // Scratch of SegmentDecaySumsFloats for the segments' summed log decays.
   float* decay_sums = nullptr;
 };
 
-// Floats of SegmentCarryParams::decay_sums.
+// Floats of SegmentCarryParams::decay_sums (enough for gates on both sides).
 inline int64_t SegmentDecaySumsFloats(int segments, int heads, int dk, int dv) {
   return static_cast<int64_t>(segments) * heads * (dk + dv);
 }
