@@ -1,9 +1,10 @@
-// The carry step of the segmented forward scan (cuda_backend.cc, ScanSchedule
-// kSegmented). A long prompt's scan walks its chunks in order, one CTA per
-// (sequence, head, tile): a prefill of one sequence leaves most
-// multiprocessors idle. Split into segments of whole chunks, every segment's
-// state pass runs at once from a zero state, giving its local final state
-// F_g. Because the recurrence is linear in the state,
+// The sequential pieces of the segmented forward scan (cuda_backend.cc,
+// ScanSchedule kSegmented): laying the segments out, and the carry. A long
+// prompt's scan walks its chunks in order, one CTA per (sequence, head,
+// tile): a prefill of one sequence leaves most multiprocessors idle. Split
+// into segments of whole chunks, every segment's state pass runs at once
+// from a zero state, giving its local final state F_g. Because the
+// recurrence is linear in the state,
 //   S_0 = s_init,  S_{g+1} = D_g ⊙ S_g + F_g,
 //   D_g[a, e] = exp(Σ_{t ∈ g} left_t[a] + right_t[e]),
 // and this carry is all that stays sequential: elementwise over the state,
