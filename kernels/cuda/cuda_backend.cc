@@ -1384,12 +1384,17 @@ class CudaBackend : public Backend {
            p.num_seqs;
   }
 
+  // Auto's test for leaving the one-pass scan (for the segments, else two
+  // passes): its CTAs leave multiprocessors idle while each walks more than
+  // one chunk (a prefill of one long prompt).
+  bool OnePassLeavesSmsIdle(const ScanParams& p, const DeviceBatch& db) const {
+    return OnePassCtas(p) < sm_count_ && db.max_len > kScanChunk;
+  }
+
   // The segmented schedule (scan_segments.h) serves the forward scans the
   // two passes do, keys wider than a launch's tile too (both of its scans
   // take them in blocks), unless a gate is shifted (a segment's last token
-  // would read past it). Auto takes it where the one-pass CTAs leave
-  // multiprocessors idle while each walks more than one chunk (a prefill of
-  // one long prompt).
+  // would read past it). Auto takes it where OnePassLeavesSmsIdle.
   bool Segmented(const ScanParams& p, const DeviceBatch& db) const {
     ScanParams tile = p;
     tile.dk = std::min(p.dk, kMaxScanKeyDim);
@@ -1397,7 +1402,7 @@ class CudaBackend : public Backend {
         !cuda::ScanMmaTwoPassSupports(tile) || p.left.shift || p.right.shift)
       return false;
     if (scan_schedule_ == ScanSchedule::kSegmented) return true;
-    return OnePassCtas(p) < sm_count_ && db.max_len > kScanChunk;
+    return OnePassLeavesSmsIdle(p, db);
   }
 
   // Chunks per segment: the fewest segments giving kSegmentCtasPerSm one-pass
@@ -1493,7 +1498,7 @@ class CudaBackend : public Backend {
         OutputBlocks(p) == 0)
       return false;
     if (scan_schedule_ == ScanSchedule::kTwoPass) return true;
-    return OnePassCtas(p) < sm_count_ && db.max_len > kScanChunk;
+    return OnePassLeavesSmsIdle(p, db);
   }
 
   // Key blocks of the output pass: the fewest of at most kTwoPassMaxKeys
