@@ -1,5 +1,6 @@
-// The segmented scan's carry (scan_segments.h): first each segment's summed
-// log decays, then S_{g+1} = D_g ⊙ S_g + F_g walked per state entry.
+// The segmented scan's sequential pieces (scan_segments.h): the segments'
+// layout; then each segment's summed log decays, and S_{g+1} = D_g ⊙ S_g +
+// F_g walked per state entry.
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/scan_segments.h"
 
