@@ -108,6 +108,10 @@ cudaError_t LaunchScan(const ScanParams& p, cudaStream_t stream);
 // One-token decode step for every sequence (N == num_seqs), states in place in
 // their slots. Same fields as the scan; reverse and shift are not allowed;
 // s_init and s_final must be the same pool (in place); dv multiple of 32.
+// A programmatic dependent of the kernel before it in `stream`, it reads the
+// states (and the slots) before that kernel completes: the states' last
+// writer must have completed before that kernel started, as it has when a
+// normally launched kernel (a layer's norm) or a copy lies between them.
 cudaError_t LaunchStep(const ScanParams& p, cudaStream_t stream);
 // The widest key dim LaunchStep takes (its token operands sit in shared
 // memory; the state streams through in row groups, so any width works).

@@ -3,6 +3,11 @@
 //   s ← diag(e^{lk}) s diag(e^{lv}) · e^{m_prev − m} + e^{lw − m} k vᵀ,   o = sᵀ q'
 // (m ≡ 0 without the stabilizer). One CTA per (sequence, head, 32 columns):
 // 8 threads × float4 cover a 128-byte row segment, 32 row groups stride over dk.
+//
+// Launched as a programmatic dependent (dependent_launch.cuh): the state is
+// most of the bytes and no kernel just before the step writes it, so each
+// thread's first rows are in flight before the wait for the kernels that
+// write q, k, v and the gates (LaunchStep states the condition).
 #include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/scan.h"
@@ -16,10 +21,22 @@ struct StepTraits {
   static constexpr int kVec = 4;                             // floats per 16-byte access
   static constexpr int kColThreads = kCols / kVec;           // 8
   static constexpr int kRowGroups = kThreads / kColThreads;  // 32
-  static constexpr int kUnroll = 4;                          // rows in flight per thread
+  static constexpr int kUnroll = 8;  // rows in flight per thread: all of dk = 256
   static constexpr int kMaxDk = kMaxStepKeyDim;
   static_assert(kRowGroups == 32, "the reduction uses one warp over the row groups");
 };
+
+// s[u] ← the state's rows a0 + u·kRowGroups at `base` (zeros past dk or
+// without an initial state).
+__device__ __forceinline__ void LoadStateRows(const float* base, int64_t dv, int a0, int dk,
+                                              bool zero_init, float4 (&s)[StepTraits::kUnroll]) {
+#pragma unroll
+  for (int u = 0; u < StepTraits::kUnroll; ++u) {
+    const int a = a0 + u * StepTraits::kRowGroups;
+    s[u] = (a < dk && !zero_init) ? *reinterpret_cast<const float4*>(base + a * dv)
+                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
 
 __global__ void __launch_bounds__(StepTraits::kThreads) StepKernel(const ScanParams p) {
   AllowDependents();
@@ -33,9 +50,18 @@ __global__ void __launch_bounds__(StepTraits::kThreads) StepKernel(const ScanPar
   const int h = blockIdx.y, seq = blockIdx.z;
   const int e0 = blockIdx.x * T::kCols;
   const int dk = p.dk;
+  const int cv = tid % T::kColThreads, rg = tid / T::kColThreads;
+  const int col = cv * T::kVec;
+  // The slots and the state come from before the previous kernel.
+  const int slot = p.s_final.slot ? p.s_final.slot[seq] : seq;
+  float* base =
+      p.s_final.ptr + slot * p.s_final.slot_stride + static_cast<int64_t>(h) * dk * p.dv + e0 + col;
+  const bool zero_init = p.s_init.ptr == nullptr;
+  float4 s[T::kUnroll];
+  LoadStateRows(base, p.dv, rg, dk, zero_init, s);
+  WaitForPrerequisites();
   const int64_t tok = p.cu_seqlens[seq];
   const int64_t row = tok * p.heads + h;
-  const int slot = p.s_final.slot ? p.s_final.slot[seq] : seq;
 
   // Token operands and gates into shared memory.
   float m_prev = 0.0f;
@@ -71,22 +97,11 @@ __global__ void __launch_bounds__(StepTraits::kThreads) StepKernel(const ScanPar
   }
 
   // The state pass: read, decay, add the outer product, accumulate sᵀq'.
-  const int cv = tid % T::kColThreads, rg = tid / T::kColThreads;
-  const int col = cv * T::kVec;
-  float* base =
-      p.s_final.ptr + slot * p.s_final.slot_stride + static_cast<int64_t>(h) * dk * p.dv + e0 + col;
-  const bool zero_init = p.s_init.ptr == nullptr;
   const float4 vv = make_float4(v[col], v[col + 1], v[col + 2], v[col + 3]);
   const float4 ee = make_float4(er[col], er[col + 1], er[col + 2], er[col + 3]);
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   for (int a0 = rg; a0 < dk; a0 += T::kRowGroups * T::kUnroll) {
-    float4 s[T::kUnroll];
-#pragma unroll
-    for (int u = 0; u < T::kUnroll; ++u) {
-      const int a = a0 + u * T::kRowGroups;
-      s[u] = (a < dk && !zero_init) ? *reinterpret_cast<const float4*>(base + a * p.dv)
-                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    if (a0 != rg) LoadStateRows(base, p.dv, a0, dk, zero_init, s);
 #pragma unroll
     for (int u = 0; u < T::kUnroll; ++u) {
       const int a = a0 + u * T::kRowGroups;
@@ -135,8 +150,7 @@ cudaError_t LaunchStep(const ScanParams& p, cudaStream_t stream) {
   }
   if (p.num_seqs == 0) return cudaSuccess;
   const dim3 grid(p.dv / StepTraits::kCols, p.heads, p.num_seqs);
-  StepKernel<<<grid, StepTraits::kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchDependent(StepKernel, grid, dim3(StepTraits::kThreads), stream, p);
 }
 
 }  // namespace lair::kernels::cuda
