@@ -58,14 +58,22 @@ absl::Status Backend::ArgmaxRows(const Tensor& logits, const Tensor& ids) {
 
 absl::Status Backend::LinearGroup(const LinearGroupArgs& args) {
   LAIR_ASSIGN_OR_RETURN(std::vector<LinearProduct> products, LinearGroupProducts(args, device()));
-  Tensor gated;
+  // The input the products read, when not x itself.
+  Tensor formed;
+  if (args.silu_gate.defined() || args.input_norm) {
+    LAIR_ASSIGN_OR_RETURN(formed, AllocateScratch(DType::kF32, args.x.shape()));
+  }
   if (args.silu_gate.defined()) {
-    LAIR_ASSIGN_OR_RETURN(gated, AllocateScratch(DType::kF32, args.x.shape()));
-    LAIR_RETURN_IF_ERROR(Binary({BinaryOp::kSiluMul, args.silu_gate, args.x, gated}));
+    LAIR_RETURN_IF_ERROR(Binary({BinaryOp::kSiluMul, args.silu_gate, args.x, formed}));
+  } else if (args.input_norm) {
+    NormArgs norm = *args.input_norm;
+    norm.x = args.x;
+    norm.y = formed;
+    LAIR_RETURN_IF_ERROR(Norm(norm));
   }
   for (LinearProduct& product : products) {
     GemmArgs& gemm = product.gemm;
-    if (gated.defined()) gemm.a = gated;
+    if (formed.defined()) gemm.a = formed;
     const Activation& act = product.activation;
     // Without an activation the residual is the product's c (beta = 1).
     const bool residual_in_product = product.residual.defined() && act.identity();

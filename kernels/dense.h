@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "core/tensor.h"
@@ -141,16 +142,19 @@ struct Activation {
 // gate and up) with the activations and the residual add in its epilogue (a
 // block's last product joining the residual stream). An out may alias its
 // residual, nothing else. With silu_gate defined the products read
-// silu(silu_gate) ∘ x in place of x (SwiGLU's down projection), so a backend
-// may form that input while it loads the activations.
+// silu(silu_gate) ∘ x in place of x (SwiGLU's down projection), and with
+// input_norm set they read Norm(x) as it describes (a block's input norm;
+// its x and y are not read), so a backend may form that input while it
+// loads the activations or rounds them for its tensor cores.
 struct LinearGroupArgs {
   Tensor x;                                      // [M,K] F32
   std::span<const Tensor> weights;               // each [N_i,K] (dtypes as GemmArgs::b)
   std::span<const Tensor> biases;                // empty, or one per weight: [N_i] F32 or undefined
   std::span<const Tensor> outs;                  // written, each [M,N_i] F32
   std::span<const Activation> activations = {};  // empty (none), or one per weight
-  std::span<const Tensor> residuals = {};  // empty, or one per weight: [M,N_i] F32 or undefined
-  Tensor silu_gate = {};                   // undefined, or [M,K] F32
+  std::span<const Tensor> residuals = {};   // empty, or one per weight: [M,N_i] F32 or undefined
+  Tensor silu_gate = {};                    // undefined, or [M,K] F32
+  std::optional<NormArgs> input_norm = {};  // unset, or the norm (not with silu_gate)
 };
 
 enum class BinaryOp {

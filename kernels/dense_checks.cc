@@ -233,7 +233,11 @@ absl::StatusOr<std::vector<LinearProduct>> LinearGroupProducts(const LinearGroup
     LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "silu_gate", args.silu_gate, device, DType::kF32, 2));
     LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", args.x, device, DType::kF32, 2));
     LAIR_RETURN_IF_ERROR(CheckShape(kOp, "silu_gate", args.silu_gate, args.x.shape()));
+    if (args.input_norm) {
+      return InvalidDenseArg(kOp, "input_norm", "cannot be set with silu_gate");
+    }
   }
+  if (args.input_norm) LAIR_RETURN_IF_ERROR(CheckInputNorm(args, device).status());
   std::vector<LinearProduct> products;
   for (size_t i = 0; i < args.weights.size(); ++i) {
     LinearProduct product;
@@ -253,6 +257,12 @@ absl::StatusOr<std::vector<LinearProduct>> LinearGroupProducts(const LinearGroup
     products.push_back(std::move(product));
   }
   return products;
+}
+
+absl::StatusOr<int64_t> CheckInputNorm(const LinearGroupArgs& args, Device device) {
+  NormArgs norm = *args.input_norm;
+  norm.x = args.x;
+  return CheckNormInputs("LinearGroup input_norm", norm, device);
 }
 
 absl::Status CheckEmbeddingArgs(const EmbeddingArgs& args, Device device) {

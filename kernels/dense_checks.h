@@ -43,12 +43,16 @@ struct LinearProduct {
   Activation activation;
   Tensor residual;  // [M,N] F32 or undefined
 };
-// The group's members (each reading x; the caller applies silu_gate), after
-// checking that the spans agree in length, that the group is not empty and
-// that residuals match their outputs and silu_gate x (each product's own
-// fields are checked by the Gemm that runs it, or by CheckGemmArgs).
+// The group's members (each reading x; the caller applies silu_gate or
+// input_norm), after checking that the spans agree in length, that the group
+// is not empty, that residuals match their outputs and silu_gate x, and the
+// input norm (each product's own fields are checked by the Gemm that runs
+// it, or by CheckGemmArgs).
 absl::StatusOr<std::vector<LinearProduct>> LinearGroupProducts(const LinearGroupArgs& args,
                                                                Device device);
+// The input norm of a group (REQUIRES: input_norm set) as a Norm of x:
+// checked, with the columns each norm runs over.
+absl::StatusOr<int64_t> CheckInputNorm(const LinearGroupArgs& args, Device device);
 
 absl::Status CheckEmbeddingArgs(const EmbeddingArgs& args, Device device);
 absl::Status CheckEmbeddingBackwardArgs(const EmbeddingBackwardArgs& args, Device device);

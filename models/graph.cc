@@ -138,11 +138,7 @@ absl::StatusOr<Var> Graph::Form(const LinearInput& in) {
     case LinearInput::Kind::kNorm:
       break;
   }
-  // A weight of one group's length is shared by the groups: norm rows of one group each.
-  const int64_t cols = in.x.dim(-1);
-  const bool per_group = in.norm_weight >= 0 && in.group_size > 0 && in.group_size != cols &&
-                         Param(in.norm_weight).dim(0) == in.group_size;
-  if (!per_group) {
+  if (!NormWeightPerGroup(in)) {
     return Norm(in.x, in.norm_weight, in.norm, in.eps, in.group_size, in.gate_mode, in.gate);
   }
   const Shape groups = {in.x.t.numel() / in.group_size, in.group_size};
@@ -152,14 +148,25 @@ absl::StatusOr<Var> Graph::Form(const LinearInput& in) {
   return Reshape(normed, in.x.shape());
 }
 
+// A norm weight of one group's length is shared by the groups (a per-head
+// norm): Form runs such norms over rows of one group each.
+bool Graph::NormWeightPerGroup(const LinearInput& in) const {
+  return in.kind == LinearInput::Kind::kNorm && in.norm_weight >= 0 && in.group_size > 0 &&
+         in.group_size != in.x.dim(-1) && (*params_)[in.norm_weight].dim(0) == in.group_size;
+}
+
 absl::StatusOr<std::vector<Var>> Graph::Products(const LinearInput& in,
                                                  std::span<const LinearWeight> weights,
                                                  std::span<const Var> residuals) {
-  // An inference graph hands SwiGLU's silu(gate)·x to the backend unformed
-  // (LinearGroupArgs::silu_gate), which may form it as it loads x.
+  // An inference graph hands SwiGLU's silu(gate)·x and norms whose weight
+  // spans the row (a block's input norm) to the backend unformed
+  // (LinearGroupArgs::silu_gate, input_norm), which may form them as it
+  // loads x or rounds it for its tensor cores.
   const bool gate_in_product = !record_ && in.kind == LinearInput::Kind::kSiluMul;
+  const bool norm_in_product =
+      !record_ && in.kind == LinearInput::Kind::kNorm && !NormWeightPerGroup(in);
   Var x = in.x;
-  if (!gate_in_product) {
+  if (!gate_in_product && !norm_in_product) {
     LAIR_ASSIGN_OR_RETURN(x, Form(in));
   }
   const Tensor x2 = As2d(x.t);
@@ -179,6 +186,15 @@ absl::StatusOr<std::vector<Var>> Graph::Products(const LinearInput& in,
   // Unary and Add ops, which keep what their backward needs.
   kernels::LinearGroupArgs args{x2, w_t, b_t, y_t};
   if (gate_in_product) args.silu_gate = As2d(in.gate.t);
+  if (norm_in_product) {
+    kernels::NormArgs& norm = args.input_norm.emplace();
+    norm.kind = in.norm;
+    norm.gate_mode = in.gate_mode;
+    norm.eps = in.eps;
+    norm.group_size = in.group_size;
+    if (in.norm_weight >= 0) norm.weight = (*params_)[in.norm_weight];
+    if (in.gate_mode != kernels::NormGate::kNone) norm.gate = As2d(in.gate.t);
+  }
   if (!record_) {
     args.activations = activations;
     for (const Var& r : residuals) r_t.push_back(r.t.defined() ? As2d(r.t) : Tensor());

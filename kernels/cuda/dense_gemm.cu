@@ -17,6 +17,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -175,7 +176,7 @@ using PlanKey = std::array<int64_t, 16>;
 }  // namespace
 
 struct GemmRunner::Impl {
-  explicit Impl(cudaStream_t s) : stream(s), scratch(s), gated(s) {}
+  explicit Impl(cudaStream_t s) : stream(s), scratch(s), formed(s) {}
   ~Impl() {
     if (workspace) cudaFreeAsync(workspace, stream);
     if (handle) cublasLtDestroy(handle);
@@ -291,15 +292,23 @@ struct GemmRunner::Impl {
   }
 
   // F32 activations × BF16/F16 weights on tensor cores: the activations,
-  // shared by every call, rounded to b's type once.
+  // shared by every call, rounded to b's type once (normalized as they are
+  // rounded when a_norm is given).
   template <typename T>
-  absl::Status RunNarrowed(std::span<const GemmCall> calls) {
+  absl::Status RunNarrowed(std::span<const GemmCall> calls, const NormParams* a_norm) {
     const GemmCall& first = calls.front();
     const int64_t count = first.m * first.k;
     LAIR_ASSIGN_OR_RETURN(char* buffer, scratch.Get(static_cast<size_t>(count) * sizeof(T)));
     T* a = reinterpret_cast<T*>(buffer);
-    NarrowKernel<T><<<GridFor(count), kThreads, 0, stream>>>(first.a, first.a_gate, count, a);
-    LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "narrow"));
+    if (a_norm) {
+      NormParams p = *a_norm;
+      p.y = a;
+      p.y_type = std::is_same_v<T, __half> ? DType::kF16 : DType::kBF16;
+      LAIR_RETURN_IF_ERROR(CudaStatus(LaunchNorm(p, stream), "input norm"));
+    } else {
+      NarrowKernel<T><<<GridFor(count), kThreads, 0, stream>>>(first.a, first.a_gate, count, a);
+      LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "narrow"));
+    }
     for (const GemmCall& g : calls) {
       LAIR_RETURN_IF_ERROR(Matmul(FromRowMajor(g, a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias,
                                                CudaType(g.b_type), CUBLAS_COMPUTE_32F)));
@@ -308,19 +317,42 @@ struct GemmRunner::Impl {
     return absl::OkStatus();
   }
 
-  // `group` reading silu(a_gate) ∘ a, formed in the `gated` scratch by an
+  // `group` reading the norm of their shared a, formed in the `formed`
+  // scratch by one norm pass.
+  absl::StatusOr<std::vector<GemmCall>> FormNormed(std::span<const GemmCall> group,
+                                                   const NormParams& a_norm) {
+    std::vector<GemmCall> out(group.begin(), group.end());
+    const GemmCall& first = group.front();
+    LAIR_ASSIGN_OR_RETURN(char* buffer,
+                          formed.Get(static_cast<size_t>(first.m * first.k) * sizeof(float)));
+    NormParams p = a_norm;
+    p.y = buffer;
+    p.y_type = DType::kF32;
+    LAIR_RETURN_IF_ERROR(CudaStatus(LaunchNorm(p, stream), "input norm"));
+    for (GemmCall& g : out) g.a = reinterpret_cast<const float*>(buffer);
+    return out;
+  }
+
+  // `group` reading silu(a_gate) ∘ a, formed in the `formed` scratch by an
   // elementwise pass (one for consecutive calls that share a and a_gate, as
   // a LinearGroup's members do).
   absl::StatusOr<std::vector<GemmCall>> FormGated(std::span<const GemmCall> group) {
+    // Member i reuses member i − 1's formed input when they share a and a_gate.
+    const auto shares_previous = [&](size_t i) {
+      return i > 0 && group[i - 1].a == group[i].a && group[i - 1].a_gate == group[i].a_gate;
+    };
     std::vector<GemmCall> out(group.begin(), group.end());
     size_t bytes = 0;
-    for (const GemmCall& g : group) bytes += static_cast<size_t>(g.m * g.k) * sizeof(float);
-    LAIR_ASSIGN_OR_RETURN(char* buffer, gated.Get(bytes));
+    for (size_t i = 0; i < group.size(); ++i) {
+      if (group[i].a_gate && !shares_previous(i))
+        bytes += static_cast<size_t>(group[i].m * group[i].k) * sizeof(float);
+    }
+    LAIR_ASSIGN_OR_RETURN(char* buffer, formed.Get(bytes));
     float* next = reinterpret_cast<float*>(buffer);
     for (size_t i = 0; i < out.size(); ++i) {
       GemmCall& g = out[i];
       if (!g.a_gate) continue;
-      if (i > 0 && group[i - 1].a == g.a && group[i - 1].a_gate == g.a_gate) {
+      if (shares_previous(i)) {
         g.a = out[i - 1].a;
       } else {
         BinaryParams p;
@@ -397,7 +429,7 @@ struct GemmRunner::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   DeviceScratch scratch;  // narrowed activations or widened weight blocks
-  DeviceScratch gated;    // silu(a_gate) ∘ a for products that do not form it
+  DeviceScratch formed;   // silu(a_gate) ∘ a or a's norm, for products that do not form it
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
 };
 
@@ -416,7 +448,8 @@ absl::Status GemmRunner::Run(const GemmCall& g, GemmPrecision precision) {
   return RunGroup({&g, 1}, precision);
 }
 
-absl::Status GemmRunner::RunGroup(std::span<const GemmCall> group, GemmPrecision precision) {
+absl::Status GemmRunner::RunGroup(std::span<const GemmCall> group, GemmPrecision precision,
+                                  const NormParams* a_norm) {
   Impl& im = *impl_;
   if (group.empty()) return absl::OkStatus();
   // Decode-sized products stream the 16-bit weights once, the whole group in
@@ -431,20 +464,24 @@ absl::Status GemmRunner::RunGroup(std::span<const GemmCall> group, GemmPrecision
                      g.k == first.k && !g.trans_a && g.b_type == first.b_type && g.n > 0 &&
                      (g.b_type == DType::kBF16 || g.b_type == DType::kF16);
   }
-  // Gated activations: the rounding pass forms silu(a_gate) ∘ a as it reads
-  // a (a prefill's SwiGLU costs no pass of its own); the other paths read it
-  // formed here. (Forming it in the decode ring kernel as it stages the
-  // activations measured no faster than this pass: docs/benchmarks.md.)
+  // Gated or normalized activations: the rounding pass forms silu(a_gate) ∘
+  // a or the norm as it reads a (a prefill's SwiGLU and block norms cost no
+  // pass of their own); the other paths read it formed here. (Forming it in
+  // the decode ring kernel as it stages the activations measured no faster
+  // than this pass: docs/benchmarks.md.)
   std::vector<GemmCall> formed;
   if (first.a_gate && !shared_narrow) {
     LAIR_ASSIGN_OR_RETURN(formed, im.FormGated(group));
+    group = formed;
+  } else if (a_norm && !shared_narrow) {
+    LAIR_ASSIGN_OR_RETURN(formed, im.FormNormed(group, *a_norm));
     group = formed;
   }
   if (kind != SmallProduct::kNone)
     return CudaStatus(LaunchSmallProduct(kind, group, im.stream), "small product");
   if (shared_narrow) {
-    return first.b_type == DType::kBF16 ? im.RunNarrowed<__nv_bfloat16>(group)
-                                        : im.RunNarrowed<__half>(group);
+    return first.b_type == DType::kBF16 ? im.RunNarrowed<__nv_bfloat16>(group, a_norm)
+                                        : im.RunNarrowed<__half>(group, a_norm);
   }
   for (const GemmCall& g : group) LAIR_RETURN_IF_ERROR(RunOne(g, precision));
   return absl::OkStatus();
@@ -464,11 +501,11 @@ absl::Status GemmRunner::RunOne(const GemmCall& g, GemmPrecision precision) {
     return CudaStatus(LaunchSmallProduct(kind, {&g, 1}, im.stream), "small product");
   switch (g.b_type) {
     case DType::kBF16:
-      if (fast) return im.RunNarrowed<__nv_bfloat16>({&g, 1});
+      if (fast) return im.RunNarrowed<__nv_bfloat16>({&g, 1}, nullptr);
       LAIR_RETURN_IF_ERROR(im.RunWidened<__nv_bfloat16>(g));
       break;
     case DType::kF16:
-      if (fast) return im.RunNarrowed<__half>({&g, 1});
+      if (fast) return im.RunNarrowed<__half>({&g, 1}, nullptr);
       LAIR_RETURN_IF_ERROR(im.RunWidened<__half>(g));
       break;
     default:

@@ -87,6 +87,8 @@ struct GemmCall {
   const float* a_gate = nullptr;
 };
 
+struct NormParams;
+
 // Owns the cuBLASLt handle, its workspace, a scratch for converted operands
 // and a cache of planned shapes.
 class GemmRunner {
@@ -98,8 +100,11 @@ class GemmRunner {
 
   absl::Status Run(const GemmCall& call, GemmPrecision precision);
   // Several calls, in order; those that read the same activations may share
-  // one launch (decode-sized rows) or one rounding of the activations.
-  absl::Status RunGroup(std::span<const GemmCall> group, GemmPrecision precision);
+  // one launch (decode-sized rows) or one rounding of the activations. With
+  // `a_norm` (whose x is the calls' shared a, y not read) they read the
+  // norm of a, which the rounding pass forms.
+  absl::Status RunGroup(std::span<const GemmCall> group, GemmPrecision precision,
+                        const NormParams* a_norm = nullptr);
 
  private:
   absl::Status RunOne(const GemmCall& call, GemmPrecision precision);
@@ -219,7 +224,8 @@ struct NormParams {
   const float* x = nullptr;
   const float* weight = nullptr;  // [cols] or null
   const float* gate = nullptr;    // [rows, cols] when gated
-  float* y = nullptr;
+  void* y = nullptr;              // [rows, cols] of y_type
+  DType y_type = DType::kF32;     // kF32, or kBF16 / kF16 (a product's rounded operand)
 };
 cudaError_t LaunchNorm(const NormParams& p, cudaStream_t stream);
 

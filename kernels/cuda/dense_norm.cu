@@ -11,6 +11,11 @@
 //   du = r·(ĝ − mean(ĝ) [Layer] − x̂·mean(ĝ·x̂)),  dx = du·silu(gate) (kBefore) or du,
 //   d_gate = dy·x̂·w·silu'(gate) (kAfter) or du·x·silu'(gate) (kBefore),
 //   d_w[c] += Σ_rows dz·x̂  (a second, column-parallel kernel, double sums).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
 #include "kernels/cuda/dense_common.cuh"
 #include "kernels/cuda/dense_launch.h"
 #include "kernels/cuda/dependent_launch.cuh"
@@ -87,7 +92,29 @@ __device__ __forceinline__ float2 GroupStats(const NormParams& p, int64_t base, 
   return make_float2(mean, 1.0f / sqrtf(var + p.eps));
 }
 
-template <int kTeam, int kVec>
+// v into `Out` elements at p (fp32 as it is, 16-bit types rounded to nearest).
+template <int kVec, typename Out>
+__device__ __forceinline__ void StoreOut(Out* p, const float (&v)[kVec]) {
+  if constexpr (std::is_same_v<Out, float>) {
+    StoreVec<kVec>(p, v);
+  } else if constexpr (kVec == 4) {
+    using Pair = std::conditional_t<std::is_same_v<Out, __half>, __half2, __nv_bfloat162>;
+    Pair pairs[2];
+    if constexpr (std::is_same_v<Out, __half>) {
+      pairs[0] = __floats2half2_rn(v[0], v[1]);
+      pairs[1] = __floats2half2_rn(v[2], v[3]);
+    } else {
+      pairs[0] = __floats2bfloat162_rn(v[0], v[1]);
+      pairs[1] = __floats2bfloat162_rn(v[2], v[3]);
+    }
+    *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(pairs);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) p[i] = Out(v[i]);
+  }
+}
+
+template <int kTeam, int kVec, typename Out>
 __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
     NormKernel(const NormParams p) {
   AllowDependents();
@@ -113,7 +140,7 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
 #pragma unroll
       for (int e = 0; e < kVec; ++e) y[e] *= Silu(g[e]);
     }
-    StoreVec<kVec>(p.y + base + i, y);
+    StoreOut<kVec>(static_cast<Out*>(p.y) + base + i, y);
   }
 }
 
@@ -225,14 +252,29 @@ bool Vectorizable(const NormParams& p) {
          (p.weight == nullptr || Aligned16(p.weight)) && (p.gate == nullptr || Aligned16(p.gate));
 }
 
-template <int kTeam, int kVec>
-cudaError_t LaunchForward(const NormParams& p, int64_t groups, cudaStream_t stream) {
+template <int kTeam, int kVec, typename Out>
+cudaError_t LaunchForwardTo(const NormParams& p, int64_t groups, cudaStream_t stream) {
   if constexpr (kTeam == 32) {
-    NormKernel<32, kVec><<<BlocksFor(groups, kWarpTeamBlock / 32), kWarpTeamBlock, 0, stream>>>(p);
+    NormKernel<32, kVec, Out>
+        <<<BlocksFor(groups, kWarpTeamBlock / 32), kWarpTeamBlock, 0, stream>>>(p);
   } else {
-    NormKernel<kBlockTeam, kVec><<<static_cast<unsigned>(groups), kBlockTeam, 0, stream>>>(p);
+    NormKernel<kBlockTeam, kVec, Out><<<static_cast<unsigned>(groups), kBlockTeam, 0, stream>>>(p);
   }
   return cudaGetLastError();
+}
+
+template <int kTeam, int kVec>
+cudaError_t LaunchForward(const NormParams& p, int64_t groups, cudaStream_t stream) {
+  switch (p.y_type) {
+    case DType::kF32:
+      return LaunchForwardTo<kTeam, kVec, float>(p, groups, stream);
+    case DType::kBF16:
+      return LaunchForwardTo<kTeam, kVec, __nv_bfloat16>(p, groups, stream);
+    case DType::kF16:
+      return LaunchForwardTo<kTeam, kVec, __half>(p, groups, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 template <int kTeam, int kVec>

@@ -257,7 +257,12 @@ absl::Status CudaDenseOps::LinearGroup(const LinearGroupArgs& args) {
     call.a_gate = args.silu_gate.defined() ? args.silu_gate.f32() : nullptr;
     calls.push_back(call);
   }
-  return gemm_->RunGroup(calls, precision_);
+  if (!args.input_norm) return gemm_->RunGroup(calls, precision_);
+  NormArgs norm = *args.input_norm;
+  norm.x = args.x;
+  LAIR_ASSIGN_OR_RETURN(int64_t group, CheckInputNorm(args, Device::kCuda));
+  const dense::NormParams norm_launch = NormLaunch(norm, group);
+  return gemm_->RunGroup(calls, precision_, &norm_launch);
 }
 
 absl::Status CudaDenseOps::Embedding(const EmbeddingArgs& args) {

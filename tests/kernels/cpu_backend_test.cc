@@ -84,6 +84,32 @@ TEST(CpuBackendTest, LinearGroupFormsTheSiluGate) {
   EXPECT_EQ(gate.f32()[1], 2.0f);
 }
 
+// A LinearGroup with an input norm multiplies Norm(x), exactly as the Norm
+// op forms it, and leaves x as it was.
+TEST(CpuBackendTest, LinearGroupFormsTheInputNorm) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+  const Tensor x = Tensor::FromFloats({2, 4}, {1.0f, -2.0f, 0.5f, 3.0f, 0.25f, -1.5f, 2.0f, 0.0f});
+  const Tensor w = Tensor::FromFloats({3, 4}, {1, 2, 3, 4, -1, 0, 1, 0.5f, 0.5f, 0.5f, 2, -2});
+  const Tensor weights[] = {w};
+  NormArgs norm;
+  norm.kind = NormKind::kLayer;
+  norm.eps = 1e-5f;
+  norm.group_size = 2;
+  norm.weight = Tensor::FromFloats({4}, {0.5f, 1.0f, -1.0f, 2.0f});
+  NormArgs direct = norm;
+  direct.x = x;
+  direct.y = Tensor::Zeros(DType::kF32, {2, 4});
+  ASSERT_TRUE(backend->Norm(direct).ok());
+  const Tensor want[] = {Tensor::Zeros(DType::kF32, {2, 3})};
+  ASSERT_TRUE(backend->LinearGroup({direct.y, weights, {}, want}).ok());
+  const Tensor got[] = {Tensor::Zeros(DType::kF32, {2, 3})};
+  LinearGroupArgs args{x, weights, {}, got};
+  args.input_norm = norm;
+  ASSERT_TRUE(backend->LinearGroup(args).ok());
+  for (int64_t e = 0; e < 6; ++e) EXPECT_EQ(got[0].f32()[e], want[0].f32()[e]) << e;
+  EXPECT_EQ(x.f32()[1], -2.0f);
+}
+
 TEST(CpuBackendTest, MakeBackendKnowsTheDeviceNames) {
   absl::StatusOr<std::unique_ptr<Backend>> cpu = MakeBackend("cpu");
   ASSERT_TRUE(cpu.ok()) << cpu.status();

@@ -111,6 +111,22 @@ TEST(DenseChecksTest, LinearGroupIsOneGemmPerWeight) {
   EXPECT_TRUE(LinearGroupProducts(gated, Device::kCpu).ok());
   gated.silu_gate = F32({3, 4});
   ExpectInvalid(LinearGroupProducts(gated, Device::kCpu).status(), "LinearGroup: silu_gate");
+
+  // An input norm is checked as a Norm of x, and not taken with a SiLU gate.
+  LinearGroupArgs normed{x, weights, biases, outs};
+  normed.input_norm.emplace().weight = F32({5});
+  EXPECT_TRUE(LinearGroupProducts(normed, Device::kCpu).ok());
+  normed.input_norm->group_size = 2;
+  ExpectInvalid(LinearGroupProducts(normed, Device::kCpu).status(),
+                "LinearGroup input_norm: group_size: 2 does not divide 5");
+  normed.input_norm->group_size = 0;
+  normed.input_norm->weight = F32({4});
+  ExpectInvalid(LinearGroupProducts(normed, Device::kCpu).status(),
+                "LinearGroup input_norm: weight");
+  normed.input_norm->weight = Tensor();
+  normed.silu_gate = F32({3, 5});
+  ExpectInvalid(LinearGroupProducts(normed, Device::kCpu).status(),
+                "LinearGroup: input_norm: cannot be set with silu_gate");
 }
 
 TEST(DenseChecksTest, BinaryBroadcastStrides) {

@@ -219,9 +219,9 @@ TEST_F(CudaStepTest, LinearGroupAddsResiduals) {
 // split) or cuBLASLt (17 and 33 rows). Groups whose widths leave partial
 // 16-row tiles, k with a partial 32-wide step, a bias, activations, a
 // residual in place, and a single product with beta ≠ 0. The same group
-// with a SiLU gate reads silu(gate) ∘ x: formed by the rounding pass before
-// cuBLASLt (33 rows and up), by an elementwise pass before the small-product
-// kernels.
+// with a SiLU gate reads silu(gate) ∘ x, and with an input norm the RMS norm
+// of x: formed by the rounding pass before cuBLASLt (33 rows and up), by an
+// elementwise or norm pass before the small-product kernels.
 TEST_F(CudaStepTest, FastProductsAreExactOnRoundedActivations) {
   const std::vector<int64_t> widths = {389, 16, 3, 1500};
   const Activation activations[] = {{}, {UnaryOp::kSigmoid}, {}, {UnaryOp::kSilu}};
@@ -260,29 +260,45 @@ TEST_F(CudaStepTest, FastProductsAreExactOnRoundedActivations) {
       for (size_t i = 0; i < widths.size(); ++i)
         EXPECT_LE(RelativeError(Down(gpu_outs[i]), cpu_outs[i]), 1e-5) << what << " member " << i;
 
-      // silu(gate) ∘ x formed by the GPU's Binary op (the CPU's exp may
-      // differ in the last bit, which can move a bf16 rounding).
-      const Tensor gate = Rand({m, k});
-      const Tensor gpu_formed = Up(Tensor::Zeros(DType::kF32, {m, k}));
-      ASSERT_TRUE(gpu_->Binary({BinaryOp::kSiluMul, Up(gate), Up(x), gpu_formed}).ok());
-      const Tensor formed = Down(gpu_formed);
-      const Tensor cpu_formed = exact ? formed : rounded(formed);
-      std::vector<Tensor> gated_want, gated_got;
-      for (size_t i = 0; i < widths.size(); ++i) {
-        gated_want.push_back(Tensor::Zeros(DType::kF32, {m, widths[i]}));
-        gated_got.push_back(Up(Rand({m, widths[i]})));  // overwritten whole
-      }
-      ASSERT_TRUE(
-          cpu_->LinearGroup({cpu_formed, cpu_weights, cpu_biases, gated_want, activations}).ok())
-          << what;
-      LinearGroupArgs gated{Up(x), weights, biases, gated_got, activations};
-      gated.silu_gate = Up(gate);
-      const absl::Status gated_st = gpu_->LinearGroup(gated);
-      ASSERT_TRUE(gated_st.ok()) << what << ": " << gated_st;
-      for (size_t i = 0; i < widths.size(); ++i) {
-        EXPECT_LE(RelativeError(Down(gated_got[i]), gated_want[i]), 1e-5)
-            << what << " gated member " << i;
-      }
+      // The group reading an input formed on the GPU (`gpu_formed`, by the
+      // GPU's own op: the CPU's exp may differ in the last bit, which can
+      // move a bf16 rounding) against the CPU's group on that input.
+      const auto expect_formed_input = [&](const Tensor& gpu_formed, LinearGroupArgs args,
+                                           const std::string& input) {
+        const Tensor formed = Down(gpu_formed);
+        const Tensor cpu_formed = exact ? formed : rounded(formed);
+        std::vector<Tensor> want, got;
+        for (size_t i = 0; i < widths.size(); ++i) {
+          want.push_back(Tensor::Zeros(DType::kF32, {m, widths[i]}));
+          got.push_back(Up(Rand({m, widths[i]})));  // overwritten whole
+        }
+        ASSERT_TRUE(
+            cpu_->LinearGroup({cpu_formed, cpu_weights, cpu_biases, want, activations}).ok())
+            << what;
+        args.outs = got;
+        const absl::Status st = gpu_->LinearGroup(args);
+        ASSERT_TRUE(st.ok()) << what << " " << input << ": " << st;
+        for (size_t i = 0; i < widths.size(); ++i) {
+          EXPECT_LE(RelativeError(Down(got[i]), want[i]), 1e-5)
+              << what << " " << input << " member " << i;
+        }
+      };
+      const Tensor gpu_x = Up(x), gate = Up(Rand({m, k}));
+      const Tensor gated = Up(Tensor::Zeros(DType::kF32, {m, k}));
+      ASSERT_TRUE(gpu_->Binary({BinaryOp::kSiluMul, gate, gpu_x, gated}).ok());
+      LinearGroupArgs gated_args{gpu_x, weights, biases, {}, activations};
+      gated_args.silu_gate = gate;
+      expect_formed_input(gated, gated_args, "silu(gate)·x");
+      NormArgs norm;
+      norm.eps = 1e-5f;
+      norm.weight = Up(Rand({k}));
+      NormArgs direct = norm;
+      direct.x = gpu_x;
+      direct.y = Up(Tensor::Zeros(DType::kF32, {m, k}));
+      ASSERT_TRUE(gpu_->Norm(direct).ok());
+      LinearGroupArgs normed_args{gpu_x, weights, biases, {}, activations};
+      normed_args.input_norm = norm;
+      expect_formed_input(direct.y, normed_args, "norm(x)");
 
       const Tensor c0 = Rand({m, widths[0]});
       GemmArgs want{cpu_x, cpu_weights[0], c0.Clone(), false, true, 1.5f, 0.5f, Tensor()};
