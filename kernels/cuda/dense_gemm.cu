@@ -58,6 +58,32 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// NarrowKernel over `quads` groups of four elements (16-byte aligned src and
+// gate, 8-byte aligned dst): one element per thread ran at about 60% of the
+// copy bandwidth.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    NarrowQuadsKernel(const float4* src, const float4* gate, int64_t quads, uint2* dst) {
+  using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  for (int64_t q = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; q < quads;
+       q += static_cast<int64_t>(gridDim.x) * kThreads) {
+    float4 v = src[q];
+    if (gate) {
+      const float4 g = gate[q];
+      v = make_float4(Silu(g.x) * v.x, Silu(g.y) * v.y, Silu(g.z) * v.z, Silu(g.w) * v.w);
+    }
+    Pair pairs[2];
+    if constexpr (std::is_same_v<T, __half>) {
+      pairs[0] = __floats2half2_rn(v.x, v.y);
+      pairs[1] = __floats2half2_rn(v.z, v.w);
+    } else {
+      pairs[0] = __floats2bfloat162_rn(v.x, v.y);
+      pairs[1] = __floats2bfloat162_rn(v.z, v.w);
+    }
+    dst[q] = *reinterpret_cast<const uint2*>(pairs);
+  }
+}
+
 // c[i, j] = (beta == 0 ? 0 : beta·c[i, j]) + bias[j] over [m, n] with row stride ldc.
 __global__ void __launch_bounds__(kThreads)
     ScaleBiasKernel(float* c, int64_t ldc, int64_t m, int64_t n, float beta, const float* bias) {
@@ -305,6 +331,11 @@ struct GemmRunner::Impl {
       p.y = a;
       p.y_type = std::is_same_v<T, __half> ? DType::kF16 : DType::kBF16;
       LAIR_RETURN_IF_ERROR(CudaStatus(LaunchNorm(p, stream), "input norm"));
+    } else if (count % 4 == 0 && Aligned16(first.a) && Aligned16(first.a_gate)) {
+      NarrowQuadsKernel<T><<<GridFor(count / 4), kThreads, 0, stream>>>(
+          reinterpret_cast<const float4*>(first.a), reinterpret_cast<const float4*>(first.a_gate),
+          count / 4, reinterpret_cast<uint2*>(a));
+      LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "narrow"));
     } else {
       NarrowKernel<T><<<GridFor(count), kThreads, 0, stream>>>(first.a, first.a_gate, count, a);
       LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "narrow"));

@@ -35,6 +35,31 @@ __device__ __forceinline__ void StoreElem(void* p, ElemType t, int64_t i, float 
   }
 }
 
+// Elements 4q .. 4q + 3 of p ← v (p 16-byte aligned for fp32, 8 for 16-bit
+// types): one vector store.
+__device__ __forceinline__ void StoreElem4(void* p, ElemType t, int64_t q, float4 v) {
+  switch (t) {
+    case ElemType::kBF16: {
+      const __nv_bfloat162 pairs[2] = {__floats2bfloat162_rn(v.x, v.y),
+                                       __floats2bfloat162_rn(v.z, v.w)};
+      static_cast<uint2*>(p)[q] = *reinterpret_cast<const uint2*>(pairs);
+      break;
+    }
+    case ElemType::kF16: {
+      const __half2 pairs[2] = {__floats2half2_rn(v.x, v.y), __floats2half2_rn(v.z, v.w)};
+      static_cast<uint2*>(p)[q] = *reinterpret_cast<const uint2*>(pairs);
+      break;
+    }
+    default:
+      static_cast<float4*>(p)[q] = v;
+  }
+}
+
+// Whether StoreElem4 may store to p.
+inline bool Elem4Aligned(const void* p, ElemType t) {
+  return reinterpret_cast<uintptr_t>(p) % (t == ElemType::kF32 ? 16 : 8) == 0;
+}
+
 // x rounded through element type t, back as a float.
 __device__ __forceinline__ float RoundedTo(ElemType t, float x) {
   switch (t) {

@@ -17,6 +17,15 @@ __global__ void ConvertKernel(const void* src, ElemType st, void* dst, ElemType 
   }
 }
 
+// ConvertKernel from fp32 four elements at a time: rounding a scan's q, k, v
+// one element per thread ran at about 60% of the copy bandwidth.
+__global__ void ConvertF32QuadsKernel(const float4* src, void* dst, ElemType dt, int64_t quads) {
+  for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < quads;
+       q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    StoreElem4(dst, dt, q, src[q]);
+  }
+}
+
 // One warp per row: p = exp(x − max) / Σ.
 __global__ void SoftmaxKernel(const float* x, int64_t rows, int width, void* out,
                               ElemType out_type) {
@@ -90,6 +99,27 @@ __global__ void SumRowGroupsKernel(const float* parts, int64_t rows, int width, 
   }
 }
 
+// SumRowGroupsKernel four columns at a time (width a multiple of 4, aligned
+// parts and out), summing the copies in the same order.
+__global__ void SumRowGroupsQuadsKernel(const float4* parts, int64_t rows, int width4, int copies,
+                                        void* out, ElemType out_type) {
+  const int64_t n = rows * width4;
+  for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < n;
+       q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = q / width4;
+    const float4* at = parts + r * copies * width4 + (q - r * width4);
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int c = 0; c < copies; ++c) {
+      const float4 v = at[static_cast<int64_t>(c) * width4];
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    StoreElem4(out, out_type, q, sum);
+  }
+}
+
 __global__ void LeadingOnesKernel(int64_t rows, int width, int ones, void* dst, ElemType type) {
   const int64_t n = rows * width;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -107,6 +137,12 @@ int Blocks(int64_t n, int per_block) {
 cudaError_t LaunchConvert(const void* src, ElemType src_type, void* dst, ElemType dst_type,
                           int64_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
+  if (src_type == ElemType::kF32 && count % 4 == 0 && Elem4Aligned(src, ElemType::kF32) &&
+      Elem4Aligned(dst, dst_type)) {
+    ConvertF32QuadsKernel<<<Blocks(count / 4, kThreads), kThreads, 0, stream>>>(
+        static_cast<const float4*>(src), dst, dst_type, count / 4);
+    return cudaGetLastError();
+  }
   ConvertKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(src, src_type, dst, dst_type,
                                                                   count);
   return cudaGetLastError();
@@ -133,6 +169,11 @@ cudaError_t LaunchSumRowGroups(const float* parts, int64_t rows, int width, int 
                                ElemType out_type, cudaStream_t stream) {
   const int64_t n = rows * width;
   if (n == 0) return cudaSuccess;
+  if (width % 4 == 0 && Elem4Aligned(parts, ElemType::kF32) && Elem4Aligned(out, out_type)) {
+    SumRowGroupsQuadsKernel<<<Blocks(n / 4, kThreads), kThreads, 0, stream>>>(
+        reinterpret_cast<const float4*>(parts), rows, width / 4, copies, out, out_type);
+    return cudaGetLastError();
+  }
   SumRowGroupsKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(parts, rows, width, copies, out,
                                                                    out_type);
   return cudaGetLastError();
