@@ -94,6 +94,21 @@ absl::Status Backend::LinearGroup(const LinearGroupArgs& args) {
   return absl::OkStatus();
 }
 
+absl::Status Backend::SwiGlu(const SwiGluArgs& args) {
+  LAIR_RETURN_IF_ERROR(CheckSwiGluArgs(args, device()).status());
+  const Shape hidden = {args.x.dim(0), args.w_gate.dim(0)};
+  LAIR_ASSIGN_OR_RETURN(Tensor gate, AllocateScratch(DType::kF32, hidden));
+  LAIR_ASSIGN_OR_RETURN(Tensor up, AllocateScratch(DType::kF32, hidden));
+  const Tensor gate_up[] = {args.w_gate, args.w_up}, projections[] = {gate, up};
+  LinearGroupArgs first{args.x, gate_up, {}, projections};
+  first.input_norm = args.input_norm;
+  LAIR_RETURN_IF_ERROR(LinearGroup(first));
+  const Tensor residuals[] = {args.residual};
+  LinearGroupArgs down{up, {&args.w_down, 1}, {}, {&args.out, 1}, {}, residuals};
+  down.silu_gate = gate;
+  return LinearGroup(down);
+}
+
 absl::StatusOr<std::unique_ptr<StepGraph>> Backend::CaptureStep(
     const std::function<absl::Status()>& /*step*/) {
   return absl::UnimplementedError(absl::StrCat(Name(), " does not record steps"));

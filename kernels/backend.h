@@ -131,6 +131,9 @@ class Backend {
   // The default runs one Gemm per weight, each followed by its activation
   // and residual.
   virtual absl::Status LinearGroup(const LinearGroupArgs& args);
+  // The default runs the gate and up products as one LinearGroup into
+  // scratch, then the down product reading silu(gate) ∘ up.
+  virtual absl::Status SwiGlu(const SwiGluArgs& args);
   virtual absl::Status Embedding(const EmbeddingArgs& args) = 0;
   virtual absl::Status EmbeddingBackward(const EmbeddingBackwardArgs& args) = 0;
   virtual absl::Status Norm(const NormArgs& args) = 0;

@@ -157,6 +157,19 @@ struct LinearGroupArgs {
   std::optional<NormArgs> input_norm = {};  // unset, or the norm (not with silu_gate)
 };
 
+// A SwiGLU MLP: out = (silu(x·w_gateᵀ) ∘ (x·w_upᵀ))·w_downᵀ (+ residual),
+// x normalized first when input_norm is set (as in LinearGroupArgs). One op
+// so that a backend may keep the [M, F] intermediates in 16 bits where its
+// products read them so; the default runs two LinearGroups.
+struct SwiGluArgs {
+  Tensor x;             // [M,K] F32
+  Tensor w_gate, w_up;  // [F,K] (dtypes as GemmArgs::b)
+  Tensor w_down;        // [K2,F]
+  Tensor residual;      // [M,K2] F32 or undefined; out may alias it
+  Tensor out;           // written [M,K2] F32
+  std::optional<NormArgs> input_norm = {};
+};
+
 enum class BinaryOp {
   kAdd,
   kSub,

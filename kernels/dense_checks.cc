@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -257,6 +258,30 @@ absl::StatusOr<std::vector<LinearProduct>> LinearGroupProducts(const LinearGroup
     products.push_back(std::move(product));
   }
   return products;
+}
+
+absl::StatusOr<int64_t> CheckSwiGluArgs(const SwiGluArgs& args, Device device) {
+  constexpr std::string_view kOp = "SwiGlu";
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "x", args.x, device, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "w_gate", args.w_gate, device, args.w_gate.dtype(), 2));
+  for (const auto& [name, w] : {std::pair{"w_up", &args.w_up}, std::pair{"w_down", &args.w_down}}) {
+    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, name, *w, device, args.w_gate.dtype(), 2));
+  }
+  const int64_t m = args.x.dim(0), k = args.x.dim(1), f = args.w_gate.dim(0);
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "w_gate", args.w_gate, {f, k}));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "w_up", args.w_up, {f, k}));
+  const int64_t k2 = args.w_down.dim(0);
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "w_down", args.w_down, {k2, f}));
+  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "out", args.out, device, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(CheckShape(kOp, "out", args.out, {m, k2}));
+  if (args.residual.defined()) {
+    LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "residual", args.residual, device, DType::kF32, 2));
+    LAIR_RETURN_IF_ERROR(CheckShape(kOp, "residual", args.residual, {m, k2}));
+  }
+  if (!args.input_norm) return 0;
+  NormArgs norm = *args.input_norm;
+  norm.x = args.x;
+  return CheckNormInputs("SwiGlu input_norm", norm, device);
 }
 
 absl::StatusOr<int64_t> CheckInputNorm(const LinearGroupArgs& args, Device device) {

@@ -50,6 +50,10 @@ struct LinearProduct {
 // it, or by CheckGemmArgs).
 absl::StatusOr<std::vector<LinearProduct>> LinearGroupProducts(const LinearGroupArgs& args,
                                                                Device device);
+// x, out and the residual, the weights' shapes against them and their one
+// dtype (which the backend's products must take), and the input norm. On
+// success: the columns each input norm runs over (0 without one).
+absl::StatusOr<int64_t> CheckSwiGluArgs(const SwiGluArgs& args, Device device);
 // The input norm of a group (REQUIRES: input_norm set) as a Norm of x:
 // checked, with the columns each norm runs over.
 absl::StatusOr<int64_t> CheckInputNorm(const LinearGroupArgs& args, Device device);

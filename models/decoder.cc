@@ -230,12 +230,8 @@ absl::StatusOr<Var> Decoder::Run(Graph& g, StepContext ctx, const Tensor& tokens
         x, layer.mixer->Forward(g, LinearInput::Normed(x, layer.mixer_norm, NormKind::kRms, eps),
                                 ctx));
     if (layer.mlp_norm >= 0) {
-      const LinearWeight gate_up[] = {{layer.mlp_gate}, {layer.mlp_up}};
-      LAIR_ASSIGN_OR_RETURN(
-          std::vector<Var> proj,
-          g.Linears(LinearInput::Normed(x, layer.mlp_norm, NormKind::kRms, eps), gate_up));
-      LAIR_ASSIGN_OR_RETURN(x,
-                            g.Linear(LinearInput::SiluMul(proj[0], proj[1]), {layer.mlp_down}, x));
+      LAIR_ASSIGN_OR_RETURN(x, g.SwiGlu(LinearInput::Normed(x, layer.mlp_norm, NormKind::kRms, eps),
+                                        layer.mlp_gate, layer.mlp_up, layer.mlp_down, x));
     }
   }
   if (last_rows.defined()) {

@@ -155,6 +155,41 @@ bool Graph::NormWeightPerGroup(const LinearInput& in) const {
          in.group_size != in.x.dim(-1) && (*params_)[in.norm_weight].dim(0) == in.group_size;
 }
 
+std::optional<kernels::NormArgs> Graph::NormInProduct(const LinearInput& in) const {
+  if (record_ || in.kind != LinearInput::Kind::kNorm || NormWeightPerGroup(in)) return {};
+  kernels::NormArgs norm;
+  norm.kind = in.norm;
+  norm.gate_mode = in.gate_mode;
+  norm.eps = in.eps;
+  norm.group_size = in.group_size;
+  if (in.norm_weight >= 0) norm.weight = (*params_)[in.norm_weight];
+  if (in.gate_mode != kernels::NormGate::kNone) norm.gate = As2d(in.gate.t);
+  return norm;
+}
+
+absl::StatusOr<Var> Graph::SwiGlu(const LinearInput& in, int gate_id, int up_id, int down_id,
+                                  const Var& residual) {
+  if (record_) {
+    const LinearWeight gate_up[] = {{gate_id}, {up_id}};
+    LAIR_ASSIGN_OR_RETURN(std::vector<Var> proj, Linears(in, gate_up));
+    return Linear(LinearInput::SiluMul(proj[0], proj[1]), {down_id}, residual);
+  }
+  kernels::SwiGluArgs args;
+  args.input_norm = NormInProduct(in);
+  Var x = in.x;
+  if (!args.input_norm) {
+    LAIR_ASSIGN_OR_RETURN(x, Form(in));
+  }
+  args.x = As2d(x.t);
+  args.w_gate = (*params_)[gate_id];
+  args.w_up = (*params_)[up_id];
+  args.w_down = (*params_)[down_id];
+  if (residual.t.defined()) args.residual = As2d(residual.t);
+  LAIR_ASSIGN_OR_RETURN(args.out, New({args.x.dim(0), args.w_down.dim(0)}));
+  LAIR_RETURN_IF_ERROR(backend_->SwiGlu(args));
+  return Var{args.out.Reshape(WithLast(x.shape(), args.w_down.dim(0))), -1};
+}
+
 absl::StatusOr<std::vector<Var>> Graph::Products(const LinearInput& in,
                                                  std::span<const LinearWeight> weights,
                                                  std::span<const Var> residuals) {
@@ -163,10 +198,9 @@ absl::StatusOr<std::vector<Var>> Graph::Products(const LinearInput& in,
   // (LinearGroupArgs::silu_gate, input_norm), which may form them as it
   // loads x or rounds it for its tensor cores.
   const bool gate_in_product = !record_ && in.kind == LinearInput::Kind::kSiluMul;
-  const bool norm_in_product =
-      !record_ && in.kind == LinearInput::Kind::kNorm && !NormWeightPerGroup(in);
+  std::optional<kernels::NormArgs> norm = NormInProduct(in);
   Var x = in.x;
-  if (!gate_in_product && !norm_in_product) {
+  if (!gate_in_product && !norm) {
     LAIR_ASSIGN_OR_RETURN(x, Form(in));
   }
   const Tensor x2 = As2d(x.t);
@@ -186,15 +220,7 @@ absl::StatusOr<std::vector<Var>> Graph::Products(const LinearInput& in,
   // Unary and Add ops, which keep what their backward needs.
   kernels::LinearGroupArgs args{x2, w_t, b_t, y_t};
   if (gate_in_product) args.silu_gate = As2d(in.gate.t);
-  if (norm_in_product) {
-    kernels::NormArgs& norm = args.input_norm.emplace();
-    norm.kind = in.norm;
-    norm.gate_mode = in.gate_mode;
-    norm.eps = in.eps;
-    norm.group_size = in.group_size;
-    if (in.norm_weight >= 0) norm.weight = (*params_)[in.norm_weight];
-    if (in.gate_mode != kernels::NormGate::kNone) norm.gate = As2d(in.gate.t);
-  }
+  args.input_norm = std::move(norm);
   if (!record_) {
     args.activations = activations;
     for (const Var& r : residuals) r_t.push_back(r.t.defined() ? As2d(r.t) : Tensor());

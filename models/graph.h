@@ -20,6 +20,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -134,6 +135,10 @@ class Graph {
   // output) when defined: a block's last product joining the residual stream.
   absl::StatusOr<Var> Linear(const LinearInput& in, const LinearWeight& weight,
                              const Var& residual = {});
+  // A SwiGLU MLP of the formed input: (silu(in·gateᵀ) ∘ (in·upᵀ))·downᵀ plus
+  // `residual` when defined (one backend SwiGlu op when not recording).
+  absl::StatusOr<Var> SwiGlu(const LinearInput& in, int gate_id, int up_id, int down_id,
+                             const Var& residual = {});
   // The input `in` describes, computed.
   absl::StatusOr<Var> Form(const LinearInput& in);
   // op(a) · op(b) for rank-2 values.
@@ -206,6 +211,9 @@ class Graph {
   void Record(std::function<absl::Status()> backward) { tape_.push_back(std::move(backward)); }
   // Whether `in` is a norm whose weight is shared by its groups.
   bool NormWeightPerGroup(const LinearInput& in) const;
+  // `in`'s norm for a backend to form (LinearGroupArgs::input_norm), when
+  // not recording and the weight spans the row; unset otherwise.
+  std::optional<kernels::NormArgs> NormInProduct(const LinearInput& in) const;
   // The products of Form(in) by `weights` (one LinearGroup), each plus its
   // residual when given.
   absl::StatusOr<std::vector<Var>> Products(const LinearInput& in,

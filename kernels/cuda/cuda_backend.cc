@@ -1075,6 +1075,9 @@ class CudaBackend : public Backend {
   // --- Dense operations: kernels/cuda/dense_ops.h on the same stream -------
   absl::Status Gemm(const GemmArgs& a) override { return dense_->Gemm(a); }
   absl::Status LinearGroup(const LinearGroupArgs& a) override { return dense_->LinearGroup(a); }
+  absl::Status SwiGlu(const SwiGluArgs& a) override {
+    return dense_->TakesSwiGlu(a) ? dense_->SwiGlu(a) : Backend::SwiGlu(a);
+  }
   absl::Status Embedding(const EmbeddingArgs& a) override { return dense_->Embedding(a); }
   absl::Status EmbeddingBackward(const EmbeddingBackwardArgs& a) override {
     return dense_->EmbeddingBackward(a);

@@ -84,6 +84,35 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// up[i] ← silu(gate[i])·up[i] over `quads` groups of four 16-bit T (fp32
+// arithmetic, one rounding), in place.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    SiluMulQuadsKernel(const uint2* gate, uint2* up, int64_t quads) {
+  using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  for (int64_t q = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; q < quads;
+       q += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const uint2 g4 = gate[q], u4 = up[q];
+    const Pair* g = reinterpret_cast<const Pair*>(&g4);
+    const Pair* u = reinterpret_cast<const Pair*>(&u4);
+    Pair out[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float2 gf, uf;
+      if constexpr (std::is_same_v<T, __half>) {
+        gf = __half22float2(g[i]);
+        uf = __half22float2(u[i]);
+        out[i] = __floats2half2_rn(Silu(gf.x) * uf.x, Silu(gf.y) * uf.y);
+      } else {
+        gf = __bfloat1622float2(g[i]);
+        uf = __bfloat1622float2(u[i]);
+        out[i] = __floats2bfloat162_rn(Silu(gf.x) * uf.x, Silu(gf.y) * uf.y);
+      }
+    }
+    up[q] = *reinterpret_cast<const uint2*>(out);
+  }
+}
+
 // c[i, j] = (beta == 0 ? 0 : beta·c[i, j]) + bias[j] over [m, n] with row stride ldc.
 __global__ void __launch_bounds__(kThreads)
     ScaleBiasKernel(float* c, int64_t ldc, int64_t m, int64_t n, float beta, const float* bias) {
@@ -141,7 +170,8 @@ struct LtProblem {
   int64_t lda = 0;
   const void* b = nullptr;
   int64_t ldb = 0;
-  float* c = nullptr;
+  void* c = nullptr;  // of c_type: fp32, or 16-bit without c_in or a bias pass
+  cudaDataType_t c_type = CUDA_R_32F;
   int64_t ldc = 0;
   float alpha = 1.0f, beta = 0.0f;
   const float* bias = nullptr;
@@ -213,7 +243,7 @@ struct GemmRunner::Impl {
     const PlanKey key = {p.ab_type,      p.compute,      p.trans_a, p.trans_b,
                          p.rows,         p.cols,         p.inner,   p.lda,
                          p.ldb,          p.ldc,          with_bias, Alignment(p.a),
-                         Alignment(p.b), Alignment(p.c), align_c,   0};
+                         Alignment(p.b), Alignment(p.c), align_c,   p.c_type};
     auto it = plans.find(key);
     if (it != plans.end()) return it->second.get();
     if (plans.size() >= kMaxPlans) plans.clear();
@@ -245,7 +275,7 @@ struct GemmRunner::Impl {
                                             p.trans_b ? p.inner : p.cols, p.ldb),
                  "layout b"));
     LAIR_RETURN_IF_ERROR(LtStatus(
-        cublasLtMatrixLayoutCreate(&plan->c, CUDA_R_32F, p.rows, p.cols, p.ldc), "layout c"));
+        cublasLtMatrixLayoutCreate(&plan->c, p.c_type, p.rows, p.cols, p.ldc), "layout c"));
 
     cublasLtMatmulPreference_t pref = nullptr;
     LAIR_RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref), "preference"));
@@ -292,6 +322,8 @@ struct GemmRunner::Impl {
       fused_bias = plan->found;
     }
     if (!fused_bias) {
+      if (p.bias && p.c_type != CUDA_R_32F)
+        return absl::InternalError("cuBLASLt: a 16-bit output needs its bias in the epilogue");
       LAIR_ASSIGN_OR_RETURN(plan, GetPlan(p, false));
       if (!plan->found) {
         return absl::InternalError(absl::StrCat("cuBLASLt has no algorithm for a ", p.rows, "x",
@@ -305,13 +337,13 @@ struct GemmRunner::Impl {
     }
     LAIR_RETURN_IF_ERROR(
         LtStatus(cublasLtMatmul(handle, plan->desc, &p.alpha, p.a, plan->a, p.b, plan->b, &p.beta,
-                                p.c_in ? p.c_in : p.c, plan->c, p.c, plan->c, &plan->algo,
-                                workspace, kLtWorkspaceBytes, stream),
+                                p.c_in ? static_cast<const void*>(p.c_in) : p.c, plan->c, p.c,
+                                plan->c, &plan->algo, workspace, kLtWorkspaceBytes, stream),
                  "matmul"));
     if (p.bias && !fused_bias) {
       // Row-major view: [cols, rows] with row stride ldc.
-      ScaleBiasKernel<<<GridFor(p.rows * p.cols), kThreads, 0, stream>>>(p.c, p.ldc, p.cols, p.rows,
-                                                                         1.0f, p.bias);
+      ScaleBiasKernel<<<GridFor(p.rows * p.cols), kThreads, 0, stream>>>(
+          static_cast<float*>(p.c), p.ldc, p.cols, p.rows, 1.0f, p.bias);
       return CudaStatus(cudaGetLastError(), "bias");
     }
     return absl::OkStatus();
@@ -323,9 +355,56 @@ struct GemmRunner::Impl {
   template <typename T>
   absl::Status RunNarrowed(std::span<const GemmCall> calls, const NormParams* a_norm) {
     const GemmCall& first = calls.front();
-    const int64_t count = first.m * first.k;
-    LAIR_ASSIGN_OR_RETURN(char* buffer, scratch.Get(static_cast<size_t>(count) * sizeof(T)));
+    LAIR_ASSIGN_OR_RETURN(char* buffer,
+                          scratch.Get(static_cast<size_t>(first.m * first.k) * sizeof(T)));
     T* a = reinterpret_cast<T*>(buffer);
+    LAIR_RETURN_IF_ERROR(Round(first, a_norm, a));
+    for (const GemmCall& g : calls) {
+      LAIR_RETURN_IF_ERROR(Matmul(FromRowMajor(g, a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias,
+                                               CudaType(g.b_type), CUBLAS_COMPUTE_32F)));
+      LAIR_RETURN_IF_ERROR(Finish(g, /*product_ran=*/true));
+    }
+    return absl::OkStatus();
+  }
+
+  // calls[0..1] (gate, up) into 16-bit [m, f] outputs, then calls[2] (down)
+  // reading silu(gate) ∘ up formed over up.
+  template <typename T>
+  absl::Status RunSwiGluIn(std::span<const GemmCall, 3> calls, const NormParams* a_norm) {
+    const GemmCall &gate = calls[0], &down = calls[2];
+    ScratchLayout layout;
+    layout.Add<T>(gate.m * gate.k);
+    layout.Add<T>(gate.m * gate.n);
+    layout.Add<T>(gate.m * gate.n);
+    LAIR_ASSIGN_OR_RETURN(char* cursor, scratch.Get(layout.bytes()));
+    T* a = ScratchLayout::Take<T>(&cursor, gate.m * gate.k);
+    T* projections[2] = {ScratchLayout::Take<T>(&cursor, gate.m * gate.n),
+                         ScratchLayout::Take<T>(&cursor, gate.m * gate.n)};
+    LAIR_RETURN_IF_ERROR(Round(gate, a_norm, a));
+    for (int i = 0; i < 2; ++i) {
+      const GemmCall& g = calls[i];
+      LtProblem p = FromRowMajor(g, a, g.b, g.n, g.k, nullptr, nullptr, CudaType(g.b_type),
+                                 CUBLAS_COMPUTE_32F);
+      p.c = projections[i];
+      p.c_type = CudaType(g.b_type);
+      LAIR_RETURN_IF_ERROR(Matmul(p));
+    }
+    const int64_t quads = gate.m * gate.n / 4;
+    SiluMulQuadsKernel<T>
+        <<<GridFor(quads), kThreads, 0, stream>>>(reinterpret_cast<const uint2*>(projections[0]),
+                                                  reinterpret_cast<uint2*>(projections[1]), quads);
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "silu gate"));
+    LAIR_RETURN_IF_ERROR(
+        Matmul(FromRowMajor(down, projections[1], down.b, down.n, down.k, down.c, down.bias,
+                            CudaType(down.b_type), CUBLAS_COMPUTE_32F)));
+    return Finish(down, /*product_ran=*/true);
+  }
+
+  // a ← first's activations rounded to T (normalized first with a_norm, or
+  // silu(a_gate) ∘ a).
+  template <typename T>
+  absl::Status Round(const GemmCall& first, const NormParams* a_norm, T* a) {
+    const int64_t count = first.m * first.k;
     if (a_norm) {
       NormParams p = *a_norm;
       p.y = a;
@@ -339,11 +418,6 @@ struct GemmRunner::Impl {
     } else {
       NarrowKernel<T><<<GridFor(count), kThreads, 0, stream>>>(first.a, first.a_gate, count, a);
       LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "narrow"));
-    }
-    for (const GemmCall& g : calls) {
-      LAIR_RETURN_IF_ERROR(Matmul(FromRowMajor(g, a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias,
-                                               CudaType(g.b_type), CUBLAS_COMPUTE_32F)));
-      LAIR_RETURN_IF_ERROR(Finish(g, /*product_ran=*/true));
     }
     return absl::OkStatus();
   }
@@ -516,6 +590,21 @@ absl::Status GemmRunner::RunGroup(std::span<const GemmCall> group, GemmPrecision
   }
   for (const GemmCall& g : group) LAIR_RETURN_IF_ERROR(RunOne(g, precision));
   return absl::OkStatus();
+}
+
+bool GemmRunner::TakesSwiGlu(std::span<const GemmCall, 3> calls, GemmPrecision precision) {
+  const GemmCall &gate = calls[0], &up = calls[1], &down = calls[2];
+  const DType type = gate.b_type;
+  return precision == GemmPrecision::kFast && (type == DType::kBF16 || type == DType::kF16) &&
+         up.b_type == type && down.b_type == type && gate.m > 0 && gate.k > 0 && gate.n > 0 &&
+         gate.n % 4 == 0 && up.n == gate.n && down.k == gate.n &&
+         SmallProductFor(calls.first<2>(), precision) == SmallProduct::kNone &&
+         SmallProductFor(calls.last<1>(), precision) == SmallProduct::kNone;
+}
+
+absl::Status GemmRunner::RunSwiGlu(std::span<const GemmCall, 3> calls, const NormParams* a_norm) {
+  return calls[0].b_type == DType::kBF16 ? impl_->RunSwiGluIn<__nv_bfloat16>(calls, a_norm)
+                                         : impl_->RunSwiGluIn<__half>(calls, a_norm);
 }
 
 absl::Status GemmRunner::RunOne(const GemmCall& g, GemmPrecision precision) {

@@ -105,6 +105,15 @@ class GemmRunner {
   // norm of a, which the rounding pass forms.
   absl::Status RunGroup(std::span<const GemmCall> group, GemmPrecision precision,
                         const NormParams* a_norm = nullptr);
+  // A SwiGLU MLP's gate, up and down calls (16-bit weights of one type; the
+  // down call's a unset): gate and up read a (normalized first with a_norm)
+  // rounded to the weights' type and write their [m, f] outputs in that
+  // type, which the down product reads as silu(gate) ∘ up formed in place.
+  // REQUIRES: TakesSwiGlu(calls, GemmPrecision::kFast).
+  absl::Status RunSwiGlu(std::span<const GemmCall, 3> calls, const NormParams* a_norm);
+  // Whether RunSwiGlu takes the calls: fast precision and rows that no
+  // decode kernel takes (SmallProductFor).
+  static bool TakesSwiGlu(std::span<const GemmCall, 3> calls, GemmPrecision precision);
 
  private:
   absl::Status RunOne(const GemmCall& call, GemmPrecision precision);

@@ -4,6 +4,7 @@
 #include "kernels/cuda/dense_ops.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <string>
@@ -263,6 +264,52 @@ absl::Status CudaDenseOps::LinearGroup(const LinearGroupArgs& args) {
   LAIR_ASSIGN_OR_RETURN(int64_t group, CheckInputNorm(args, Device::kCuda));
   const dense::NormParams norm_launch = NormLaunch(norm, group);
   return gemm_->RunGroup(calls, precision_, &norm_launch);
+}
+
+namespace {
+
+// The gate, up and down products of a SwiGLU MLP with 16-bit weights of one
+// type (the down product's a is formed by the runner), checked.
+absl::StatusOr<std::array<dense::GemmCall, 3>> SwiGluCalls(const SwiGluArgs& args) {
+  LAIR_RETURN_IF_ERROR(CheckSwiGluArgs(args, Device::kCuda).status());
+  const DType type = args.w_gate.dtype();
+  if (type != DType::kBF16 && type != DType::kF16)
+    return InvalidDenseArg("SwiGlu", "w_gate", "16-bit weights expected");
+  std::array<dense::GemmCall, 3> calls;
+  const std::array<const Tensor*, 3> weights = {&args.w_gate, &args.w_up, &args.w_down};
+  for (int i = 0; i < 3; ++i) {
+    dense::GemmCall& c = calls[i];
+    c.m = args.x.dim(0);
+    c.n = weights[i]->dim(0);
+    c.k = weights[i]->dim(1);
+    c.a = i < 2 ? args.x.f32() : nullptr;
+    c.b = weights[i]->raw();
+    c.b_type = type;
+  }
+  calls[2].c = args.out.f32();
+  calls[2].residual = args.residual.defined() ? args.residual.f32() : nullptr;
+  return calls;
+}
+
+}  // namespace
+
+bool CudaDenseOps::TakesSwiGlu(const SwiGluArgs& args) const {
+  const absl::StatusOr<std::array<dense::GemmCall, 3>> calls = SwiGluCalls(args);
+  return calls.ok() && dense::GemmRunner::TakesSwiGlu(*calls, precision_);
+}
+
+absl::Status CudaDenseOps::SwiGlu(const SwiGluArgs& args) {
+  LAIR_ASSIGN_OR_RETURN(const auto calls, SwiGluCalls(args));
+  if (!dense::GemmRunner::TakesSwiGlu(calls, precision_)) {
+    return absl::InvalidArgumentError(
+        "SwiGlu: the 16-bit path needs fast precision and rows past the decode kernels'");
+  }
+  if (!args.input_norm) return gemm_->RunSwiGlu(calls, nullptr);
+  NormArgs norm = *args.input_norm;
+  norm.x = args.x;
+  LAIR_ASSIGN_OR_RETURN(int64_t group, CheckSwiGluArgs(args, Device::kCuda));
+  const dense::NormParams norm_launch = NormLaunch(norm, group);
+  return gemm_->RunSwiGlu(calls, &norm_launch);
 }
 
 absl::Status CudaDenseOps::Embedding(const EmbeddingArgs& args) {

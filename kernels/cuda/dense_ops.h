@@ -84,6 +84,11 @@ class CudaDenseOps {
   // or F16; every other float tensor is F32.
   absl::Status Gemm(const GemmArgs& args);
   absl::Status LinearGroup(const LinearGroupArgs& args);
+  // A SwiGLU MLP with its [M, F] intermediates in 16 bits: where TakesSwiGlu
+  // (fast precision, 16-bit weights of one type, rows past the decode
+  // kernels'); the backend runs the others as two LinearGroups.
+  bool TakesSwiGlu(const SwiGluArgs& args) const;
+  absl::Status SwiGlu(const SwiGluArgs& args);
   absl::Status Embedding(const EmbeddingArgs& args);
   absl::Status EmbeddingBackward(const EmbeddingBackwardArgs& args);
   absl::Status Norm(const NormArgs& args);

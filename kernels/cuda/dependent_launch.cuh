@@ -10,11 +10,12 @@
 // such kernel be scheduled before this one finishes; without it the next one
 // starts as this one's blocks exit. Both are no-ops before sm_90.
 //
-// LaunchDependent launches a kernel that way (normally before sm_90). Only
-// the decode products (dense_small_gemm.cu) use it: on an H100 (GLA 1.3B,
-// batch 1) the GEMVs gained about 2%, and launching the norms and
-// elementwise kernels the same way lost 2% (docs/benchmarks.md). The kernels
-// that precede the products call AllowDependents.
+// LaunchDependent launches a kernel that way (normally before sm_90). The
+// decode products (dense_small_gemm.cu) and the decode step (step.cu) use
+// it: on an H100 (GLA 1.3B, batch 1) the GEMVs gained about 2%, and on an
+// H200 the step's state loads before the wait gained 1–1.6%; launching the
+// norms and elementwise kernels the same way lost 2% (docs/benchmarks.md).
+// The kernels that precede them call AllowDependents.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -129,6 +129,33 @@ TEST(DenseChecksTest, LinearGroupIsOneGemmPerWeight) {
                 "LinearGroup: input_norm: cannot be set with silu_gate");
 }
 
+TEST(DenseChecksTest, SwiGluShapes) {
+  SwiGluArgs args;
+  args.x = F32({3, 4});
+  args.w_gate = F32({6, 4});
+  args.w_up = F32({6, 4});
+  args.w_down = F32({5, 6});
+  args.out = F32({3, 5});
+  absl::StatusOr<int64_t> group = CheckSwiGluArgs(args, Device::kCpu);
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ(*group, 0);
+  args.input_norm.emplace();
+  group = CheckSwiGluArgs(args, Device::kCpu);
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ(*group, 4);
+  args.w_up = F32({7, 4});
+  ExpectInvalid(CheckSwiGluArgs(args, Device::kCpu).status(), "SwiGlu: w_up");
+  args.w_up = F32({6, 4});
+  args.w_down = F32({5, 7});
+  ExpectInvalid(CheckSwiGluArgs(args, Device::kCpu).status(), "SwiGlu: w_down");
+  args.w_down = F32({5, 6});
+  args.residual = F32({3, 4});
+  ExpectInvalid(CheckSwiGluArgs(args, Device::kCpu).status(), "SwiGlu: residual");
+  args.residual = Tensor();
+  args.out = F32({3, 6});
+  ExpectInvalid(CheckSwiGluArgs(args, Device::kCpu).status(), "SwiGlu: out");
+}
+
 TEST(DenseChecksTest, BinaryBroadcastStrides) {
   BinaryArgs args;
   args.a = F32({2, 3});
