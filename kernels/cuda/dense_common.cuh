@@ -1,13 +1,16 @@
 // Device helpers shared by the dense kernels (dense_*.cu): warp and block
-// reductions, the sequence of a packed token, 16-byte vector access and the
-// column-sum finisher; the elementwise functions come from
+// reductions, the sequence of a packed token, 16-byte vector access, packing
+// four floats into 16 bits each, and the column-sum finisher; the elementwise functions come from
 // kernels/elementwise_math.h, shared with the CPU reference.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/elementwise_math.h"
 
@@ -79,6 +82,34 @@ __device__ __forceinline__ void StoreVec(float* p, const float (&v)[kVec]) {
 #pragma unroll
     for (int i = 0; i < kVec; ++i) p[i] = v[i];
   }
+}
+
+// Four floats as four T (__nv_bfloat16 or __half), rounded to nearest, in
+// one 8-byte word; and back.
+template <typename T>
+__device__ __forceinline__ uint2 PackFour(float4 v) {
+  using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  Pair pairs[2];
+  if constexpr (std::is_same_v<T, __half>) {
+    pairs[0] = __floats2half2_rn(v.x, v.y);
+    pairs[1] = __floats2half2_rn(v.z, v.w);
+  } else {
+    pairs[0] = __floats2bfloat162_rn(v.x, v.y);
+    pairs[1] = __floats2bfloat162_rn(v.z, v.w);
+  }
+  return *reinterpret_cast<const uint2*>(pairs);
+}
+template <typename T>
+__device__ __forceinline__ float4 UnpackFour(uint2 word) {
+  float2 lo, hi;
+  if constexpr (std::is_same_v<T, __half>) {
+    lo = __half22float2(*reinterpret_cast<const __half2*>(&word.x));
+    hi = __half22float2(*reinterpret_cast<const __half2*>(&word.y));
+  } else {
+    lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&word.x));
+    hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&word.y));
+  }
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
 inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

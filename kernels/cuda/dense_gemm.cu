@@ -64,7 +64,6 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     NarrowQuadsKernel(const float4* src, const float4* gate, int64_t quads, uint2* dst) {
-  using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
   for (int64_t q = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; q < quads;
        q += static_cast<int64_t>(gridDim.x) * kThreads) {
     float4 v = src[q];
@@ -72,15 +71,7 @@ __global__ void __launch_bounds__(kThreads)
       const float4 g = gate[q];
       v = make_float4(Silu(g.x) * v.x, Silu(g.y) * v.y, Silu(g.z) * v.z, Silu(g.w) * v.w);
     }
-    Pair pairs[2];
-    if constexpr (std::is_same_v<T, __half>) {
-      pairs[0] = __floats2half2_rn(v.x, v.y);
-      pairs[1] = __floats2half2_rn(v.z, v.w);
-    } else {
-      pairs[0] = __floats2bfloat162_rn(v.x, v.y);
-      pairs[1] = __floats2bfloat162_rn(v.z, v.w);
-    }
-    dst[q] = *reinterpret_cast<const uint2*>(pairs);
+    dst[q] = PackFour<T>(v);
   }
 }
 
@@ -89,27 +80,11 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     SiluMulQuadsKernel(const uint2* gate, uint2* up, int64_t quads) {
-  using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
   for (int64_t q = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; q < quads;
        q += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const uint2 g4 = gate[q], u4 = up[q];
-    const Pair* g = reinterpret_cast<const Pair*>(&g4);
-    const Pair* u = reinterpret_cast<const Pair*>(&u4);
-    Pair out[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float2 gf, uf;
-      if constexpr (std::is_same_v<T, __half>) {
-        gf = __half22float2(g[i]);
-        uf = __half22float2(u[i]);
-        out[i] = __floats2half2_rn(Silu(gf.x) * uf.x, Silu(gf.y) * uf.y);
-      } else {
-        gf = __bfloat1622float2(g[i]);
-        uf = __bfloat1622float2(u[i]);
-        out[i] = __floats2bfloat162_rn(Silu(gf.x) * uf.x, Silu(gf.y) * uf.y);
-      }
-    }
-    up[q] = *reinterpret_cast<const uint2*>(out);
+    const float4 g = UnpackFour<T>(gate[q]), u = UnpackFour<T>(up[q]);
+    up[q] = PackFour<T>(
+        make_float4(Silu(g.x) * u.x, Silu(g.y) * u.y, Silu(g.z) * u.z, Silu(g.w) * u.w));
   }
 }
 

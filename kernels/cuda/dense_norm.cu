@@ -11,9 +11,6 @@
 //   du = r·(ĝ − mean(ĝ) [Layer] − x̂·mean(ĝ·x̂)),  dx = du·silu(gate) (kBefore) or du,
 //   d_gate = dy·x̂·w·silu'(gate) (kAfter) or du·x·silu'(gate) (kBefore),
 //   d_w[c] += Σ_rows dz·x̂  (a second, column-parallel kernel, double sums).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <type_traits>
 
 #include "kernels/cuda/dense_common.cuh"
@@ -98,16 +95,7 @@ __device__ __forceinline__ void StoreOut(Out* p, const float (&v)[kVec]) {
   if constexpr (std::is_same_v<Out, float>) {
     StoreVec<kVec>(p, v);
   } else if constexpr (kVec == 4) {
-    using Pair = std::conditional_t<std::is_same_v<Out, __half>, __half2, __nv_bfloat162>;
-    Pair pairs[2];
-    if constexpr (std::is_same_v<Out, __half>) {
-      pairs[0] = __floats2half2_rn(v[0], v[1]);
-      pairs[1] = __floats2half2_rn(v[2], v[3]);
-    } else {
-      pairs[0] = __floats2bfloat162_rn(v[0], v[1]);
-      pairs[1] = __floats2bfloat162_rn(v[2], v[3]);
-    }
-    *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(pairs);
+    *reinterpret_cast<uint2*>(p) = PackFour<Out>(make_float4(v[0], v[1], v[2], v[3]));
   } else {
 #pragma unroll
     for (int i = 0; i < kVec; ++i) p[i] = Out(v[i]);
