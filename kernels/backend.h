@@ -131,6 +131,11 @@ class Backend {
   // The default runs one Gemm per weight, each followed by its activation
   // and residual.
   virtual absl::Status LinearGroup(const LinearGroupArgs& args);
+  // The dtype in which a LinearGroup of `rows` rows may write an output
+  // that only ops taking 16-bit operands read (a prefill's q, k, v): kF32,
+  // or the type this backend's products of that many rows round their
+  // inputs to anyway, so that the reader need not round it again.
+  virtual DType ProductOutputDType(int64_t /*rows*/) const { return DType::kF32; }
   // The default runs the gate and up products as one LinearGroup into
   // scratch, then the down product reading silu(gate) ∘ up.
   virtual absl::Status SwiGlu(const SwiGluArgs& args);

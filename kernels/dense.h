@@ -147,10 +147,12 @@ struct Activation {
 // its x and y are not read), so a backend may form that input while it
 // loads the activations or rounds them for its tensor cores.
 struct LinearGroupArgs {
-  Tensor x;                                      // [M,K] F32
-  std::span<const Tensor> weights;               // each [N_i,K] (dtypes as GemmArgs::b)
-  std::span<const Tensor> biases;                // empty, or one per weight: [N_i] F32 or undefined
-  std::span<const Tensor> outs;                  // written, each [M,N_i] F32
+  Tensor x;                         // [M,K] F32
+  std::span<const Tensor> weights;  // each [N_i,K] (dtypes as GemmArgs::b)
+  std::span<const Tensor> biases;   // empty, or one per weight: [N_i] F32 or undefined
+  // Written, each [M,N_i] F32, or BF16/F16 (without a residual) where the
+  // backend's ProductOutputDType says so: rounded after the activation.
+  std::span<const Tensor> outs;
   std::span<const Activation> activations = {};  // empty (none), or one per weight
   std::span<const Tensor> residuals = {};   // empty, or one per weight: [M,N_i] F32 or undefined
   Tensor silu_gate = {};                    // undefined, or [M,K] F32

@@ -175,7 +175,7 @@ int64_t DenseRows(const Tensor& t) {
 }
 
 absl::StatusOr<GemmDims> CheckGemmArgs(const GemmArgs& args, Device device,
-                                       std::span<const DType> weight_dtypes) {
+                                       std::span<const DType> weight_dtypes, bool sixteen_bit_c) {
   constexpr std::string_view kOp = "Gemm";
   LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "a", args.a, device, DType::kF32, 2));
   DType b_type = weight_dtypes.front();
@@ -188,7 +188,10 @@ absl::StatusOr<GemmDims> CheckGemmArgs(const GemmArgs& args, Device device,
     }
   }
   LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "b", args.b, device, b_type, 2));
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "c", args.c, device, DType::kF32, 2));
+  const bool rounded_c = sixteen_bit_c && args.c.defined() &&
+                         (args.c.dtype() == DType::kBF16 || args.c.dtype() == DType::kF16);
+  LAIR_RETURN_IF_ERROR(
+      CheckTensor(kOp, "c", args.c, device, rounded_c ? args.c.dtype() : DType::kF32, 2));
   GemmDims dims;
   dims.m = args.trans_a ? args.a.dim(1) : args.a.dim(0);
   dims.k = args.trans_a ? args.a.dim(0) : args.a.dim(1);
@@ -249,6 +252,7 @@ absl::StatusOr<std::vector<LinearProduct>> LinearGroupProducts(const LinearGroup
     if (!args.activations.empty()) product.activation = args.activations[i];
     if (!args.residuals.empty() && args.residuals[i].defined()) {
       const std::string name = absl::StrCat("residuals[", i, "]");
+      // (Also rejects a 16-bit out, which takes no residual.)
       LAIR_RETURN_IF_ERROR(CheckTensor(kOp, name, args.residuals[i], device, DType::kF32, 2));
       LAIR_RETURN_IF_ERROR(
           CheckTensor(kOp, absl::StrCat("outs[", i, "]"), args.outs[i], device, DType::kF32, 2));

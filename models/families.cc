@@ -108,12 +108,15 @@ void ProjectionTriple::DeclareState(const std::string& prefix, StateLayout* layo
 
 absl::StatusOr<std::vector<Var>> ProjectionTriple::Forward(
     Graph& g, const LinearInput& x, const StepContext& ctx, int first_state,
-    std::span<const LinearWeight> also,
-    const std::array<kernels::Activation, 3>& activations) const {
+    std::span<const LinearWeight> also, const std::array<kernels::Activation, 3>& activations,
+    bool to_mixer) const {
+  // (A decode step's q, k, v stay fp32: the step kernel reads them once.)
+  const bool sixteen_bit = to_mixer && !use_conv && ctx.batch.max_seqlen > 1;
   std::vector<LinearWeight> weights;
   weights.reserve(3 + also.size());
   for (int i = 0; i < 3; ++i) {
-    weights.push_back({proj[i], -1, use_conv ? kernels::Activation{} : activations[i]});
+    weights.push_back(
+        {proj[i], -1, use_conv ? kernels::Activation{} : activations[i], sixteen_bit});
   }
   weights.insert(weights.end(), also.begin(), also.end());
   LAIR_ASSIGN_OR_RETURN(std::vector<Var> out, g.Linears(x, weights));

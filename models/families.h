@@ -86,11 +86,13 @@ struct ProjectionTriple {
   // The three projections of x (each convolved when use_conv, then put
   // through its activation: in the products' epilogue without convolutions),
   // followed by the projections `also` of x (not convolved), all from one
-  // Graph::Linears.
+  // Graph::Linears. `to_mixer`: the caller hands q, k, v to its mixer as
+  // they are, which takes them in 16 bits (LinearWeight::sixteen_bit_ok)
+  // when they come from a prefill's products without convolutions.
   absl::StatusOr<std::vector<Var>> Forward(
       Graph& g, const LinearInput& x, const StepContext& ctx, int first_state,
       std::span<const LinearWeight> also = {},
-      const std::array<kernels::Activation, 3>& activations = {}) const;
+      const std::array<kernels::Activation, 3>& activations = {}, bool to_mixer = false) const;
 };
 
 // fla's per-head output stage of GLA and RetNet: RMSNorm over each head's

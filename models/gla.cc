@@ -39,7 +39,8 @@ class GlaMixer : public Mixer {
     // q and k through the feature map (if any), in the products.
     LAIR_ASSIGN_OR_RETURN(const kernels::Activation feature, ActivationNamed(config_.feature_map));
     LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv,
-                          qkv_.Forward(g, x, ctx, 1, also, {feature, feature, {}}));
+                          qkv_.Forward(g, x, ctx, 1, also, {feature, feature, {}},
+                                       /*to_mixer=*/groups == 1));
     // gk = logsigmoid(gk_proj.1(·)) / gate_logit_normalizer, the activation in the product.
     const LinearWeight gk1{
         gk1_, gk1_bias_, {UnaryOp::kLogSigmoid, 1.0f / config_.gate_logit_normalizer}};

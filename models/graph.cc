@@ -49,9 +49,8 @@ Var Graph::Param(int id) {
 // A forward-only graph's values are overwritten whole by the op that makes
 // them (and live in the step arena); gradients may be accumulated into, so
 // a recording graph's are zeroed.
-absl::StatusOr<Tensor> Graph::New(const Shape& shape) {
-  return record_ ? backend_->Allocate(DType::kF32, shape)
-                 : backend_->AllocateScratch(DType::kF32, shape);
+absl::StatusOr<Tensor> Graph::New(const Shape& shape, DType dtype) {
+  return record_ ? backend_->Allocate(dtype, shape) : backend_->AllocateScratch(dtype, shape);
 }
 
 int Graph::NewGrad(std::initializer_list<const Var*> inputs) {
@@ -212,7 +211,10 @@ absl::StatusOr<std::vector<Var>> Graph::Products(const LinearInput& in,
     b.push_back(weight.bias >= 0 ? Param(weight.bias) : Var{});
     w_t.push_back(w.back().t);
     b_t.push_back(b.back().t);
-    LAIR_ASSIGN_OR_RETURN(Tensor y, New({x2.dim(0), w.back().dim(0)}));
+    const bool rounded = !record_ && weight.sixteen_bit_ok &&
+                         (residuals.size() <= y_t.size() || !residuals[y_t.size()].t.defined());
+    const DType dtype = rounded ? backend_->ProductOutputDType(x2.dim(0)) : DType::kF32;
+    LAIR_ASSIGN_OR_RETURN(Tensor y, New({x2.dim(0), w.back().dim(0)}, dtype));
     y_t.push_back(std::move(y));
     activations.push_back(weight.activation);
   }

@@ -43,10 +43,14 @@ struct Var {
 // A linear layer's parameters, weight [out, in] and bias [out] (-1: none),
 // and the activation applied to its output (fused into the product where
 // the backend can).
+// `sixteen_bit_ok`: only ops that take 16-bit operands read the output (a
+// mixer's q, k, v), so an inference graph may keep it in the backend's
+// ProductOutputDType.
 struct LinearWeight {
   int weight = -1;
   int bias = -1;
   kernels::Activation activation = {};
+  bool sixteen_bit_ok = false;
 };
 
 // What linear layers multiply, formed from x: x itself, Norm(x) or
@@ -197,7 +201,7 @@ class Graph {
   Tensor ParamGrad(int id) const;
 
  private:
-  absl::StatusOr<Tensor> New(const Shape& shape);
+  absl::StatusOr<Tensor> New(const Shape& shape, DType dtype = DType::kF32);
   // A gradient slot for a new value when recording and any input has one.
   int NewGrad(std::initializer_list<const Var*> inputs);
   // Adds `grad` into slot `id` (taking it over when the slot is empty and

@@ -31,9 +31,10 @@ class GsaMixer : public Mixer {
         {f_, -1, {UnaryOp::kLogSigmoid, 1.0f / config_.gate_logit_normalizer}}};
     // q and k through the feature map, v through silu, in the products.
     LAIR_ASSIGN_OR_RETURN(const kernels::Activation feature, ActivationNamed(config_.feature_map));
-    LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv,
-                          qkv_.Forward(g, x, ctx, 2, forget,
-                                       {feature, feature, kernels::Activation{UnaryOp::kSilu}}));
+    LAIR_ASSIGN_OR_RETURN(
+        std::vector<Var> qkv,
+        qkv_.Forward(g, x, ctx, 2, forget, {feature, feature, kernels::Activation{UnaryOp::kSilu}},
+                     /*to_mixer=*/groups == 1));
     GsaInputs in;
     in.scale = static_cast<float>(config_.scale);
     in.q = SplitHeads(g, qkv[0], config_.num_heads);

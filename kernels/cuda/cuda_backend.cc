@@ -1075,6 +1075,7 @@ class CudaBackend : public Backend {
   // --- Dense operations: kernels/cuda/dense_ops.h on the same stream -------
   absl::Status Gemm(const GemmArgs& a) override { return dense_->Gemm(a); }
   absl::Status LinearGroup(const LinearGroupArgs& a) override { return dense_->LinearGroup(a); }
+  DType ProductOutputDType(int64_t rows) const override { return dense_->ProductOutputDType(rows); }
   absl::Status SwiGlu(const SwiGluArgs& a) override {
     return dense_->TakesSwiGlu(a) ? dense_->SwiGlu(a) : Backend::SwiGlu(a);
   }
@@ -1533,20 +1534,23 @@ class CudaBackend : public Backend {
 
   // fp32 q, k, v become bf16 temporaries, so that a chunked scan takes the
   // tensor-core path (scan_mma.h: bf16 products, fp32 accumulation and
-  // state) instead of the fp32 one: the model path keeps fp32 activations,
+  // state) instead of the fp32 one: activations reach the scans in fp32, or
+  // some of them in bf16 (a prefill's q, k, v: LinearWeight::sixteen_bit_ok),
   // and a prefill would otherwise spend most of its time in fp32 scans.
   // Scans the tensor-core path does not serve (a right decay with a left one,
-  // dims not multiples of 16) keep their operands.
+  // dims not multiples of 16, f16 operands) keep their operands.
   absl::Status RoundForTensorCores(ScanParams& p, int64_t tokens, std::vector<Tensor>& keep) {
-    const bool all_f32 =
-        p.q.type == ElemType::kF32 && p.k.type == ElemType::kF32 && p.v.type == ElemType::kF32;
+    const auto f32_or_bf16 = [](ElemType t) { return t == ElemType::kF32 || t == ElemType::kBF16; };
     ScanParams rounded = p;
     rounded.q.type = rounded.k.type = rounded.v.type = ElemType::kBF16;
     rounded.dk = std::min(p.dk, kMaxScanKeyDim);  // wider keys are scanned in blocks (KeyBlocks)
-    if (!all_f32 || !cuda::ScanMmaSupports(rounded) || tokens == 0) return absl::OkStatus();
+    if (!f32_or_bf16(p.q.type) || !f32_or_bf16(p.k.type) || !f32_or_bf16(p.v.type) ||
+        !cuda::ScanMmaSupports(rounded) || tokens == 0)
+      return absl::OkStatus();
     const int64_t rows = tokens * p.heads;
     for (auto [operand, width] :
          {std::pair{&p.q, p.dk}, std::pair{&p.k, p.dk}, std::pair{&p.v, p.dv}}) {
+      if (operand->type == ElemType::kBF16) continue;
       LAIR_ASSIGN_OR_RETURN(Tensor half, Temporary(DType::kBF16, {rows, width}));
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchConvert(operand->ptr, ElemType::kF32, half.raw(),
                                                           ElemType::kBF16, rows * width, s()),

@@ -88,6 +88,27 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// out[i] ← T(act(c[i])) for i < count (a 16-bit output's activation and
+// rounding in one pass), four at a time when kQuads (count a multiple of 4,
+// c 16-byte and out 8-byte aligned).
+template <typename T, bool kQuads>
+__global__ void __launch_bounds__(kThreads)
+    ActivateRoundKernel(const float* c, Activation act, int64_t count, T* out) {
+  const auto f = [&](float x) {
+    return act.alpha * ApplyUnary(act.op, act.in_scale * x) + act.beta;
+  };
+  constexpr int kStep = kQuads ? 4 : 1;
+  for (int64_t i = (blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x) * kStep; i < count;
+       i += static_cast<int64_t>(gridDim.x) * kThreads * kStep) {
+    if constexpr (kQuads) {
+      const float4 v = *reinterpret_cast<const float4*>(c + i);
+      *reinterpret_cast<uint2*>(out + i) = PackFour<T>(make_float4(f(v.x), f(v.y), f(v.z), f(v.w)));
+    } else {
+      out[i] = T(f(c[i]));
+    }
+  }
+}
+
 // c[i, j] = (beta == 0 ? 0 : beta·c[i, j]) + bias[j] over [m, n] with row stride ldc.
 __global__ void __launch_bounds__(kThreads)
     ScaleBiasKernel(float* c, int64_t ldc, int64_t m, int64_t n, float beta, const float* bias) {
@@ -207,7 +228,7 @@ using PlanKey = std::array<int64_t, 16>;
 }  // namespace
 
 struct GemmRunner::Impl {
-  explicit Impl(cudaStream_t s) : stream(s), scratch(s), formed(s) {}
+  explicit Impl(cudaStream_t s) : stream(s), scratch(s), formed(s), outputs(s) {}
   ~Impl() {
     if (workspace) cudaFreeAsync(workspace, stream);
     if (handle) cublasLtDestroy(handle);
@@ -335,11 +356,64 @@ struct GemmRunner::Impl {
     T* a = reinterpret_cast<T*>(buffer);
     LAIR_RETURN_IF_ERROR(Round(first, a_norm, a));
     for (const GemmCall& g : calls) {
-      LAIR_RETURN_IF_ERROR(Matmul(FromRowMajor(g, a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias,
-                                               CudaType(g.b_type), CUBLAS_COMPUTE_32F)));
-      LAIR_RETURN_IF_ERROR(Finish(g, /*product_ran=*/true));
+      LtProblem p = FromRowMajor(g, a, g.b, g.n, g.trans_b ? g.k : g.n, g.c, g.bias,
+                                 CudaType(g.b_type), CUBLAS_COMPUTE_32F);
+      if (WritesSixteenBitsDirectly(g)) {
+        p.c = g.c16;
+        p.c_type = CudaType(g.c16_type);
+        LAIR_RETURN_IF_ERROR(Matmul(p));
+        continue;
+      }
+      LAIR_RETURN_IF_ERROR(Matmul(p));
+      if (g.c16) {
+        LAIR_RETURN_IF_ERROR(ActivateRound(g, g.act));
+      } else {
+        LAIR_RETURN_IF_ERROR(Finish(g, /*product_ran=*/true));
+      }
     }
     return absl::OkStatus();
+  }
+
+  // Whether cuBLASLt writes g's 16-bit output itself: no activation and no
+  // bias (its epilogue would want a 16-bit bias).
+  static bool WritesSixteenBitsDirectly(const GemmCall& g) {
+    return g.c16 && g.act.identity() && g.bias == nullptr;
+  }
+
+  // g.c16 ← act(g.c) rounded (g.c an fp32 scratch; no residual).
+  absl::Status ActivateRound(const GemmCall& g, const Activation& act) {
+    if (g.c16_type == DType::kBF16) {
+      LaunchActivateRound(g.c, act, g.m * g.n, static_cast<__nv_bfloat16*>(g.c16));
+    } else {
+      LaunchActivateRound(g.c, act, g.m * g.n, static_cast<__half*>(g.c16));
+    }
+    return CudaStatus(cudaGetLastError(), "round output");
+  }
+  template <typename T>
+  void LaunchActivateRound(const float* c, const Activation& act, int64_t count, T* out) {
+    if (count % 4 == 0 && Aligned16(c) && reinterpret_cast<uintptr_t>(out) % 8 == 0) {
+      ActivateRoundKernel<T, true><<<GridFor(count / 4), kThreads, 0, stream>>>(c, act, count, out);
+    } else {
+      ActivateRoundKernel<T, false><<<GridFor(count), kThreads, 0, stream>>>(c, act, count, out);
+    }
+  }
+
+  // `group` with an fp32 scratch c for each 16-bit output that is not
+  // written directly (`direct`: WritesSixteenBitsDirectly applies).
+  absl::StatusOr<std::vector<GemmCall>> WithScratchOutputs(std::span<const GemmCall> group,
+                                                           bool direct) {
+    std::vector<GemmCall> out(group.begin(), group.end());
+    const auto needs = [&](const GemmCall& g) {
+      return g.c16 && !(direct && WritesSixteenBitsDirectly(g));
+    };
+    ScratchLayout layout;
+    for (const GemmCall& g : group)
+      if (needs(g)) layout.Add<float>(g.m * g.n);
+    if (layout.bytes() == 0) return out;
+    LAIR_ASSIGN_OR_RETURN(char* cursor, outputs.Get(layout.bytes()));
+    for (GemmCall& g : out)
+      if (needs(g)) g.c = ScratchLayout::Take<float>(&cursor, g.m * g.n);
+    return out;
   }
 
   // calls[0..1] (gate, up) into 16-bit [m, f] outputs, then calls[2] (down)
@@ -510,6 +584,7 @@ struct GemmRunner::Impl {
   void* workspace = nullptr;
   DeviceScratch scratch;  // narrowed activations or widened weight blocks
   DeviceScratch formed;   // silu(a_gate) ∘ a or a's norm, for products that do not form it
+  DeviceScratch outputs;  // fp32 outputs of the calls that write 16 bits after a pass
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
 };
 
@@ -557,13 +632,24 @@ absl::Status GemmRunner::RunGroup(std::span<const GemmCall> group, GemmPrecision
     LAIR_ASSIGN_OR_RETURN(formed, im.FormNormed(group, *a_norm));
     group = formed;
   }
-  if (kind != SmallProduct::kNone)
-    return CudaStatus(LaunchSmallProduct(kind, group, im.stream), "small product");
-  if (shared_narrow) {
+  // 16-bit outputs (GemmCall::c16): cuBLASLt writes them after the shared
+  // rounding, or an fp32 scratch takes the output and one pass rounds it.
+  std::vector<GemmCall> widened;
+  const bool direct = kind == SmallProduct::kNone && shared_narrow;
+  LAIR_ASSIGN_OR_RETURN(widened, im.WithScratchOutputs(group, direct));
+  group = widened;
+  if (direct) {
     return first.b_type == DType::kBF16 ? im.RunNarrowed<__nv_bfloat16>(group, a_norm)
                                         : im.RunNarrowed<__half>(group, a_norm);
   }
-  for (const GemmCall& g : group) LAIR_RETURN_IF_ERROR(RunOne(g, precision));
+  if (kind != SmallProduct::kNone) {
+    LAIR_RETURN_IF_ERROR(CudaStatus(LaunchSmallProduct(kind, group, im.stream), "small product"));
+  } else {
+    for (const GemmCall& g : group) LAIR_RETURN_IF_ERROR(RunOne(g, precision));
+  }
+  for (const GemmCall& g : group) {
+    if (g.c16) LAIR_RETURN_IF_ERROR(im.ActivateRound(g, Activation{}));
+  }
   return absl::OkStatus();
 }
 

@@ -85,6 +85,10 @@ struct GemmCall {
   // [m,k] or null (RunGroup only, not trans_a): the product reads
   // silu(a_gate) ∘ a in place of a.
   const float* a_gate = nullptr;
+  // [m,n] of c16_type (BF16 or F16) or null (RunGroup only, no residual):
+  // the output rounded to 16 bits after the activation, instead of c.
+  void* c16 = nullptr;
+  DType c16_type = DType::kF32;
 };
 
 struct NormParams;

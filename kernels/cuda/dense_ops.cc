@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/dense_launch.h"
+#include "kernels/cuda/dense_small_gemm.h"
 #include "kernels/dense_checks.h"
 
 namespace lair::kernels::cuda {
@@ -221,9 +222,11 @@ absl::Status CudaDenseOps::TakeIndexFault() {
 
 namespace {
 
-absl::StatusOr<dense::GemmCall> CheckedGemmCall(const GemmArgs& args) {
+// `sixteen_bit_c`: c may be BF16/F16 (GemmCall::c16).
+absl::StatusOr<dense::GemmCall> CheckedGemmCall(const GemmArgs& args, bool sixteen_bit_c = false) {
   constexpr DType kWeightDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
-  LAIR_ASSIGN_OR_RETURN(GemmDims dims, CheckGemmArgs(args, Device::kCuda, kWeightDTypes));
+  LAIR_ASSIGN_OR_RETURN(GemmDims dims,
+                        CheckGemmArgs(args, Device::kCuda, kWeightDTypes, sixteen_bit_c));
   dense::GemmCall call;
   call.m = dims.m;
   call.n = dims.n;
@@ -233,7 +236,12 @@ absl::StatusOr<dense::GemmCall> CheckedGemmCall(const GemmArgs& args) {
   call.b = args.b.raw();
   call.b_type = args.b.dtype();
   call.trans_b = args.trans_b;
-  call.c = args.c.f32();
+  if (args.c.dtype() == DType::kF32) {
+    call.c = args.c.f32();
+  } else {
+    call.c16 = args.c.raw();
+    call.c16_type = args.c.dtype();
+  }
   call.alpha = args.alpha;
   call.beta = args.beta;
   call.bias = args.bias.defined() ? args.bias.f32() : nullptr;
@@ -252,7 +260,7 @@ absl::Status CudaDenseOps::LinearGroup(const LinearGroupArgs& args) {
                         LinearGroupProducts(args, Device::kCuda));
   std::vector<dense::GemmCall> calls;
   for (const LinearProduct& product : products) {
-    LAIR_ASSIGN_OR_RETURN(dense::GemmCall call, CheckedGemmCall(product.gemm));
+    LAIR_ASSIGN_OR_RETURN(dense::GemmCall call, CheckedGemmCall(product.gemm, true));
     call.act = product.activation;
     call.residual = product.residual.defined() ? product.residual.f32() : nullptr;
     call.a_gate = args.silu_gate.defined() ? args.silu_gate.f32() : nullptr;
@@ -292,6 +300,11 @@ absl::StatusOr<std::array<dense::GemmCall, 3>> SwiGluCalls(const SwiGluArgs& arg
 }
 
 }  // namespace
+
+DType CudaDenseOps::ProductOutputDType(int64_t rows) const {
+  return precision_ == GemmPrecision::kFast && rows > dense::kSmallProductMaxRows ? DType::kBF16
+                                                                                  : DType::kF32;
+}
 
 bool CudaDenseOps::TakesSwiGlu(const SwiGluArgs& args) const {
   const absl::StatusOr<std::array<dense::GemmCall, 3>> calls = SwiGluCalls(args);

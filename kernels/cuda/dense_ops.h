@@ -84,6 +84,9 @@ class CudaDenseOps {
   // or F16; every other float tensor is F32.
   absl::Status Gemm(const GemmArgs& args);
   absl::Status LinearGroup(const LinearGroupArgs& args);
+  // Backend::ProductOutputDType: BF16 for the rows that cuBLASLt takes on
+  // the fast path, after rounding its activations to bf16.
+  DType ProductOutputDType(int64_t rows) const;
   // A SwiGLU MLP with its [M, F] intermediates in 16 bits: where TakesSwiGlu
   // (fast precision, 16-bit weights of one type, rows past the decode
   // kernels'); the backend runs the others as two LinearGroups.

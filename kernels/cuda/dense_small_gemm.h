@@ -26,6 +26,8 @@
 namespace lair::kernels::cuda::dense {
 
 constexpr int kSmallProductMembers = 8;
+// No kernel here takes more activation rows, but for k ≤ 64 (kNarrowK).
+constexpr int64_t kSmallProductMaxRows = 32;
 
 enum class SmallProduct { kNone, kGemv, kNarrowK, kTensorCore };
 

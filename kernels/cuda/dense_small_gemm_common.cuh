@@ -178,6 +178,7 @@ inline constexpr int kNarrowKMaxRows = 1024;
 inline constexpr int kMmaRows = 8;
 inline constexpr int kWideRows = 16;
 inline constexpr int kPipeRows = 32;
+static_assert(kPipeRows == kSmallProductMaxRows);
 
 // ---------------------------------------------------------------------------
 // The tensor-core kernels: CTAs of kMmaWarps warps, k in steps of kMmaStepK

@@ -311,6 +311,42 @@ TEST_F(CudaStepTest, FastProductsAreExactOnRoundedActivations) {
   }
 }
 
+// Members of a linear group that write bf16 outputs (ProductOutputDType)
+// hold the fp32 outputs of the same group rounded: written by cuBLASLt
+// itself without an activation or bias, else rounded after them by one pass
+// (and after the decode kernels below 33 rows).
+TEST_F(CudaStepTest, LinearGroupWritesSixteenBitOutputs) {
+  const int64_t k = 264;
+  const std::vector<int64_t> widths = {96, 40, 3};
+  const Activation activations[] = {{}, {UnaryOp::kSilu}, {}};
+  EXPECT_EQ(gpu_->ProductOutputDType(32), DType::kF32);
+  EXPECT_EQ(gpu_->ProductOutputDType(33), DType::kBF16);
+  for (int64_t m : {1, 20, 33, 100}) {
+    const std::string what = absl::StrCat("m=", m);
+    const Tensor x = Up(Rand({m, k}));
+    std::vector<Tensor> weights, biases, wide, narrow;
+    for (size_t i = 0; i < widths.size(); ++i) {
+      weights.push_back(Up(Rand({widths[i], k}), DType::kBF16));
+      biases.push_back(i == 2 ? Up(Rand({widths[i]})) : Tensor());
+      wide.push_back(Up(Tensor::Zeros(DType::kF32, {m, widths[i]})));
+      narrow.push_back(Up(Tensor::Zeros(DType::kF32, {m, widths[i]}), DType::kBF16));
+    }
+    ASSERT_TRUE(gpu_->LinearGroup({x, weights, biases, wide, activations}).ok()) << what;
+    const absl::Status st = gpu_->LinearGroup({x, weights, biases, narrow, activations});
+    ASSERT_TRUE(st.ok()) << what << ": " << st;
+    for (size_t i = 0; i < widths.size(); ++i) {
+      const Tensor want = Down(Up(Down(wide[i]), DType::kBF16)).ToF32();
+      EXPECT_LE(RelativeError(Down(narrow[i]).ToF32(), want), kBf16Tol) << what << " member " << i;
+    }
+  }
+  // A 16-bit output takes no residual.
+  const Tensor x = Up(Rand({40, k})), w = Up(Rand({8, k}), DType::kBF16);
+  const Tensor out = Up(Tensor::Zeros(DType::kF32, {40, 8}), DType::kBF16);
+  const Tensor residual = Up(Rand({40, 8}));
+  EXPECT_EQ(gpu_->LinearGroup({x, {&w, 1}, {}, {&out, 1}, {}, {&residual, 1}}).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // A SwiGLU MLP (with an input norm and a residual) against the two linear
 // groups it stands for, run by the same backend: the same kernels up to 32
 // rows (equal), and from 33 rows on cuBLASLt with the gate and up outputs

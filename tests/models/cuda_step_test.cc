@@ -145,6 +145,28 @@ TEST_P(CudaStepTest, GraphReplayMatchesEagerAndCpu) {
   }
 }
 
+// A prefill of more rows than the decode kernels take runs kFast's cuBLASLt
+// path: input norms and SwiGLU formed in bf16, q, k, v kept in bf16 for the
+// mixers that take them. It and the step after it match the CPU.
+TEST_P(CudaStepTest, LongPrefillOnTheFastPathMatchesCpu) {
+  Runner cpu = Make("cpu", kernels::GemmMode::kExact, false);
+  Runner fast = Make("cuda", kernels::GemmMode::kFast, false, DType::kBF16);
+  ForwardBatch prefill;
+  for (int32_t i = 0; i < 54; ++i) prefill.tokens.push_back((i * 37 + 5) % 400);
+  prefill.cu_seqlens = {0, 30, 54};
+  prefill.slots = {1, 3};
+  prefill.start_positions = {0, 0};
+  const Tensor want = cpu.Forward(prefill);
+  ASSERT_TRUE(want.defined());
+  EXPECT_LE(RelativeError(fast.Forward(prefill), want), kBf16Tol) << "prefill";
+  ForwardBatch step;
+  step.cu_seqlens = {0, 1, 2};
+  step.slots = {1, 3};
+  step.start_positions = {30, 24};
+  step.tokens = HostArgmax(want);
+  EXPECT_LE(RelativeError(fast.Forward(step), cpu.Forward(step)), kBf16Tol) << "step";
+}
+
 TEST_P(CudaStepTest, ReplayedLogitsMatchOpByOp) {
   Runner eager = Make("cuda", kernels::GemmMode::kExact, false);
   Runner graphs = Make("cuda", kernels::GemmMode::kExact, true);
