@@ -64,10 +64,16 @@ enum class NormKind {
 };
 
 enum class NormGate {
-  kNone,    // y = norm(x) · w
-  kAfter,   // y = norm(x) · w · silu(gate)   (fla FusedRMSNormGated, norm_before_gate)
-  kBefore,  // y = norm(x · silu(gate)) · w   (Mamba2 RMSNormGated, norm_before_gate=False)
+  kNone,       // y = norm(x) · w
+  kAfter,      // y = norm(x) · w · silu(gate)   (fla FusedRMSNormGated, norm_before_gate)
+  kBefore,     // y = norm(x · silu(gate)) · w   (Mamba2 RMSNormGated, norm_before_gate=False)
+  kSiluInput,  // y = norm(silu(x)) · w          (GSA's output stage; no gate tensor)
 };
+
+// Whether a norm of this mode reads a gate tensor.
+inline bool NormHasGate(NormGate mode) {
+  return mode == NormGate::kAfter || mode == NormGate::kBefore;
+}
 
 // Normalization over groups of `group_size` consecutive elements of each row
 // (group_size 0 means the whole row). `weight` spans the whole row, so a

@@ -118,7 +118,7 @@ absl::StatusOr<int64_t> CheckNormInputs(std::string_view op, const NormArgs& arg
     LAIR_RETURN_IF_ERROR(CheckTensor(op, "weight", args.weight, device, DType::kF32, 1));
     LAIR_RETURN_IF_ERROR(CheckShape(op, "weight", args.weight, {cols}));
   }
-  if (args.gate_mode != NormGate::kNone) {
+  if (NormHasGate(args.gate_mode)) {
     LAIR_RETURN_IF_ERROR(CheckTensor(op, "gate", args.gate, device, DType::kF32, 2));
     LAIR_RETURN_IF_ERROR(CheckShape(op, "gate", args.gate, args.x.shape()));
   }
@@ -332,7 +332,7 @@ absl::StatusOr<int64_t> CheckNormBackwardArgs(const NormBackwardArgs& args, Devi
     LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_weight", args.d_weight, fwd.weight.shape()));
   }
   if (args.d_gate.defined()) {
-    if (fwd.gate_mode == NormGate::kNone) {
+    if (!NormHasGate(fwd.gate_mode)) {
       return InvalidDenseArg(kOp, "d_gate", "the forward has no gate");
     }
     LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_gate", args.d_gate, device, DType::kF32, 2));

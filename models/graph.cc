@@ -141,7 +141,7 @@ absl::StatusOr<Var> Graph::Form(const LinearInput& in) {
     return Norm(in.x, in.norm_weight, in.norm, in.eps, in.group_size, in.gate_mode, in.gate);
   }
   const Shape groups = {in.x.t.numel() / in.group_size, in.group_size};
-  const Var gate = in.gate_mode == kernels::NormGate::kNone ? Var{} : Reshape(in.gate, groups);
+  const Var gate = kernels::NormHasGate(in.gate_mode) ? Reshape(in.gate, groups) : Var{};
   LAIR_ASSIGN_OR_RETURN(Var normed, Norm(Reshape(in.x, groups), in.norm_weight, in.norm, in.eps, 0,
                                          in.gate_mode, gate));
   return Reshape(normed, in.x.shape());
@@ -162,7 +162,7 @@ std::optional<kernels::NormArgs> Graph::NormInProduct(const LinearInput& in) con
   norm.eps = in.eps;
   norm.group_size = in.group_size;
   if (in.norm_weight >= 0) norm.weight = (*params_)[in.norm_weight];
-  if (in.gate_mode != kernels::NormGate::kNone) norm.gate = As2d(in.gate.t);
+  if (kernels::NormHasGate(in.gate_mode)) norm.gate = As2d(in.gate.t);
   return norm;
 }
 
@@ -342,7 +342,7 @@ absl::StatusOr<Var> Graph::Norm(const Var& x, int weight_id, kernels::NormKind k
   args.group_size = group_size;
   args.x = As2d(x.t);
   args.weight = w.t;
-  if (gate_mode != kernels::NormGate::kNone) args.gate = As2d(gate.t);
+  if (kernels::NormHasGate(gate_mode)) args.gate = As2d(gate.t);
   LAIR_ASSIGN_OR_RETURN(args.y, New(args.x.shape()));
   LAIR_RETURN_IF_ERROR(backend_->Norm(args));
   Var out{args.y.Reshape(x.shape()), NewGrad({&x, &w, &gate})};

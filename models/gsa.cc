@@ -48,10 +48,11 @@ class GsaMixer : public Mixer {
     LAIR_ASSIGN_OR_RETURN(in.s, RepeatKvHeads(g, s, groups));
     LAIR_ASSIGN_OR_RETURN(Var o, g.Gsa(ctx.batch, in, ctx.State(0), ctx.State(1), ctx.form));
     o = g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)});
-    LAIR_ASSIGN_OR_RETURN(o, g.Unary(UnaryOp::kSilu, o));
-    return g.Linear(LinearInput::Normed(o, norm_, kernels::NormKind::kRms,
-                                        static_cast<float>(config_.output_norm_eps)),
-                    {o_}, x.x);
+    // o_proj(RMSNorm(silu(o))): the norm takes the SiLU as it reads o.
+    LinearInput out = LinearInput::Normed(o, norm_, kernels::NormKind::kRms,
+                                          static_cast<float>(config_.output_norm_eps));
+    out.gate_mode = kernels::NormGate::kSiluInput;
+    return g.Linear(out, {o_}, x.x);
   }
 
  private:

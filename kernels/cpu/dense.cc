@@ -128,7 +128,9 @@ absl::Status NormCpu(const NormArgs& args) {
       int64_t base = r * cols + g0;
       const float* x = args.x.f32() + base;
       for (int64_t i = 0; i < group; ++i) {
-        u[i] = args.gate_mode == NormGate::kBefore ? x[i] * Silu(args.gate.f32()[base + i]) : x[i];
+        u[i] = args.gate_mode == NormGate::kBefore      ? x[i] * Silu(args.gate.f32()[base + i])
+               : args.gate_mode == NormGate::kSiluInput ? Silu(x[i])
+                                                        : x[i];
       }
       double mean, rstd;
       NormStats(args.kind, u.data(), group, args.eps, &mean, &rstd);
@@ -153,10 +155,12 @@ absl::Status NormBackwardCpu(const NormBackwardArgs& args) {
     for (int64_t g0 = 0; g0 < cols; g0 += group) {
       int64_t base = r * cols + g0;
       const float* x = fwd.x.f32() + base;
-      const float* gate = fwd.gate_mode == NormGate::kNone ? nullptr : fwd.gate.f32() + base;
+      const float* gate = NormHasGate(fwd.gate_mode) ? fwd.gate.f32() + base : nullptr;
       const float* dy = args.d_y.f32() + base;
       for (int64_t i = 0; i < group; ++i) {
-        u[i] = fwd.gate_mode == NormGate::kBefore ? x[i] * Silu(gate[i]) : x[i];
+        u[i] = fwd.gate_mode == NormGate::kBefore      ? x[i] * Silu(gate[i])
+               : fwd.gate_mode == NormGate::kSiluInput ? Silu(x[i])
+                                                       : x[i];
       }
       double mean, rstd;
       NormStats(fwd.kind, u.data(), group, fwd.eps, &mean, &rstd);
@@ -183,6 +187,8 @@ absl::Status NormBackwardCpu(const NormBackwardArgs& args) {
         if (fwd.gate_mode == NormGate::kBefore) {
           if (args.d_gate.defined()) args.d_gate.f32()[base + i] = du * x[i] * SiluGrad(gate[i]);
           du *= Silu(gate[i]);
+        } else if (fwd.gate_mode == NormGate::kSiluInput) {
+          du *= SiluGrad(x[i]);
         }
         args.dx.f32()[base + i] = du;
       }

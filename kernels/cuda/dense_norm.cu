@@ -4,11 +4,12 @@
 // are few groups). The team walks its group in kVec-wide steps (16-byte loads
 // when the group and pointers allow), once per statistic; re-reads hit L1/L2.
 // fp32 math:
-//   u = x · silu(gate) (kBefore) or x,  μ = mean(u) (Layer) or 0,
+//   u = x · silu(gate) (kBefore), silu(x) (kSiluInput) or x,  μ = mean(u) (Layer) or 0,
 //   r = 1/√(mean((u − μ)²) + ε),  x̂ = (u − μ)·r,
 //   y = x̂ · w · silu(gate) (kAfter) or x̂ · w.
 // Backward, with dz = dy·silu(gate) (kAfter) or dy and ĝ = dz·w:
-//   du = r·(ĝ − mean(ĝ) [Layer] − x̂·mean(ĝ·x̂)),  dx = du·silu(gate) (kBefore) or du,
+//   du = r·(ĝ − mean(ĝ) [Layer] − x̂·mean(ĝ·x̂)),
+//   dx = du·silu(gate) (kBefore), du·silu'(x) (kSiluInput) or du,
 //   d_gate = dy·x̂·w·silu'(gate) (kAfter) or du·x·silu'(gate) (kBefore),
 //   d_w[c] += Σ_rows dz·x̂  (a second, column-parallel kernel, double sums).
 #include <type_traits>
@@ -51,16 +52,17 @@ __device__ __forceinline__ bool FindGroup(const NormParams& p, int64_t* base, in
   return true;
 }
 
-// u = x·silu(gate) (kBefore) or x, kVec elements at offset `at`.
+// u = x·silu(gate) (kBefore), silu(x) (kSiluInput) or x, kVec elements at offset `at`.
 template <int kVec>
 __device__ __forceinline__ void LoadU(const NormParams& p, int64_t at, float (&u)[kVec]) {
   LoadVec<kVec>(p.x + at, u);
-  if (p.gate_mode == NormGate::kBefore) {
-    float g[kVec];
-    LoadVec<kVec>(p.gate + at, g);
+  if (p.gate_mode != NormGate::kBefore && p.gate_mode != NormGate::kSiluInput) return;
+  // silu(x) = x·σ(x): the gate is x itself, through its sigmoid.
+  const bool own = p.gate_mode == NormGate::kSiluInput;
+  float g[kVec];
+  LoadVec<kVec>((own ? p.x : p.gate) + at, g);
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) u[e] *= Silu(g[e]);
-  }
+  for (int e = 0; e < kVec; ++e) u[e] *= own ? Sigmoid(g[e]) : Silu(g[e]);
 }
 
 // μ and r of the group at `base` (every team thread gets them).
@@ -204,6 +206,11 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
         du[e] *= Silu(g[e]);
       }
       if (b.d_gate) StoreVec<kVec>(b.d_gate + base + i, dg);
+    } else if (p.gate_mode == NormGate::kSiluInput) {
+      float x[kVec];
+      LoadVec<kVec>(p.x + base + i, x);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) du[e] *= SiluGrad(x[e]);
     }
     StoreVec<kVec>(b.dx + base + i, du);
   }
@@ -224,6 +231,7 @@ __global__ void __launch_bounds__(kColumnThreads) NormWeightGradKernel(const Nor
     const int64_t at = r * p.cols + c;
     float u = p.x[at], dz = b.d_y[at];
     if (p.gate_mode == NormGate::kBefore) u *= Silu(p.gate[at]);
+    if (p.gate_mode == NormGate::kSiluInput) u = Silu(u);
     if (p.gate_mode == NormGate::kAfter) dz *= Silu(p.gate[at]);
     const float2 st = b.stats[r * per_row + gi];
     sum += static_cast<double>(dz) * ((u - st.x) * st.y);

@@ -234,7 +234,8 @@ TEST_F(CudaDenseTest, NormForwardAndBackwardEveryMode) {
   for (Case cs : {Case{7, 64, 0}, Case{7, 64, 16}, Case{5, 30, 10}, Case{3, 2048, 0},
                   Case{70, 48, 0}, Case{130, 64, 16}, Case{300, 30, 10}}) {
     for (NormKind kind : {NormKind::kRms, NormKind::kLayer}) {
-      for (NormGate gate : {NormGate::kNone, NormGate::kAfter, NormGate::kBefore}) {
+      for (NormGate gate :
+           {NormGate::kNone, NormGate::kAfter, NormGate::kBefore, NormGate::kSiluInput}) {
         for (bool weight : {true, false}) {
           const std::string what = absl::StrCat(cs.rows, "x", cs.cols, " group ", cs.group_size,
                                                 " kind ", static_cast<int>(kind), " gate ",
@@ -248,7 +249,7 @@ TEST_F(CudaDenseTest, NormForwardAndBackwardEveryMode) {
                        cs.group_size,
                        x,
                        weight ? w : Tensor(),
-                       gate == NormGate::kNone ? Tensor() : g,
+                       NormHasGate(gate) ? g : Tensor(),
                        Tensor::Zeros(DType::kF32, shape)};
           ASSERT_TRUE(cpu_->Norm(cpu).ok()) << what;
           NormArgs dev{kind,
@@ -257,13 +258,13 @@ TEST_F(CudaDenseTest, NormForwardAndBackwardEveryMode) {
                        cs.group_size,
                        Dev(x),
                        weight ? Dev(w) : Tensor(),
-                       gate == NormGate::kNone ? Tensor() : Dev(g),
+                       NormHasGate(gate) ? Dev(g) : Tensor(),
                        Poison(shape)};
           ASSERT_TRUE(gpu_->Norm(dev).ok()) << what;
           Expect(dev.y, cpu.y, kF32Tol, what);
 
           Tensor dy = Rand(shape), dw = Rand({cs.cols});
-          const bool gated = gate != NormGate::kNone;
+          const bool gated = NormHasGate(gate);
           NormBackwardArgs cpu_b{cpu, dy, Tensor::Zeros(DType::kF32, shape),
                                  weight ? dw.Clone() : Tensor(),
                                  gated ? Tensor::Zeros(DType::kF32, shape) : Tensor()};
