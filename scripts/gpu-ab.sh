@@ -1,11 +1,14 @@
 #!/bin/bash
 # Same-call A/B on the device: this tree's build (build-gpu, from
-# `STAGES=build scripts/gpu-check.sh`) against a build of the tree with the
-# files under .carry/old laid over it, alternating the two binaries on the
+# `STAGES=build scripts/gpu-check.sh`) against the same build with the files
+# under .carry/old laid over the tree, alternating the two binaries on the
 # same random checkpoints so both see the same GPU state.
 #
-# Fill .carry/old here before the call with the files of the revision to
-# compare against, e.g.
+# The old binary is built in place: the old files are laid over the tree,
+# `lair` is rebuilt incrementally (only what they touch), copied out, and this
+# tree's files are put back and rebuilt. Fill .carry/old here before the call
+# with the files of the revision to compare against (files that revision
+# lacks cannot be expressed), e.g.
 #   git diff --name-only REV | while read -r f; do
 #     mkdir -p ".carry/old/$(dirname "$f")"; git show "REV:$f" >".carry/old/$f"; done
 #
@@ -15,19 +18,24 @@
 # line per run: which binary, the preset and the bench's summary.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-HERE=$PWD
 LIB=/tmp/debroot/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH=$LIB:$LIB/openblas-pthread
+OLD=/tmp/old-lair
 [ -x build-gpu/bin/lair ] || { echo "build-gpu/bin/lair missing: run the build stage first"; exit 1; }
 [ -d .carry/old ] || { echo ".carry/old missing: nothing to compare against"; exit 1; }
-if [ ! -x /tmp/old/build-gpu/bin/lair ]; then
-  rm -rf /tmp/old && mkdir -p /tmp/old
-  tar --exclude=./build-gpu --exclude=./.carry --exclude=./.whl --exclude=./build \
-    --exclude=./build-asan -cf - . | tar -xf - -C /tmp/old
-  cp -r .carry/old/. /tmp/old/
-  ln -s "$HERE/.carry" /tmp/old/.carry
-  (cd /tmp/old && STAGES=build OUT=/tmp/old-out bash scripts/gpu-check.sh >/tmp/old-build.txt 2>&1)
-  [ -x /tmp/old/build-gpu/bin/lair ] || { tail -20 /tmp/old-build.txt; exit 1; }
+if [ ! -x $OLD ]; then
+  mapfile -t files < <(cd .carry/old && find . -type f | sed 's|^\./||')
+  saved=$(mktemp -d)
+  for f in "${files[@]}"; do
+    [ -f "$f" ] || { echo "$f: not in this tree"; exit 1; }
+    mkdir -p "$saved/$(dirname "$f")" && cp "$f" "$saved/$f"
+  done
+  cp -r .carry/old/. .
+  ninja -C build-gpu lair >/tmp/old-build.txt 2>&1 && cp build-gpu/bin/lair $OLD
+  # Plain copies give the restored files new times, so ninja rebuilds them.
+  cp -r "$saved"/. .
+  ninja -C build-gpu lair >>/tmp/old-build.txt 2>&1 || { tail -20 /tmp/old-build.txt; exit 1; }
+  [ -x $OLD ] || { tail -20 /tmp/old-build.txt; exit 1; }
 fi
 for preset in ${AB_PRESETS:-gla-1.3b}; do
   model=/tmp/ab-model-$preset
@@ -41,7 +49,7 @@ for preset in ${AB_PRESETS:-gla-1.3b}; do
       [ $((round % 2)) = 0 ] && order="new old"
       for which in $order; do
         bin=build-gpu/bin/lair
-        [ "$which" = old ] && bin=/tmp/old/build-gpu/bin/lair
+        [ "$which" = old ] && bin=$OLD
         # shellcheck disable=SC2086 # $run holds several arguments
         echo "$which $preset: $(timeout 120 $bin bench $run --model "$model" --device cuda --dtype bf16 2>&1 |
           grep '^lair bench' | sed 's/.*gemm=[a-z]* //')"

@@ -10,7 +10,8 @@
 #
 # STAGES (default all): build test verify models bench ref model profile hf
 #   build   configure (server off) and build lair and the CUDA test binaries
-#           (in BUILD, default build-gpu; CUDA_FLAGS adds nvcc flags, e.g. -lineinfo)
+#           (in BUILD, default build-gpu; CUDA_FLAGS adds nvcc flags, e.g. -lineinfo;
+#           BUILD_TARGETS replaces the targets, e.g. "lair" alone)
 #   test    the CUDA unit tests (scan, decay gradient, backend vs CPU and the
 #           op fixtures, dense ops, decode-step machinery, every family's tiny
 #           model through CUDA graphs)
@@ -63,8 +64,10 @@ if has build; then
     -DCMAKE_CXX_FLAGS="-isystem $ROOT/usr/include -isystem $ROOT/usr/include/x86_64-linux-gnu/openblas-pthread" \
     -DBLAS_LIBRARIES="$LIB/openblas-pthread/libopenblas.so" -DLAIR_DEFAULT_FIXTURES="$PWD/.carry" \
     >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-  ninja -C $BUILD -j"$(nproc)" -k 0 lair kernels_cuda_scan_mma_test kernels_cuda_decay_grad_test \
-    kernels_cuda_backend_test kernels_cuda_dense_test kernels_cuda_step_test models_test \
+  # shellcheck disable=SC2086 # BUILD_TARGETS holds several targets
+  ninja -C $BUILD -j"$(nproc)" -k 0 ${BUILD_TARGETS:-lair kernels_cuda_scan_mma_test \
+    kernels_cuda_decay_grad_test kernels_cuda_backend_test kernels_cuda_dense_test \
+    kernels_cuda_step_test models_test} \
     >>"$OUT/build.log" 2>&1 || { echo "build failed:"; grep -A6 -m6 "error" "$OUT/build.log"; }
 fi
 

@@ -220,9 +220,10 @@ TEST_F(CudaStepTest, LinearGroupAddsResiduals) {
 // split) or cuBLASLt (17 and 33 rows). Groups whose widths leave partial
 // 16-row tiles, k with a partial 32-wide step, a bias, activations, a
 // residual in place, and a single product with beta ≠ 0. The same group
-// with a SiLU gate reads silu(gate) ∘ x, and with an input norm the RMS norm
-// of x: formed by the rounding pass before cuBLASLt (33 rows and up), by an
-// elementwise or norm pass before the small-product kernels.
+// with a SiLU gate reads silu(gate) ∘ x, and with an input norm (RMS or
+// layer, gated, grouped) the norm of x: formed by the rounding pass before
+// cuBLASLt (33 rows and up), by an elementwise or norm pass before the
+// small-product kernels.
 TEST_F(CudaStepTest, FastProductsAreExactOnRoundedActivations) {
   const std::vector<int64_t> widths = {389, 16, 3, 1500};
   const Activation activations[] = {{}, {UnaryOp::kSigmoid}, {}, {UnaryOp::kSilu}};
@@ -290,16 +291,35 @@ TEST_F(CudaStepTest, FastProductsAreExactOnRoundedActivations) {
       LinearGroupArgs gated_args{gpu_x, weights, biases, {}, activations};
       gated_args.silu_gate = gate;
       expect_formed_input(gated, gated_args, "silu(gate)·x");
-      NormArgs norm;
-      norm.eps = 1e-5f;
-      norm.weight = Up(Rand({k}));
-      NormArgs direct = norm;
-      direct.x = gpu_x;
-      direct.y = Up(Tensor::Zeros(DType::kF32, {m, k}));
-      ASSERT_TRUE(gpu_->Norm(direct).ok());
-      LinearGroupArgs normed_args{gpu_x, weights, biases, {}, activations};
-      normed_args.input_norm = norm;
-      expect_formed_input(direct.y, normed_args, "norm(x)");
+      // Norms of every kind, gate and grouping, against the norm kernel's.
+      struct NormCase {
+        NormKind kind;
+        NormGate gate;
+        int group_size;
+        bool weight;
+      };
+      for (const NormCase& nc : {NormCase{NormKind::kRms, NormGate::kNone, 0, true},
+                                 NormCase{NormKind::kLayer, NormGate::kNone, 8, false},
+                                 NormCase{NormKind::kRms, NormGate::kAfter, 8, true},
+                                 NormCase{NormKind::kLayer, NormGate::kBefore, 0, true},
+                                 NormCase{NormKind::kRms, NormGate::kSiluInput, 0, true}}) {
+        NormArgs norm;
+        norm.kind = nc.kind;
+        norm.gate_mode = nc.gate;
+        norm.eps = 1e-5f;
+        norm.group_size = nc.group_size;
+        if (nc.weight) norm.weight = Up(Rand({k}));
+        if (NormHasGate(nc.gate)) norm.gate = gate;
+        NormArgs direct = norm;
+        direct.x = gpu_x;
+        direct.y = Up(Tensor::Zeros(DType::kF32, {m, k}));
+        ASSERT_TRUE(gpu_->Norm(direct).ok());
+        LinearGroupArgs normed_args{gpu_x, weights, biases, {}, activations};
+        normed_args.input_norm = norm;
+        expect_formed_input(direct.y, normed_args,
+                            absl::StrCat("norm(x) kind ", static_cast<int>(nc.kind), " gate ",
+                                         static_cast<int>(nc.gate), " group ", nc.group_size));
+      }
 
       const Tensor c0 = Rand({m, widths[0]});
       GemmArgs want{cpu_x, cpu_weights[0], c0.Clone(), false, true, 1.5f, 0.5f, Tensor()};
