@@ -132,7 +132,7 @@ class ByteLevelPreTokenizer : public PreTokenizer {
     Ranges matches;
     for (PreToken& piece : *pieces) {
       if (add_prefix_space_ && !piece.text.empty() && piece.text[0] != ' ') {
-        piece.text.insert(0, " ");
+        piece.text.insert(piece.text.begin(), ' ');
       }
       if (regex_ == nullptr) {
         if (!piece.text.empty()) split.push_back(std::move(piece));
