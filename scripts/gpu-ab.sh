@@ -4,11 +4,14 @@
 # under .carry/old laid over the tree, alternating the two binaries on the
 # same random checkpoints so both see the same GPU state.
 #
-# The old binary is built in place: the old files are laid over the tree,
-# `lair` is rebuilt incrementally (only what they touch), copied out, and this
-# tree's files are put back and rebuilt. Fill .carry/old here before the call
-# with the files of the revision to compare against (files that revision
-# lacks cannot be expressed), e.g.
+# The old binary is .carry/old-bin.tar.xz's, when there is one
+# (`OLD_REV=REV scripts/make-gpu-binaries.sh` builds it where apt works, with
+# this tree's binaries for the `unpack` stage). Otherwise it is built in
+# place: the files under .carry/old are laid over the tree, `lair` is rebuilt
+# incrementally (only what they touch), copied out, and this tree's files are
+# put back and rebuilt. Fill .carry/old here before the call with the files
+# of the revision to compare against (files that revision lacks cannot be
+# expressed), e.g.
 #   git diff --name-only REV | while read -r f; do
 #     mkdir -p ".carry/old/$(dirname "$f")"; git show "REV:$f" >".carry/old/$f"; done
 #
@@ -19,11 +22,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 LIB=/tmp/debroot/usr/lib/x86_64-linux-gnu
-export LD_LIBRARY_PATH=$LIB:$LIB/openblas-pthread
+# The unpack stage's libraries, or the build stage's.
+export LD_LIBRARY_PATH=/tmp/lair-rt:/usr/local/cuda/lib64:$LIB:$LIB/openblas-pthread
 OLD=/tmp/old-lair
-[ -x build-gpu/bin/lair ] || { echo "build-gpu/bin/lair missing: run the build stage first"; exit 1; }
-[ -d .carry/old ] || { echo ".carry/old missing: nothing to compare against"; exit 1; }
+[ -x build-gpu/bin/lair ] || { echo "build-gpu/bin/lair missing: run the build or unpack stage first"; exit 1; }
+if [ ! -x $OLD ] && [ -f .carry/old-bin.tar.xz ]; then
+  mkdir -p /tmp/old-bin && tar -xJf .carry/old-bin.tar.xz -C /tmp/old-bin && cp /tmp/old-bin/lair $OLD
+fi
 if [ ! -x $OLD ]; then
+  [ -d .carry/old ] || { echo ".carry/old and .carry/old-bin.tar.xz missing: nothing to compare against"; exit 1; }
   mapfile -t files < <(cd .carry/old && find . -type f | sed 's|^\./||')
   saved=$(mktemp -d)
   for f in "${files[@]}"; do

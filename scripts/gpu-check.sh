@@ -8,7 +8,10 @@
 # scripts/make-gpu-carry.sh prepares what the call carries (.carry, .whl).
 # Logs go to $OUT (or ./gpu-check-out).
 #
-# STAGES (default all): build test verify models bench ref model profile hf
+# STAGES (default all but unpack): build test verify models bench ref model profile hf
+#   unpack  instead of build: lay out the binaries scripts/make-gpu-binaries.sh built
+#           where apt works (.carry/bin.tar.xz into BUILD/bin, .carry/rt.tar.xz's
+#           libraries onto the library path), and check that lair runs here
 #   build   configure (server off) and build lair and the CUDA test binaries
 #           (in BUILD, default build-gpu; CUDA_FLAGS adds nvcc flags, e.g. -lineinfo;
 #           BUILD_TARGETS replaces the targets, e.g. "lair" alone)
@@ -51,6 +54,14 @@ gtest() {
 }
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
+
+if has unpack; then
+  status unpack
+  mkdir -p "$BUILD/bin" /tmp/lair-rt
+  tar -xJf .carry/bin.tar.xz -C "$BUILD/bin" && tar -xJf .carry/rt.tar.xz -C /tmp/lair-rt
+  export LD_LIBRARY_PATH=/tmp/lair-rt:/usr/local/cuda/lib64:$LD_LIBRARY_PATH
+  $LAIR --help >/dev/null || { echo "the unpacked lair does not run here: use the build stage"; exit 1; }
+fi
 
 if has build; then
   status build
