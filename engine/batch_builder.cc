@@ -1,5 +1,7 @@
 #include "engine/batch_builder.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace lair::engine {
@@ -11,6 +13,7 @@ absl::StatusOr<PreparedBatch> BatchBuilder::Prepare(const ScheduleOutput& schedu
     Known& k = known_[seq.id];
     k.slot = seq.slot;
     k.position = seq.num_computed_tokens;
+    k.prompt_scored_end = seq.num_prompt_tokens_scored;
     k.pending.assign(seq.token_ids.begin() + seq.num_computed_tokens, seq.token_ids.end());
   }
   for (const CachedSequenceData& seq : schedule.cached_sequences) {
@@ -36,6 +39,7 @@ absl::StatusOr<PreparedBatch> BatchBuilder::Prepare(const ScheduleOutput& schedu
     batch.forward.cu_seqlens.push_back(static_cast<int32_t>(batch.forward.tokens.size()));
     batch.forward.slots.push_back(k.slot);
     batch.forward.start_positions.push_back(k.position);
+    batch.prompt_rows.push_back(std::clamp(k.prompt_scored_end - 1 - k.position, 0, count));
     k.pending.erase(k.pending.begin(), k.pending.begin() + count);
     k.position += count;
     batch.ids.push_back(id);

@@ -21,6 +21,9 @@ struct PreparedBatch {
   models::ForwardBatch forward;    // tokens, cu_seqlens, slots, start positions
   std::vector<SequenceId> ids;     // [num_seqs] sequence of each batch row
   std::vector<bool> needs_logits;  // [num_seqs] consumed every known token: sample next
+  // [num_seqs] how many of its first tokens this step have their logits
+  // returned to score the prompt (NewSequenceData::num_prompt_tokens_scored).
+  std::vector<int> prompt_rows;
 };
 
 class BatchBuilder {
@@ -37,6 +40,7 @@ class BatchBuilder {
   struct Known {
     int slot = 0;
     int position = 0;              // tokens already in the slot
+    int prompt_scored_end = 0;     // positions below this - 1 score the prompt
     std::vector<int32_t> pending;  // known tokens not yet consumed
   };
   absl::flat_hash_map<SequenceId, Known> known_;

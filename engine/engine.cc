@@ -83,6 +83,8 @@ class EngineImpl final : public Engine {
   void Advance(Sequence* seq, std::vector<float> logits, absl::Time now);
   void Accept(Sequence* seq, std::vector<float> logits, absl::Time now);
   void Fork(Sequence* leader, const std::vector<float>& logits, absl::Time now);
+  // Scores the prompt tokens that `prompt`'s logits predict into the group.
+  void ScorePrompt(Sequence* seq, PromptLogits& prompt);
   // Frees seq's slot and forgets it. REQUIRES: its output is finished.
   void Retire(Sequence* seq);
   // Ends every unfinished completion of `group` with `reason`.
@@ -158,6 +160,10 @@ absl::Status EngineImpl::Validate(const EngineRequest& r) const {
   if (p.logprobs < -1 || p.logprobs > kMaxLogprobs) {
     return Invalid("sampling.logprobs",
                    absl::StrCat("must be in [-1, ", kMaxLogprobs, "], got ", p.logprobs));
+  }
+  if (p.prompt_logprobs < -1 || p.prompt_logprobs > kMaxLogprobs) {
+    return Invalid("sampling.prompt_logprobs",
+                   absl::StrCat("must be in [-1, ", kMaxLogprobs, "], got ", p.prompt_logprobs));
   }
   for (const auto& [t, bias] : p.logit_bias) {
     if (t < 0 || t >= vocab_size_) {
@@ -265,6 +271,9 @@ void EngineImpl::Step() {
   for (SequenceFailure& f : result.failures) {
     if (Sequence* seq = Find(f.id)) Abort(&seq->group(), FinishReason::kError, f.status);
   }
+  for (PromptLogits& p : result.prompt_logits) {
+    if (Sequence* seq = Find(p.id)) ScorePrompt(seq, p);
+  }
   for (SequenceLogits& l : result.logits) {
     if (Sequence* seq = Find(l.id)) Advance(seq, std::move(l.logits), now);
   }
@@ -302,7 +311,22 @@ void EngineImpl::Advance(Sequence* seq, std::vector<float> logits, absl::Time no
   if (Sequence* s = Find(id); s != nullptr && s->output().finished()) Retire(s);
 }
 
+void EngineImpl::ScorePrompt(Sequence* seq, PromptLogits& prompt) {
+  const std::vector<int32_t>& tokens = seq->group().request.prompt_tokens;
+  const int top = seq->params().prompt_logprobs;
+  const auto rows = static_cast<int>(prompt.logits.size() / vocab_size_);
+  for (int r = 0; r < rows; ++r) {
+    const std::span<float> row(prompt.logits.data() + static_cast<size_t>(r) * vocab_size_,
+                               static_cast<size_t>(vocab_size_));
+    seq->group().prompt_logprobs.push_back(
+        ScoreToken(row, tokens[prompt.first_position + r + 1], top));
+  }
+}
+
 void EngineImpl::Accept(Sequence* seq, std::vector<float> logits, absl::Time now) {
+  if (seq->at_first_sample() && seq->params().prompt_logprobs >= 0) {
+    seq->output().SetPromptLogprobs(seq->group().prompt_logprobs);
+  }
   SampleResult sample = Sample(seq->params(), logits, seq->sampling());
   seq->AppendToken(sample.token);
   ++generated_tokens_total_;

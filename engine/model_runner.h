@@ -23,6 +23,15 @@ struct SequenceLogits {
   std::vector<float> logits;  // [vocab] next-token logits, unprocessed
 };
 
+// Logits of positions first_position, first_position + 1, ... of one
+// sequence's prompt (NewSequenceData::num_prompt_tokens_scored), each
+// predicting the prompt token after it.
+struct PromptLogits {
+  SequenceId id = 0;
+  int first_position = 0;
+  std::vector<float> logits;  // [positions, vocab], unprocessed
+};
+
 struct SequenceFailure {
   SequenceId id = 0;
   absl::Status status;  // why this sequence's step failed
@@ -31,8 +40,9 @@ struct SequenceFailure {
 // Runner -> engine. Every scheduled sequence appears in at most one list;
 // one that consumed all its known tokens appears in exactly one.
 struct RunnerOutput {
-  std::vector<SequenceLogits> logits;     // sequences due to sample, batch order
-  std::vector<SequenceFailure> failures;  // sequences that failed this step
+  std::vector<SequenceLogits> logits;       // sequences due to sample, batch order
+  std::vector<PromptLogits> prompt_logits;  // prompts being scored, batch order
+  std::vector<SequenceFailure> failures;    // sequences that failed this step
 };
 
 class ModelRunner : public SlotStore {

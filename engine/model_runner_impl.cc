@@ -70,6 +70,10 @@ RunnerOutput ModelRunnerImpl::Execute(const ScheduleOutput& schedule) {
   // Sequences that would overrun the context fail alone; the rest run.
   models::ForwardBatch run;
   std::vector<int> rows;  // batch row of each sequence in `run`
+  // Scoring a prompt needs every token's logits (the sampling rows are then
+  // each sequence's last).
+  run.all_logits =
+      std::any_of(batch.prompt_rows.begin(), batch.prompt_rows.end(), [](int n) { return n > 0; });
   run.cu_seqlens.push_back(0);
   for (int i = 0; i < batch.forward.num_seqs(); ++i) {
     const int begin = batch.forward.cu_seqlens[i];
@@ -94,15 +98,27 @@ RunnerOutput ModelRunnerImpl::Execute(const ScheduleOutput& schedule) {
     return out;
   }
   const int vocab = model_->vocab_size();
-  if (absl::Status s = ExpectShape(*logits, {run.num_seqs(), vocab}, "logits"); !s.ok()) {
+  const int64_t logit_rows =
+      run.all_logits ? static_cast<int64_t>(run.tokens.size()) : run.num_seqs();
+  if (absl::Status s = ExpectShape(*logits, {logit_rows, vocab}, "logits"); !s.ok()) {
     for (int i : rows) out.failures.push_back({batch.ids[i], s});
     return out;
   }
   const Tensor host = logits->ToF32();
   for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
-    if (!batch.needs_logits[rows[r]]) continue;
-    const float* row = host.f32() + static_cast<int64_t>(r) * vocab;
-    out.logits.push_back({batch.ids[rows[r]], std::vector<float>(row, row + vocab)});
+    const int i = rows[r];
+    // Row of the sequence's first token this step, and of its last.
+    const int64_t first = run.all_logits ? run.cu_seqlens[r] : r;
+    const int64_t last = run.all_logits ? run.cu_seqlens[r + 1] - 1 : r;
+    if (batch.prompt_rows[i] > 0) {
+      const float* begin = host.f32() + first * vocab;
+      out.prompt_logits.push_back(
+          {batch.ids[i], batch.forward.start_positions[i],
+           std::vector<float>(begin, begin + static_cast<int64_t>(batch.prompt_rows[i]) * vocab)});
+    }
+    if (!batch.needs_logits[i]) continue;
+    const float* row = host.f32() + last * vocab;
+    out.logits.push_back({batch.ids[i], std::vector<float>(row, row + vocab)});
   }
   return out;
 }

@@ -51,6 +51,10 @@ bool OutputProcessor::AddToken(int32_t token, bool is_stop_token,
   return false;
 }
 
+void OutputProcessor::SetPromptLogprobs(std::vector<TokenLogprob> prompt_logprobs) {
+  pending_.prompt_logprobs = std::move(prompt_logprobs);
+}
+
 void OutputProcessor::Finish(FinishReason reason, absl::Status status, absl::Time now) {
   LAIR_CHECK(!finished() && reason != FinishReason::kNone && reason != FinishReason::kStop);
   pending_.status = std::move(status);

@@ -42,6 +42,9 @@ class OutputProcessor {
   // REQUIRES: !finished().
   bool AddToken(int32_t token, bool is_stop_token, std::optional<TokenLogprob> logprob,
                 absl::Time now);
+  // Sends the scored prompt (SamplingParams::prompt_logprobs) with the next
+  // output: the completion's first.
+  void SetPromptLogprobs(std::vector<TokenLogprob> prompt_logprobs);
   // Finishes the completion for a reason other than its tokens: kLength at
   // the model's context limit, kCancelled, or kError with `status`.
   // REQUIRES: !finished().

@@ -28,6 +28,9 @@ struct SamplingParams {
   bool ignore_eos = false;
   bool include_stop_str_in_output = false;
   int logprobs = -1;  // -1: none; 0: chosen token only; N: top N alternatives too
+  // -1: none; N >= 0: every prompt token after the first with its logprob
+  // given the tokens before it, and the top N alternatives.
+  int prompt_logprobs = -1;
 };
 
 struct EngineRequest {

@@ -44,6 +44,9 @@ struct RequestOutput {
   std::vector<int32_t> new_tokens;     // tokens since the last output
   std::string text_delta;              // their text (never splits a UTF-8 character)
   std::vector<TokenLogprob> logprobs;  // one per new token when requested
+  // In a completion's first output, when SamplingParams::prompt_logprobs
+  // asks: prompt tokens 1 to P - 1, each scored given those before it.
+  std::vector<TokenLogprob> prompt_logprobs;
   FinishReason finish_reason = FinishReason::kNone;
   std::string stop_reason;  // the stop string or token that ended it, if any
   absl::Status status;      // error detail when finish_reason == kError

@@ -163,4 +163,9 @@ bool IsStopToken(const SamplingParams& params, std::optional<int32_t> eos, int32
          params.stop_token_ids.end();
 }
 
+TokenLogprob ScoreToken(std::span<float> logits, int32_t token, int top) {
+  LogSoftmax(logits);
+  return MakeLogprob(top, logits, token);
+}
+
 }  // namespace lair::engine

@@ -69,6 +69,12 @@ struct SampleResult {
 // REQUIRES: params passed Engine::Submit's validation; logits not empty.
 SampleResult Sample(const SamplingParams& params, std::span<float> logits, SamplingState& state);
 
+// `token`'s logprob under the raw distribution of `logits` ([vocab],
+// overwritten with their log-softmax: no penalties, temperature or
+// filtering, as vLLM scores prompt tokens), with the `top` likeliest tokens.
+// REQUIRES: 0 <= token < logits.size().
+TokenLogprob ScoreToken(std::span<float> logits, int32_t token, int top);
+
 // Whether `token` ends a completion: `eos` (unless ignore_eos) or one of
 // params.stop_token_ids.
 bool IsStopToken(const SamplingParams& params, std::optional<int32_t> eos, int32_t token);

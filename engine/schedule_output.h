@@ -22,6 +22,9 @@ struct NewSequenceData {
   int slot = 0;                    // state slot it reads and writes
   std::vector<int32_t> token_ids;  // every token known: prompt, then output so far
   int num_computed_tokens = 0;     // tokens already in the slot (> 0 when resumed or forked)
+  // > 0: the runner also returns the logits of each position p <
+  // num_prompt_tokens_scored - 1 it runs, which predict prompt token p + 1.
+  int num_prompt_tokens_scored = 0;
 };
 
 struct CachedSequenceData {

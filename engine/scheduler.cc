@@ -108,8 +108,9 @@ void Scheduler::MaybePreempt(ScheduleOutput* out) {
 
 void Scheduler::Add(Sequence* seq, int count, ScheduleOutput* out) {
   if (!seq->num_tokens_sent.has_value()) {
+    const int scored = seq->params().prompt_logprobs >= 0 ? seq->num_prompt_tokens() : 0;
     out->new_sequences.push_back(
-        {seq->id(), seq->slot->index(), seq->tokens(), seq->num_computed_tokens});
+        {seq->id(), seq->slot->index(), seq->tokens(), seq->num_computed_tokens, scored});
   } else {
     const auto& tokens = seq->tokens();
     out->cached_sequences.push_back(

@@ -49,6 +49,8 @@ struct RequestGroup {
   bool forked = false;                   // siblings 1..n-1 exist (prompt computed)
   std::vector<Sequence*> live;           // its sequences not yet finished
   int unfinished = 0;                    // completions whose final output is not sent
+  // Prompt tokens 1.. scored so far (SamplingParams::prompt_logprobs), in order.
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 enum class SequenceStatus { kWaiting, kRunning, kFinished };

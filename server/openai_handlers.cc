@@ -1,6 +1,10 @@
 #include "server/openai_handlers.h"
 
+#include <iterator>
+#include <optional>
+#include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -96,6 +100,25 @@ class GenerationRun {
   std::vector<std::string> request_ids_;
 };
 
+// Echo (completions): what each prompt's choices start with.
+struct EchoedPrompt {
+  std::string text;     // the prompt as given, or its tokens' text
+  int32_t first_token;  // listed unscored before the prompt's logprobs
+};
+
+// The start of choice `choice`'s first output under echo: its prompt's
+// text and scored tokens before the output's own.
+void PrependEcho(const EchoedPrompt& echo, std::string* text,
+                 std::vector<engine::TokenLogprob>* logprobs,
+                 std::vector<engine::TokenLogprob> prompt_logprobs,
+                 std::optional<int32_t>* unscored_first) {
+  *text = echo.text + *text;
+  prompt_logprobs.insert(prompt_logprobs.end(), std::make_move_iterator(logprobs->begin()),
+                         std::make_move_iterator(logprobs->end()));
+  *logprobs = std::move(prompt_logprobs);
+  *unscored_first = echo.first_token;
+}
+
 absl::Status OutputError(const engine::RequestOutput& out) {
   return out.status.ok() ? absl::InternalError("generation failed") : out.status;
 }
@@ -104,6 +127,7 @@ absl::Status OutputError(const engine::RequestOutput& out) {
 asio::awaitable<void> StreamResponse(HttpExchange& exchange, GenerationRun& run,
                                      const OpenAiRequest& request, const ResponseHeader& header,
                                      engine::Usage usage, int num_choices,
+                                     const std::vector<EchoedPrompt>& echoes,
                                      const TokenTextFn& token_text) {
   if (!co_await exchange.BeginStream()) co_return;
   std::vector<bool> started(num_choices, false);
@@ -119,8 +143,16 @@ asio::awaitable<void> StreamResponse(HttpExchange& exchange, GenerationRun& run,
         frames += SseEvent(OpenAiErrorBody(OutputError(out)));
         continue;
       }
-      ChunkContent chunk{item.choice, std::move(out.text_delta), std::move(out.logprobs),
-                         out.finish_reason, !started[item.choice]};
+      ChunkContent chunk;
+      chunk.index = item.choice;
+      chunk.text = std::move(out.text_delta);
+      chunk.logprobs = std::move(out.logprobs);
+      chunk.finish_reason = out.finish_reason;
+      chunk.first = !started[item.choice];
+      if (chunk.first && !echoes.empty()) {
+        PrependEcho(echoes[item.choice / request.sampling.n], &chunk.text, &chunk.logprobs,
+                    std::move(out.prompt_logprobs), &chunk.unscored_first);
+      }
       started[item.choice] = true;
       frames +=
           SseEvent(StreamChunk(header, chunk, with_logprobs, request.include_usage, token_text));
@@ -138,8 +170,10 @@ asio::awaitable<void> StreamResponse(HttpExchange& exchange, GenerationRun& run,
 asio::awaitable<void> WholeResponse(HttpExchange& exchange, GenerationRun& run,
                                     const OpenAiRequest& request, const ResponseHeader& header,
                                     engine::Usage usage, int num_choices,
+                                    const std::vector<EchoedPrompt>& echoes,
                                     const TokenTextFn& token_text) {
   std::vector<Choice> choices(num_choices);
+  std::vector<bool> started(num_choices, false);
   for (int i = 0; i < num_choices; ++i) choices[i].index = i;
   absl::Status error;
   while (true) {
@@ -147,6 +181,11 @@ asio::awaitable<void> WholeResponse(HttpExchange& exchange, GenerationRun& run,
     if (items.empty()) break;
     for (Item& item : items) {
       Choice& choice = choices[item.choice];
+      if (!started[item.choice] && !echoes.empty()) {
+        PrependEcho(echoes[item.choice / request.sampling.n], &choice.text, &choice.logprobs,
+                    std::move(item.output.prompt_logprobs), &choice.unscored_first);
+      }
+      started[item.choice] = true;
       choice.text += item.output.text_delta;
       for (auto& lp : item.output.logprobs) choice.logprobs.push_back(std::move(lp));
       usage.completion_tokens += static_cast<int>(item.output.new_tokens.size());
@@ -177,11 +216,17 @@ asio::awaitable<void> HandleGenerate(HttpExchange& exchange, EngineClient& clien
     status = tokens.status();
     if (status.ok()) prompts.push_back(std::move(*tokens));
   }
+  std::vector<EchoedPrompt> echoes;
   for (size_t i = 0; status.ok() && kind == ApiKind::kCompletion && i < parsed->prompts.size();
        ++i) {
     absl::StatusOr<std::vector<int32_t>> tokens = client.PromptTokens(parsed->prompts[i], "prompt");
     status = tokens.status();
-    if (status.ok()) prompts.push_back(std::move(*tokens));
+    if (!status.ok()) break;
+    if (parsed->echo) {
+      const auto* text = std::get_if<std::string>(&parsed->prompts[i]);
+      echoes.push_back({text ? *text : client.Detokenize(*tokens, false), tokens->front()});
+    }
+    prompts.push_back(std::move(*tokens));
   }
   GenerationRun run(client, exchange.notifier());
   engine::Usage usage;
@@ -199,9 +244,9 @@ asio::awaitable<void> HandleGenerate(HttpExchange& exchange, EngineClient& clien
   const int num_choices = static_cast<int>(prompts.size()) * parsed->sampling.n;
   const TokenTextFn token_text = [&client](int32_t id) { return client.TokenText(id); };
   if (parsed->stream) {
-    co_await StreamResponse(exchange, run, *parsed, header, usage, num_choices, token_text);
+    co_await StreamResponse(exchange, run, *parsed, header, usage, num_choices, echoes, token_text);
   } else {
-    co_await WholeResponse(exchange, run, *parsed, header, usage, num_choices, token_text);
+    co_await WholeResponse(exchange, run, *parsed, header, usage, num_choices, echoes, token_text);
   }
 }
 

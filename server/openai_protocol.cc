@@ -264,9 +264,9 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
     }
   }
   if (kind == ApiKind::kCompletion) {
-    bool echo = false;
-    LAIR_RETURN_IF_ERROR(f.Bool("echo", &echo));
-    if (echo) return UnsupportedParamError("echo", "echo=true is not supported");
+    LAIR_RETURN_IF_ERROR(f.Bool("echo", &request.echo));
+    // The prompt is listed with the logprobs asked for the output.
+    if (request.echo) request.sampling.prompt_logprobs = request.sampling.logprobs;
     if (f.Get("suffix")) return UnsupportedParamError("suffix", "suffix is not supported");
     LAIR_ASSIGN_OR_RETURN(request.prompts, ParsePrompts(f.Get("prompt")));
   } else {
@@ -301,7 +301,7 @@ Json Bytes(const std::string& s) {
 // Chat shape: {"content": [{token, logprob, bytes, top_logprobs: [...]}]};
 // completions shape: {tokens, token_logprobs, top_logprobs: [{text: lp}]}.
 Json LogprobsJson(ApiKind kind, const std::vector<engine::TokenLogprob>& logprobs,
-                  const TokenTextFn& token_text) {
+                  std::optional<int32_t> unscored_first, const TokenTextFn& token_text) {
   if (kind == ApiKind::kChat) {
     Json content = Json::array();
     for (const auto& lp : logprobs) {
@@ -319,6 +319,11 @@ Json LogprobsJson(ApiKind kind, const std::vector<engine::TokenLogprob>& logprob
     return {{"content", content}};
   }
   Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array();
+  if (unscored_first.has_value()) {
+    tokens.push_back(token_text(*unscored_first));
+    token_logprobs.push_back(nullptr);
+    top_logprobs.push_back(nullptr);
+  }
   for (const auto& lp : logprobs) {
     tokens.push_back(token_text(lp.token));
     token_logprobs.push_back(lp.logprob);
@@ -354,7 +359,8 @@ Json FullResponse(const ResponseHeader& header, const std::vector<Choice>& choic
   Json list = Json::array();
   for (const Choice& c : choices) {
     Json choice = {{"index", c.index},
-                   {"logprobs", with_logprobs ? LogprobsJson(header.kind, c.logprobs, token_text)
+                   {"logprobs", with_logprobs ? LogprobsJson(header.kind, c.logprobs,
+                                                             c.unscored_first, token_text)
                                               : Json(nullptr)},
                    {"finish_reason", FinishJson(c.finish_reason)}};
     if (chat) {
@@ -373,11 +379,11 @@ Json StreamChunk(const ResponseHeader& header, const ChunkContent& content, bool
                  bool usage_null, const TokenTextFn& token_text) {
   const bool chat = header.kind == ApiKind::kChat;
   Json out = Envelope(header, chat ? "chat.completion.chunk" : "text_completion");
-  Json choice = {
-      {"index", content.index},
-      {"logprobs",
-       with_logprobs ? LogprobsJson(header.kind, content.logprobs, token_text) : Json(nullptr)},
-      {"finish_reason", FinishJson(content.finish_reason)}};
+  Json choice = {{"index", content.index},
+                 {"logprobs", with_logprobs ? LogprobsJson(header.kind, content.logprobs,
+                                                           content.unscored_first, token_text)
+                                            : Json(nullptr)},
+                 {"finish_reason", FinishJson(content.finish_reason)}};
   if (chat) {
     Json delta = Json::object();
     if (content.first) delta["role"] = "assistant";

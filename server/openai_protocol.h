@@ -6,7 +6,7 @@
 // min_p, repetition_penalty, ignore_eos, stop_token_ids,
 // include_stop_str_in_output, add_generation_prompt). A field of the wrong
 // type or out of range is a ParamError naming it; a well-formed request for
-// something LAIR does not do (echo=true, suffix, response_format other than
+// something LAIR does not do (suffix, response_format other than
 // text, non-text message parts) is Unimplemented naming it. Unknown fields
 // are ignored, as OpenAI-compatible servers do.
 #pragma once
@@ -35,6 +35,9 @@ struct OpenAiRequest {
   nlohmann::ordered_json messages;    // chat: messages with string content
   bool add_generation_prompt = true;  // chat
   engine::SamplingParams sampling;    // logprobs: -1 none, else top alternatives wanted
+  // Completions: each choice starts with its prompt, and with logprobs the
+  // prompt's tokens are listed too (sampling.prompt_logprobs is set).
+  bool echo = false;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
 };
@@ -64,6 +67,9 @@ struct Choice {
   std::string text;
   std::vector<engine::TokenLogprob> logprobs;
   engine::FinishReason finish_reason = engine::FinishReason::kNone;
+  // Echo: the prompt's first token, listed before `logprobs` with a null
+  // logprob (nothing precedes it to score it by).
+  std::optional<int32_t> unscored_first;
 };
 
 // The non-streaming response body. `with_logprobs` says whether the client
@@ -81,6 +87,7 @@ struct ChunkContent {
   std::vector<engine::TokenLogprob> logprobs;
   engine::FinishReason finish_reason = engine::FinishReason::kNone;
   bool first = false;
+  std::optional<int32_t> unscored_first;  // as in Choice
 };
 nlohmann::json StreamChunk(const ResponseHeader& header, const ChunkContent& content,
                            bool with_logprobs, bool usage_null, const TokenTextFn& token_text);

@@ -142,6 +142,7 @@ struct Completion {
   std::vector<int32_t> tokens;
   std::string text;
   std::vector<TokenLogprob> logprobs;
+  std::vector<TokenLogprob> prompt_logprobs;
   FinishReason reason = FinishReason::kNone;
   std::string stop_reason;
   absl::Status status;
@@ -160,6 +161,9 @@ class Collector {
       c.tokens.insert(c.tokens.end(), out.new_tokens.begin(), out.new_tokens.end());
       c.text += out.text_delta;
       c.logprobs.insert(c.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
+      EXPECT_TRUE(out.prompt_logprobs.empty() || c.outputs == 0) << "prompt scored twice";
+      c.prompt_logprobs.insert(c.prompt_logprobs.end(), out.prompt_logprobs.begin(),
+                               out.prompt_logprobs.end());
       c.reason = out.finish_reason;
       c.stop_reason = out.stop_reason;
       c.status = out.status;

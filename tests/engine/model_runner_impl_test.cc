@@ -10,8 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/safetensors.h"
 #include "engine/engine.h"
+#include "engine/sampler.h"
 #include "gtest/gtest.h"
+#include "kernels/backend.h"
 #include "models/model.h"
+#include "models/state_pool.h"
 #include "tests/engine/fakes.h"
 #include "tests/support/fixtures.h"
 
@@ -114,6 +117,72 @@ TEST_P(RealModelTest, BatchingPreemptionAndForkingDoNotChangeOutputs) {
   EngineRequest single = sampled;
   single.sampling.n = 1;
   EXPECT_EQ(RunAll(dir, roomy, {single})[0], together[6]);
+}
+
+// SamplingParams::prompt_logprobs scores prompt tokens 1..P-1 with the
+// log-softmax of one forward's logits over the whole prompt, whatever the
+// chunking and preemption, and every completion of n gets them in its first
+// output.
+TEST_P(RealModelTest, PromptLogprobsAreOneForwardsLogSoftmax) {
+  LAIR_FIXTURE_OR_SKIP(dir, "models/" + GetParam());
+  auto golden = SafetensorsFile::Open(dir + "/golden.safetensors");
+  ASSERT_TRUE(golden.ok()) << golden.status();
+  const std::vector<int32_t> all = Ints(*(*golden)->Get("prompt_a"));
+  const std::vector<int32_t> prompt(all.begin(), all.begin() + 40);
+
+  // The reference: the whole prompt's logits from one forward.
+  std::unique_ptr<kernels::Backend> backend = kernels::MakeCpuBackend(2);
+  auto model = models::Model::Load(dir, backend.get(), models::LoadOptions());
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto pool = models::StatePool::Create(backend.get(), (*model)->state_layout(), 1);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  models::ForwardBatch batch;
+  batch.tokens = prompt;
+  batch.cu_seqlens = {0, static_cast<int32_t>(prompt.size())};
+  batch.slots = {0};
+  batch.start_positions = {0};
+  batch.all_logits = true;
+  auto logits = (*model)->Forward(batch, *pool);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  const Tensor host = logits->ToF32();
+  const int vocab = (*model)->vocab_size();
+
+  EngineRequest request = Greedy("p", prompt, 3);
+  request.sampling.prompt_logprobs = 2;
+  request.sampling.n = 2;
+  request.sampling.temperature = 0.7f;
+  request.sampling.seed = 3;
+  EngineConfig config;  // chunks of 16 tokens, one slot: the prompt is preempted and resumed
+  config.state_memory_bytes = int64_t{64} << 20;
+  config.max_batch_tokens = 16;
+  config.max_running = 1;
+  config.preempt_quantum_tokens = 16;
+  std::unique_ptr<Engine> engine = MakeEngine(dir, config);
+  ASSERT_NE(engine, nullptr);
+  Collector collector;
+  ASSERT_TRUE(engine->Submit(request, collector.Callback()).ok());
+  ASSERT_TRUE(collector.WaitFinished(2));
+  for (int index = 0; index < 2; ++index) {
+    const testing::Completion c = collector.Get("p", index);
+    ASSERT_EQ(c.prompt_logprobs.size(), prompt.size() - 1) << "completion " << index;
+    for (size_t p = 0; p + 1 < prompt.size(); ++p) {
+      std::vector<float> row(host.f32() + p * vocab, host.f32() + (p + 1) * vocab);
+      const TokenLogprob want = ScoreToken(row, prompt[p + 1], 2);
+      const TokenLogprob& got = c.prompt_logprobs[p];
+      EXPECT_EQ(got.token, prompt[p + 1]);
+      EXPECT_NEAR(got.logprob, want.logprob, 1e-4) << "position " << p;
+      ASSERT_EQ(got.top.size(), 2u);
+      EXPECT_EQ(got.top[0].first, want.top[0].first) << "position " << p;
+      EXPECT_NEAR(got.top[0].second, want.top[0].second, 1e-4) << "position " << p;
+    }
+  }
+  EngineRequest unscored = request;
+  unscored.request_id = "u";
+  unscored.sampling.prompt_logprobs = -1;
+  ASSERT_TRUE(engine->Submit(unscored, collector.Callback()).ok());
+  ASSERT_TRUE(collector.WaitFinished(4));
+  EXPECT_TRUE(collector.Get("u").prompt_logprobs.empty());
+  EXPECT_EQ(collector.Get("u").tokens, collector.Get("p").tokens);
 }
 
 TEST(RealModelContextTest, LlamaStopsAtItsContextAndRefusesLongerPrompts) {

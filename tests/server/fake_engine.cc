@@ -219,6 +219,14 @@ engine::RequestOutput FakeEngine::Advance(Live& live, int index) {
     }
     out.logprobs.push_back(lp);
   }
+  if (c.generated == 1 && s.prompt_logprobs >= 0) {
+    const std::vector<int32_t>& prompt = live.request.prompt_tokens;
+    for (size_t p = 1; p < prompt.size(); ++p) {
+      engine::TokenLogprob lp{prompt[p], -0.5f, {}};
+      if (s.prompt_logprobs > 0) lp.top.emplace_back(prompt[p], -0.5f);
+      out.prompt_logprobs.push_back(lp);
+    }
+  }
   size_t end = c.text.size() - HeldBack(c.text, s.stop);
   for (const std::string& stop : s.stop) {
     size_t at = c.text.find(stop);

@@ -3,7 +3,8 @@
 // space chosen from its context: greedy at temperature 0, otherwise from a
 // generator seeded by `seed` (and the completion index) when given. It
 // honours n, max_tokens, stop strings (held back across tokens),
-// stop_token_ids, logprobs (fixed fake values), cancellation, the waiting
+// stop_token_ids, logprobs and prompt logprobs (fixed fake values),
+// cancellation, the waiting
 // queue limit and Shutdown (every callback runs on its own thread, in
 // order, as the real engine's do), and reports slots like a real engine (one slot
 // per running request, max_running slots).

@@ -104,9 +104,26 @@ TEST(OpenAiProtocolTest, MalformedAndUnsupported) {
   absl::Status malformed = ParseStatus(ApiKind::kCompletion, "{\"prompt\": ");
   EXPECT_EQ(malformed.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseStatus(ApiKind::kCompletion, "[1, 2]").code(), absl::StatusCode::kInvalidArgument);
-  absl::Status echo = ParseStatus(ApiKind::kCompletion, R"({"prompt": "x", "echo": true})");
-  EXPECT_EQ(HttpStatusFor(echo), 422);
-  EXPECT_EQ(ErrorParam(echo), "echo");
+  absl::Status suffix = ParseStatus(ApiKind::kCompletion, R"({"prompt": "x", "suffix": "y"})");
+  EXPECT_EQ(HttpStatusFor(suffix), 422);
+  EXPECT_EQ(ErrorParam(suffix), "suffix");
+}
+
+// Echo lists the prompt with the logprobs asked for the output.
+TEST(OpenAiProtocolTest, EchoScoresThePromptWithTheOutputsLogprobs) {
+  absl::StatusOr<OpenAiRequest> scored = ParseOpenAiRequest(
+      ApiKind::kCompletion, R"({"prompt": "x", "echo": true, "logprobs": 2})", 512);
+  ASSERT_TRUE(scored.ok()) << scored.status();
+  EXPECT_TRUE(scored->echo);
+  EXPECT_EQ(scored->sampling.prompt_logprobs, 2);
+  absl::StatusOr<OpenAiRequest> text_only =
+      ParseOpenAiRequest(ApiKind::kCompletion, R"({"prompt": "x", "echo": true})", 512);
+  ASSERT_TRUE(text_only.ok()) << text_only.status();
+  EXPECT_EQ(text_only->sampling.prompt_logprobs, -1);
+  absl::StatusOr<OpenAiRequest> plain =
+      ParseOpenAiRequest(ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 2})", 512);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->sampling.prompt_logprobs, -1);
 }
 
 TEST(OpenAiProtocolTest, ErrorBodyHasOpenAiShape) {
@@ -128,7 +145,7 @@ std::string TokenText(int32_t id) { return std::string(1, static_cast<char>(id))
 
 TEST(OpenAiProtocolTest, SseFramingOfChunks) {
   ResponseHeader header{ApiKind::kChat, "chatcmpl-1", 100, "m"};
-  ChunkContent first{0, "Hi", {}, engine::FinishReason::kNone, true};
+  ChunkContent first{0, "Hi", {}, engine::FinishReason::kNone, true, std::nullopt};
   std::string frame = SseEvent(StreamChunk(header, first, false, true, TokenText));
   ASSERT_EQ(frame.rfind("data: ", 0), 0u);
   ASSERT_EQ(frame.substr(frame.size() - 2), "\n\n");
@@ -140,7 +157,7 @@ TEST(OpenAiProtocolTest, SseFramingOfChunks) {
   EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
   EXPECT_TRUE(chunk.contains("usage") && chunk["usage"].is_null());
 
-  ChunkContent last{0, "", {}, engine::FinishReason::kLength, false};
+  ChunkContent last{0, "", {}, engine::FinishReason::kLength, false, std::nullopt};
   Json end = StreamChunk(header, last, false, false, TokenText);
   EXPECT_EQ(end["choices"][0]["finish_reason"], "length");
   EXPECT_TRUE(end["choices"][0]["delta"].empty());
@@ -155,22 +172,31 @@ TEST(OpenAiProtocolTest, SseFramingOfChunks) {
 TEST(OpenAiProtocolTest, LogprobShapes) {
   std::vector<engine::TokenLogprob> logprobs = {{'a', -0.5f, {{'a', -0.5f}, {'b', -1.5f}}}};
   ResponseHeader completion{ApiKind::kCompletion, "cmpl-1", 1, "m"};
-  Json c = FullResponse(completion, {{0, "a", logprobs, engine::FinishReason::kStop}}, {1, 1}, true,
-                        TokenText);
+  Json c = FullResponse(completion, {{0, "a", logprobs, engine::FinishReason::kStop, std::nullopt}},
+                        {1, 1}, true, TokenText);
   EXPECT_EQ(c["object"], "text_completion");
   EXPECT_EQ(c["choices"][0]["text"], "a");
   EXPECT_EQ(c["choices"][0]["logprobs"]["tokens"][0], "a");
   EXPECT_FLOAT_EQ(c["choices"][0]["logprobs"]["token_logprobs"][0].get<float>(), -0.5f);
   EXPECT_FLOAT_EQ(c["choices"][0]["logprobs"]["top_logprobs"][0]["b"].get<float>(), -1.5f);
   ResponseHeader chat{ApiKind::kChat, "chatcmpl-1", 1, "m"};
-  Json h = FullResponse(chat, {{0, "a", logprobs, engine::FinishReason::kStop}}, {1, 1}, true,
-                        TokenText);
+  Json h = FullResponse(chat, {{0, "a", logprobs, engine::FinishReason::kStop, std::nullopt}},
+                        {1, 1}, true, TokenText);
   EXPECT_EQ(h["choices"][0]["message"]["content"], "a");
   const Json& entry = h["choices"][0]["logprobs"]["content"][0];
   EXPECT_EQ(entry["token"], "a");
   EXPECT_EQ(entry["bytes"], Json::array({97}));
   EXPECT_EQ(entry["top_logprobs"][1]["token"], "b");
   EXPECT_EQ(h["usage"]["total_tokens"], 2);
+
+  // Echo: the prompt's first token leads, unscored.
+  Json e = FullResponse(completion, {{0, "pa", logprobs, engine::FinishReason::kStop, 'p'}}, {1, 1},
+                        true, TokenText);
+  const Json& echoed = e["choices"][0]["logprobs"];
+  EXPECT_EQ(echoed["tokens"], Json::array({"p", "a"}));
+  EXPECT_TRUE(echoed["token_logprobs"][0].is_null());
+  EXPECT_TRUE(echoed["top_logprobs"][0].is_null());
+  EXPECT_FLOAT_EQ(echoed["token_logprobs"][1].get<float>(), -0.5f);
 }
 
 }  // namespace

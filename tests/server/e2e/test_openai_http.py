@@ -168,6 +168,24 @@ def assert_error(response, status, param=None):
     return error
 
 
+def test_echo_lists_the_prompt_and_its_logprobs(server, client):
+    prompt = "Echo me"
+    plain = complete(client, server.model, prompt, max_tokens=3).choices[0].text
+    echoed = complete(client, server.model, prompt, max_tokens=3, echo=True, logprobs=1)
+    choice = echoed.choices[0]
+    assert choice.text == prompt + plain
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == echoed.usage.prompt_tokens + 3
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert all(lp <= 0 for lp in logprobs.token_logprobs[1:])
+    assert all(len(top) >= 1 for top in logprobs.top_logprobs[1:])
+    streamed = complete(client, server.model, prompt, max_tokens=3, echo=True, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == choice.text
+    several = complete(client, server.model, [prompt, [65, 66]], max_tokens=2, echo=True, n=2)
+    assert sorted(c.index for c in several.choices) == [0, 1, 2, 3]
+    assert all(c.text.startswith(prompt) for c in several.choices if c.index < 2)
+
+
 def test_client_errors_get_openai_error_bodies(server, client):
     assert_error(raw_post(server, "/v1/completions", b'{"prompt": "x", '), 400)
     assert_error(raw_post(server, "/v1/completions", json.dumps({"prompt": "x", "max_tokens": "ten"})), 400,
@@ -179,7 +197,7 @@ def test_client_errors_get_openai_error_bodies(server, client):
     assert_error(raw_post(server, "/v1/completions", json.dumps({"prompt": "x", "model": "nope"})), 404)
     assert_error(raw_post(server, "/v1/completions", json.dumps({"prompt": "x"}), key="wrong"), 401)
     assert_error(raw_post(server, "/v1/completions", json.dumps({"prompt": "x"}), key=None), 401)
-    assert_error(raw_post(server, "/v1/completions", json.dumps({"prompt": "x", "echo": True})), 422, "echo")
+    assert_error(raw_post(server, "/v1/completions", json.dumps({"prompt": "x", "suffix": "y"})), 422, "suffix")
     assert_error(raw_post(server, "/v1/nothing", b"{}"), 404)
     assert_error(raw_post(server, "/v1/completions", b"x" * (9 << 20)), 413)
     with pytest.raises(openai.NotFoundError):
