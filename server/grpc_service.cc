@@ -30,6 +30,7 @@ void CopySampling(const v1::SamplingParams& in, engine::SamplingParams* out) {
   out->ignore_eos = in.ignore_eos();
   out->include_stop_str_in_output = in.include_stop_str_in_output();
   if (in.has_logprobs()) out->logprobs = in.logprobs();
+  if (in.has_prompt_logprobs()) out->prompt_logprobs = in.prompt_logprobs();
 }
 
 // Validates a GenerateRequest and turns it into prompt tokens and sampling.
@@ -142,6 +143,7 @@ class GenerateReactor final : public grpc::ServerUnaryReactor {
       completion->mutable_text()->append(out.text_delta);
       completion->mutable_token_ids()->Add(out.new_tokens.begin(), out.new_tokens.end());
       FillLogprobs(client_, out.logprobs, completion->mutable_logprobs());
+      FillLogprobs(client_, out.prompt_logprobs, completion->mutable_prompt_logprobs());
       usage_.completion_tokens += static_cast<int>(out.new_tokens.size());
       if (!out.finished()) return;
       request_id_ = out.request_id;
@@ -274,6 +276,7 @@ class GenerateStreamReactor final : public grpc::ServerWriteReactor<v1::Generate
     message.set_text(out.text_delta);
     message.mutable_token_ids()->Add(out.new_tokens.begin(), out.new_tokens.end());
     FillLogprobs(client_, out.logprobs, message.mutable_logprobs());
+    FillLogprobs(client_, out.prompt_logprobs, message.mutable_prompt_logprobs());
     if (out.finished()) {
       message.set_finish_reason(engine::FinishReasonName(out.finish_reason));
       message.set_stop_reason(out.stop_reason);

@@ -32,6 +32,13 @@ def test_token_prompt_logprobs_and_tokenizer(server, grpc_client):
     response = grpc_client.generate(ids, max_tokens=3, temperature=0, ignore_eos=True, logprobs=2)
     logprobs = response.completions[0].logprobs
     assert len(logprobs) == 3 and all(len(lp.top) == 2 for lp in logprobs)
+    scored = grpc_client.generate(ids, max_tokens=2, temperature=0, ignore_eos=True, prompt_logprobs=1, n=2)
+    for completion in scored.completions:
+        assert [lp.token_id for lp in completion.prompt_logprobs] == ids[1:]
+        assert all(lp.logprob <= 0 and len(lp.top) == 1 for lp in completion.prompt_logprobs)
+    streamed = [m for m in grpc_client.generate_stream(ids, max_tokens=2, temperature=0, prompt_logprobs=0)
+                if m.prompt_logprobs]
+    assert len(streamed) == 1 and len(streamed[0].prompt_logprobs) == len(ids) - 1
     models = grpc_client.list_models().models
     assert [m.id for m in models] == [server.model] and models[0].vocab_size > 0
 
