@@ -119,6 +119,18 @@ void PrependEcho(const EchoedPrompt& echo, std::string* text,
   *unscored_first = echo.first_token;
 }
 
+// Echo with max_tokens 0: what the engine generated is left out, and the
+// completion ends for its length (0 tokens) unless it failed.
+void DropGenerated(engine::RequestOutput* out) {
+  out->new_tokens.clear();
+  out->text_delta.clear();
+  out->logprobs.clear();
+  out->stop_reason.clear();
+  if (out->finish_reason == engine::FinishReason::kStop) {
+    out->finish_reason = engine::FinishReason::kLength;
+  }
+}
+
 absl::Status OutputError(const engine::RequestOutput& out) {
   return out.status.ok() ? absl::InternalError("generation failed") : out.status;
 }
@@ -138,6 +150,7 @@ asio::awaitable<void> StreamResponse(HttpExchange& exchange, GenerationRun& run,
     std::string frames;
     for (Item& item : items) {
       engine::RequestOutput& out = item.output;
+      if (request.prompt_only) DropGenerated(&out);
       usage.completion_tokens += static_cast<int>(out.new_tokens.size());
       if (out.finish_reason == engine::FinishReason::kError) {
         frames += SseEvent(OpenAiErrorBody(OutputError(out)));
@@ -180,6 +193,7 @@ asio::awaitable<void> WholeResponse(HttpExchange& exchange, GenerationRun& run,
     std::vector<Item> items = co_await run.Next(exchange);
     if (items.empty()) break;
     for (Item& item : items) {
+      if (request.prompt_only) DropGenerated(&item.output);
       Choice& choice = choices[item.choice];
       if (!started[item.choice] && !echoes.empty()) {
         PrependEcho(echoes[item.choice / request.sampling.n], &choice.text, &choice.logprobs,

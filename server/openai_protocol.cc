@@ -165,7 +165,9 @@ absl::StatusOr<nlohmann::ordered_json> ParseMessages(const Json* messages) {
 }
 
 absl::Status ParseSampling(ApiKind kind, const Fields& f, engine::SamplingParams* s) {
-  LAIR_RETURN_IF_ERROR(f.Int("max_tokens", 1, INT32_MAX, &s->max_tokens));
+  // 0 only with echo (checked by the caller): the prompt alone.
+  LAIR_RETURN_IF_ERROR(
+      f.Int("max_tokens", kind == ApiKind::kCompletion ? 0 : 1, INT32_MAX, &s->max_tokens));
   if (kind == ApiKind::kChat)
     LAIR_RETURN_IF_ERROR(f.Int("max_completion_tokens", 1, INT32_MAX, &s->max_tokens));
   LAIR_RETURN_IF_ERROR(f.Int("n", 1, kMaxN, &s->n));
@@ -267,6 +269,12 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
     LAIR_RETURN_IF_ERROR(f.Bool("echo", &request.echo));
     // The prompt is listed with the logprobs asked for the output.
     if (request.echo) request.sampling.prompt_logprobs = request.sampling.logprobs;
+    if (request.sampling.max_tokens == 0) {
+      if (!request.echo) return ParamError("max_tokens", "must be at least 1 without echo");
+      // The engine runs the prompt and one token, which the response leaves out.
+      request.prompt_only = true;
+      request.sampling.max_tokens = 1;
+    }
     if (f.Get("suffix")) return UnsupportedParamError("suffix", "suffix is not supported");
     LAIR_ASSIGN_OR_RETURN(request.prompts, ParsePrompts(f.Get("prompt")));
   } else {

@@ -38,6 +38,9 @@ struct OpenAiRequest {
   // Completions: each choice starts with its prompt, and with logprobs the
   // prompt's tokens are listed too (sampling.prompt_logprobs is set).
   bool echo = false;
+  // echo with max_tokens 0: each choice is its prompt alone (the engine
+  // generates one token, which is not sent).
+  bool prompt_only = false;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
 };

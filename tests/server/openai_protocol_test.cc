@@ -124,6 +124,17 @@ TEST(OpenAiProtocolTest, EchoScoresThePromptWithTheOutputsLogprobs) {
       ParseOpenAiRequest(ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 2})", 512);
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->sampling.prompt_logprobs, -1);
+  // max_tokens 0: the prompt alone, with echo only.
+  absl::StatusOr<OpenAiRequest> alone = ParseOpenAiRequest(
+      ApiKind::kCompletion, R"({"prompt": "x", "echo": true, "max_tokens": 0})", 512);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_TRUE(alone->prompt_only);
+  EXPECT_EQ(alone->sampling.max_tokens, 1);
+  absl::Status no_echo = ParseStatus(ApiKind::kCompletion, R"({"prompt": "x", "max_tokens": 0})");
+  EXPECT_EQ(ErrorParam(no_echo), "max_tokens");
+  EXPECT_EQ(ErrorParam(ParseStatus(ApiKind::kChat, R"({"messages": [{"role": "user",
+      "content": "x"}], "max_tokens": 0})")),
+            "max_tokens");
 }
 
 TEST(OpenAiProtocolTest, ErrorBodyHasOpenAiShape) {

@@ -181,6 +181,10 @@ def test_echo_lists_the_prompt_and_its_logprobs(server, client):
     assert all(len(top) >= 1 for top in logprobs.top_logprobs[1:])
     streamed = complete(client, server.model, prompt, max_tokens=3, echo=True, stream=True)
     assert "".join(c.choices[0].text for c in streamed) == choice.text
+    alone = complete(client, server.model, prompt, max_tokens=0, echo=True, logprobs=1).choices[0]
+    assert alone.text == prompt and alone.finish_reason == "length"
+    assert alone.logprobs.tokens == logprobs.tokens[:echoed.usage.prompt_tokens]
+    assert alone.logprobs.token_logprobs[1:] == logprobs.token_logprobs[1:echoed.usage.prompt_tokens]
     several = complete(client, server.model, [prompt, [65, 66]], max_tokens=2, echo=True, n=2)
     assert sorted(c.index for c in several.choices) == [0, 1, 2, 3]
     assert all(c.text.startswith(prompt) for c in several.choices if c.index < 2)
@@ -198,6 +202,8 @@ def test_client_errors_get_openai_error_bodies(server, client):
     assert_error(raw_post(server, "/v1/completions", json.dumps({"prompt": "x"}), key="wrong"), 401)
     assert_error(raw_post(server, "/v1/completions", json.dumps({"prompt": "x"}), key=None), 401)
     assert_error(raw_post(server, "/v1/completions", json.dumps({"prompt": "x", "suffix": "y"})), 422, "suffix")
+    assert_error(raw_post(server, "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 0})), 400,
+                 "max_tokens")
     assert_error(raw_post(server, "/v1/nothing", b"{}"), 404)
     assert_error(raw_post(server, "/v1/completions", b"x" * (9 << 20)), 413)
     with pytest.raises(openai.NotFoundError):
