@@ -70,10 +70,6 @@ RunnerOutput ModelRunnerImpl::Execute(const ScheduleOutput& schedule) {
   // Sequences that would overrun the context fail alone; the rest run.
   models::ForwardBatch run;
   std::vector<int> rows;  // batch row of each sequence in `run`
-  // Scoring a prompt needs every token's logits (the sampling rows are then
-  // each sequence's last).
-  run.all_logits =
-      std::any_of(batch.prompt_rows.begin(), batch.prompt_rows.end(), [](int n) { return n > 0; });
   run.cu_seqlens.push_back(0);
   for (int i = 0; i < batch.forward.num_seqs(); ++i) {
     const int begin = batch.forward.cu_seqlens[i];
@@ -92,33 +88,46 @@ RunnerOutput ModelRunnerImpl::Execute(const ScheduleOutput& schedule) {
     rows.push_back(i);
   }
   if (rows.empty()) return out;
+  // Scoring a prompt needs the logits of its rows too: then the model
+  // returns exactly the rows used (each scored sequence's first prompt_rows
+  // tokens, each sampling sequence's last), in batch order.
+  const bool scoring =
+      std::any_of(rows.begin(), rows.end(), [&](int i) { return batch.prompt_rows[i] > 0; });
+  for (int r = 0; scoring && r < static_cast<int>(rows.size()); ++r) {
+    for (int j = 0; j < batch.prompt_rows[rows[r]]; ++j) {
+      run.logit_rows.push_back(run.cu_seqlens[r] + j);
+    }
+    if (batch.needs_logits[rows[r]]) run.logit_rows.push_back(run.cu_seqlens[r + 1] - 1);
+  }
   absl::StatusOr<Tensor> logits = model_->Forward(run, pool());
   if (!logits.ok()) {
     for (int i : rows) out.failures.push_back({batch.ids[i], logits.status()});
     return out;
   }
   const int vocab = model_->vocab_size();
-  const int64_t logit_rows =
-      run.all_logits ? static_cast<int64_t>(run.tokens.size()) : run.num_seqs();
+  const int64_t logit_rows = scoring ? static_cast<int64_t>(run.logit_rows.size()) : run.num_seqs();
   if (absl::Status s = ExpectShape(*logits, {logit_rows, vocab}, "logits"); !s.ok()) {
     for (int i : rows) out.failures.push_back({batch.ids[i], s});
     return out;
   }
   const Tensor host = logits->ToF32();
+  int64_t next = 0;  // the next logits row
   for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
     const int i = rows[r];
-    // Row of the sequence's first token this step, and of its last.
-    const int64_t first = run.all_logits ? run.cu_seqlens[r] : r;
-    const int64_t last = run.all_logits ? run.cu_seqlens[r + 1] - 1 : r;
     if (batch.prompt_rows[i] > 0) {
-      const float* begin = host.f32() + first * vocab;
+      const float* begin = host.f32() + next * vocab;
       out.prompt_logits.push_back(
           {batch.ids[i], batch.forward.start_positions[i],
            std::vector<float>(begin, begin + static_cast<int64_t>(batch.prompt_rows[i]) * vocab)});
+      next += batch.prompt_rows[i];
     }
-    if (!batch.needs_logits[i]) continue;
-    const float* row = host.f32() + last * vocab;
+    if (!batch.needs_logits[i]) {
+      next += scoring ? 0 : 1;  // the last-row logits nobody samples from
+      continue;
+    }
+    const float* row = host.f32() + next * vocab;
     out.logits.push_back({batch.ids[i], std::vector<float>(row, row + vocab)});
+    ++next;
   }
   return out;
 }

@@ -80,8 +80,9 @@ class Decoder : public Model {
   }
   absl::StatusOr<std::vector<int32_t>> ForwardGreedy(const ForwardBatch& batch,
                                                      StatePool& pool) override {
-    if (batch.all_logits)
-      return absl::InvalidArgumentError("ForwardGreedy: all_logits is not supported");
+    if (batch.all_logits || !batch.logit_rows.empty())
+      return absl::InvalidArgumentError(
+          "ForwardGreedy: all_logits and logit_rows are not supported");
     LAIR_ASSIGN_OR_RETURN(StepOutput out, Step(batch, pool, /*greedy=*/true));
     LAIR_ASSIGN_OR_RETURN(Tensor ids, backend_->Download(out.ids));
     return std::vector<int32_t>(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
@@ -194,6 +195,15 @@ absl::Status Decoder::CheckBatch(const ForwardBatch& batch, const StatePool& poo
           absl::StrCat("ForwardBatch: negative start position for sequence ", s));
     }
   }
+  if (batch.all_logits && !batch.logit_rows.empty()) {
+    return absl::InvalidArgumentError("ForwardBatch: all_logits and logit_rows both set");
+  }
+  for (int32_t row : batch.logit_rows) {
+    if (row < 0 || row >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ForwardBatch: logit row ", row, " outside the ", n, " tokens"));
+    }
+  }
   for (int i = 0; i < n; ++i) {
     if (batch.tokens[i] < 0 || batch.tokens[i] >= config_.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: token ", batch.tokens[i],
@@ -271,6 +281,7 @@ absl::StatusOr<Decoder::StepOutput> Decoder::Step(const ForwardBatch& batch, Sta
     for (int j = 0; j < len; ++j) positions.push_back(batch.start_positions[s] + j);
     last.push_back(batch.cu_seqlens[s + 1] - 1);
   }
+  if (!batch.logit_rows.empty()) last = batch.logit_rows;
   backend_->BeginStep();
   struct EndStep {
     kernels::Backend* backend;
@@ -298,7 +309,8 @@ absl::StatusOr<Decoder::StepOutput> Decoder::Step(const ForwardBatch& batch, Sta
   const Tensor last_rows = batch.all_logits ? Tensor() : staged[4];
 
   // A decode step: replay its graph, record one, or run op by op.
-  const bool decode = step_graphs_ && !batch.all_logits && max_seqlen == 1;
+  const bool decode =
+      step_graphs_ && !batch.all_logits && batch.logit_rows.empty() && max_seqlen == 1;
   bool in_context = true;
   for (int s = 0; has_kv_cache_ && s < seqs; ++s)
     in_context &= batch.start_positions[s] < max_context_;

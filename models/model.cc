@@ -25,8 +25,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
 
 absl::StatusOr<std::vector<int32_t>> Model::ForwardGreedy(const ForwardBatch& batch,
                                                           StatePool& pool) {
-  if (batch.all_logits)
-    return absl::InvalidArgumentError("ForwardGreedy: all_logits is not supported");
+  if (batch.all_logits || !batch.logit_rows.empty())
+    return absl::InvalidArgumentError("ForwardGreedy: all_logits and logit_rows are not supported");
   LAIR_ASSIGN_OR_RETURN(Tensor logits, Forward(batch, pool));
   const Tensor host = logits.ToF32();
   const int64_t rows = host.dim(0), vocab = host.dim(1);

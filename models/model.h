@@ -39,6 +39,9 @@ struct ForwardBatch {
   std::vector<int32_t> slots;            // [num_seqs] state slot of each sequence
   std::vector<int32_t> start_positions;  // [num_seqs] tokens already in each slot
   bool all_logits = false;               // logits for every token, else the last of each sequence
+  // When not empty (and not all_logits): the logits of exactly these tokens,
+  // indices into `tokens` in this order (a prompt being scored, say).
+  std::vector<int32_t> logit_rows;
   int num_seqs() const { return static_cast<int>(slots.size()); }
 };
 
@@ -80,13 +83,14 @@ class Model {
   virtual ModelSize size() const = 0;
 
   // Runs the batch, reading and updating each sequence's slot. Returns host
-  // F32 logits [num_seqs, vocab] (or [N, vocab] with all_logits).
+  // F32 logits [num_seqs, vocab] (or [N, vocab] with all_logits, or one row
+  // per logit_rows entry).
   virtual absl::StatusOr<Tensor> Forward(const ForwardBatch& batch, StatePool& pool) = 0;
 
   // Forward, then each sequence's greedy token (the first argmax of its
   // logits row), taken where the logits are so that only num_seqs ids reach
   // the host. The default argmaxes Forward's host logits. REQUIRES:
-  // !batch.all_logits.
+  // !batch.all_logits and no logit_rows.
   virtual absl::StatusOr<std::vector<int32_t>> ForwardGreedy(const ForwardBatch& batch,
                                                              StatePool& pool);
   // How many decode batch sizes currently replay a recorded step graph

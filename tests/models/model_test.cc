@@ -145,6 +145,14 @@ TEST_P(ModelBehaviourTest, MixedBatchEqualsEachSequenceAlone) {
   EXPECT_LT(RelativeError(Row(last, 0), Row(alone0, 29)), 1e-5);
   EXPECT_LT(RelativeError(Row(last, 1), Row(alone1, 4)), 1e-5);
   EXPECT_LT(RelativeError(Row(last, 2), alone2), 1e-5);
+  // With logit_rows, exactly those rows, in that order.
+  prepare();
+  batch.logit_rows = {33, 3, 35};
+  Tensor picked = Run(batch);
+  ASSERT_EQ(picked.dim(0), 3);
+  EXPECT_LT(RelativeError(Row(picked, 0), Row(alone1, 3)), 1e-5);
+  EXPECT_LT(RelativeError(Row(picked, 1), Row(alone0, 3)), 1e-5);
+  EXPECT_LT(RelativeError(Row(picked, 2), alone2), 1e-5);
 }
 
 TEST_P(ModelBehaviourTest, RejectsMalformedBatches) {
@@ -157,6 +165,12 @@ TEST_P(ModelBehaviourTest, RejectsMalformedBatches) {
   EXPECT_FALSE(model_->Forward(twice, *pool_).ok());
   ForwardBatch out_of_pool = Single({1}, 7, 0, false);
   EXPECT_FALSE(model_->Forward(out_of_pool, *pool_).ok());
+  ForwardBatch past_the_tokens = Single({1, 2}, 0, 0, false);
+  past_the_tokens.logit_rows = {2};
+  EXPECT_FALSE(model_->Forward(past_the_tokens, *pool_).ok());
+  ForwardBatch both = Single({1, 2}, 0, 0, true);
+  both.logit_rows = {0};
+  EXPECT_FALSE(model_->Forward(both, *pool_).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelBehaviourTest,
