@@ -274,6 +274,53 @@ asio::awaitable<void> HandleModels(HttpExchange& exchange, EngineClient& client)
   co_await exchange.Reply(http::status::ok, DumpJson(body), "application/json");
 }
 
+// vLLM's /tokenize: {"count", "max_model_len", "tokens"} (and each token's
+// vocabulary entry in "token_strs").
+asio::awaitable<void> HandleTokenize(HttpExchange& exchange, EngineClient& client) {
+  absl::StatusOr<TokenizeRequest> parsed = ParseTokenizeRequest(exchange.request().body());
+  absl::Status status = parsed.status();
+  if (status.ok()) status = client.CheckModel(parsed->model);
+  std::vector<int32_t> tokens;
+  if (status.ok() && parsed->prompt.has_value()) {
+    tokens = client.Tokenize(*parsed->prompt, parsed->add_special_tokens);
+  } else if (status.ok()) {
+    absl::StatusOr<std::vector<int32_t>> chat =
+        client.ChatPromptTokens(parsed->messages, parsed->add_generation_prompt);
+    status = chat.status();
+    if (status.ok()) tokens = std::move(*chat);
+  }
+  if (!status.ok()) {
+    co_await exchange.ReplyError(status);
+    co_return;
+  }
+  Json strs = Json::array();
+  for (int32_t id : tokens) strs.push_back(client.TokenText(id));
+  Json body = {{"count", tokens.size()},
+               {"max_model_len", client.max_prompt_tokens()},
+               {"tokens", tokens},
+               {"token_strs", std::move(strs)}};
+  co_await exchange.Reply(http::status::ok, DumpJson(body), "application/json");
+}
+
+// vLLM's /detokenize: {"prompt": text}.
+asio::awaitable<void> HandleDetokenize(HttpExchange& exchange, EngineClient& client) {
+  absl::StatusOr<DetokenizeRequest> parsed = ParseDetokenizeRequest(exchange.request().body());
+  absl::Status status = parsed.status();
+  if (status.ok()) status = client.CheckModel(parsed->model);
+  for (size_t i = 0; status.ok() && i < parsed->tokens.size(); ++i) {
+    if (parsed->tokens[i] >= client.vocab_size()) {
+      status = ParamError(
+          "tokens", "token id " + std::to_string(parsed->tokens[i]) + " is outside the vocabulary");
+    }
+  }
+  if (!status.ok()) {
+    co_await exchange.ReplyError(status);
+    co_return;
+  }
+  Json body = {{"prompt", client.Detokenize(parsed->tokens, /*skip_special_tokens=*/false)}};
+  co_await exchange.Reply(http::status::ok, DumpJson(body), "application/json");
+}
+
 asio::awaitable<void> Route(HttpExchange& exchange, EngineClient& client,
                             const std::string& api_key, int chat_default_max_tokens) {
   const std::string_view path = exchange.path();
@@ -287,8 +334,8 @@ asio::awaitable<void> Route(HttpExchange& exchange, EngineClient& client,
                             "text/plain; version=0.0.4; charset=utf-8");
     co_return;
   }
-  const bool known =
-      path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions";
+  const bool known = path == "/v1/models" || path == "/v1/completions" ||
+                     path == "/v1/chat/completions" || path == "/tokenize" || path == "/detokenize";
   if (!known) {
     co_await exchange.ReplyError(absl::NotFoundError("no route for " + std::string(path)));
     co_return;
@@ -304,6 +351,10 @@ asio::awaitable<void> Route(HttpExchange& exchange, EngineClient& client,
     co_await HandleGenerate(exchange, client, ApiKind::kCompletion, chat_default_max_tokens);
   } else if (path == "/v1/chat/completions" && method == http::verb::post) {
     co_await HandleGenerate(exchange, client, ApiKind::kChat, chat_default_max_tokens);
+  } else if (path == "/tokenize" && method == http::verb::post) {
+    co_await HandleTokenize(exchange, client);
+  } else if (path == "/detokenize" && method == http::verb::post) {
+    co_await HandleDetokenize(exchange, client);
   } else {
     absl::Status wrong =
         absl::InvalidArgumentError(std::string(exchange.request().method_string()) +

@@ -1,8 +1,9 @@
 // The OpenAI-compatible HTTP routes over an EngineClient:
 //   POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+//   POST /tokenize, POST /detokenize (vLLM's),
 //   GET /health, GET /metrics (Prometheus text).
-// Routes under /v1/ require "Authorization: Bearer KEY" when `api_key` is
-// set; /health and /metrics stay open for probes and scrapers.
+// All but /health and /metrics require "Authorization: Bearer KEY" when
+// `api_key` is set; those two stay open for probes and scrapers.
 //
 // A generation handler parses and validates the body, submits one engine
 // request per prompt, then either streams chunks as SSE or answers once.

@@ -238,14 +238,49 @@ absl::Status ParseSampling(ApiKind kind, const Fields& f, engine::SamplingParams
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view body,
-                                                 int chat_default_max_tokens) {
+absl::StatusOr<Json> ParseBody(std::string_view body) {
   Json json = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
   if (!json.is_object())
     return absl::InvalidArgumentError("the request body must be a JSON object");
+  return json;
+}
+
+}  // namespace
+
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(std::string_view body) {
+  LAIR_ASSIGN_OR_RETURN(const Json json, ParseBody(body));
+  Fields f(json);
+  TokenizeRequest request;
+  LAIR_RETURN_IF_ERROR(f.String("model", &request.model));
+  const bool has_prompt = f.Get("prompt") != nullptr, has_messages = f.Get("messages") != nullptr;
+  if (has_prompt == has_messages) return ParamError("prompt", "give either prompt or messages");
+  if (has_prompt) {
+    request.prompt.emplace();
+    LAIR_RETURN_IF_ERROR(f.String("prompt", &*request.prompt));
+  } else {
+    LAIR_ASSIGN_OR_RETURN(request.messages, ParseMessages(f.Get("messages")));
+    request.add_special_tokens = false;  // the template writes them (vLLM's default)
+    LAIR_RETURN_IF_ERROR(f.Bool("add_generation_prompt", &request.add_generation_prompt));
+  }
+  LAIR_RETURN_IF_ERROR(f.Bool("add_special_tokens", &request.add_special_tokens));
+  return request;
+}
+
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body) {
+  LAIR_ASSIGN_OR_RETURN(const Json json, ParseBody(body));
+  Fields f(json);
+  DetokenizeRequest request;
+  LAIR_RETURN_IF_ERROR(f.String("model", &request.model));
+  const Json* tokens = f.Get("tokens");
+  if (!tokens || !tokens->is_array()) return ParamError("tokens", "must be a list of token ids");
+  LAIR_ASSIGN_OR_RETURN(request.tokens, TokenIds(*tokens, "tokens"));
+  return request;
+}
+
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view body,
+                                                 int chat_default_max_tokens) {
+  LAIR_ASSIGN_OR_RETURN(const Json json, ParseBody(body));
   Fields f(json);
   OpenAiRequest request;
   request.kind = kind;

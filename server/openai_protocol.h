@@ -52,6 +52,24 @@ struct OpenAiRequest {
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view body,
                                                  int chat_default_max_tokens);
 
+// vLLM's /tokenize: a text prompt, or chat messages rendered by the chat
+// template (exactly one of the two).
+struct TokenizeRequest {
+  std::string model;
+  std::optional<std::string> prompt;
+  nlohmann::ordered_json messages;  // when no prompt
+  bool add_special_tokens = true;   // the tokenizer's BOS and the like (prompts: default true)
+  bool add_generation_prompt = true;
+};
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(std::string_view body);
+
+// vLLM's /detokenize.
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body);
+
 // What identifies one response across its chunks.
 struct ResponseHeader {
   ApiKind kind = ApiKind::kCompletion;

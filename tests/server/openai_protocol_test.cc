@@ -137,6 +137,26 @@ TEST(OpenAiProtocolTest, EchoScoresThePromptWithTheOutputsLogprobs) {
             "max_tokens");
 }
 
+TEST(OpenAiProtocolTest, TokenizeAndDetokenizeRequests) {
+  absl::StatusOr<TokenizeRequest> text = ParseTokenizeRequest(R"({"prompt": "a b"})");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->prompt, "a b");
+  EXPECT_TRUE(text->add_special_tokens);
+  absl::StatusOr<TokenizeRequest> chat = ParseTokenizeRequest(
+      R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false})");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_FALSE(chat->prompt.has_value());
+  EXPECT_FALSE(chat->add_special_tokens);
+  EXPECT_FALSE(chat->add_generation_prompt);
+  EXPECT_EQ(ErrorParam(ParseTokenizeRequest("{}").status()), "prompt");
+  EXPECT_EQ(ErrorParam(ParseTokenizeRequest(R"({"prompt": 3})").status()), "prompt");
+  absl::StatusOr<DetokenizeRequest> ids = ParseDetokenizeRequest(R"({"tokens": [1, 2]})");
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->tokens, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(ErrorParam(ParseDetokenizeRequest(R"({"tokens": [-1]})").status()), "tokens");
+  EXPECT_EQ(ParseDetokenizeRequest("[1]").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(OpenAiProtocolTest, ErrorBodyHasOpenAiShape) {
   Json body = OpenAiErrorBody(ParamError("max_tokens", "must be an integer"));
   EXPECT_EQ(body["error"]["message"], "max_tokens: must be an integer");

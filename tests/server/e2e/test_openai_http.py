@@ -190,6 +190,25 @@ def test_echo_lists_the_prompt_and_its_logprobs(server, client):
     assert all(c.text.startswith(prompt) for c in several.choices if c.index < 2)
 
 
+def test_tokenize_and_detokenize(server, client):
+    tokenized = raw_post(server, "/tokenize", json.dumps({"prompt": "round trip", "add_special_tokens": False}))
+    assert tokenized.status_code == 200, tokenized.text
+    body = tokenized.json()
+    assert body["count"] == len(body["tokens"]) == len(body["token_strs"]) > 0
+    assert body["max_model_len"] > 0
+    detokenized = raw_post(server, "/detokenize", json.dumps({"tokens": body["tokens"]}))
+    assert detokenized.status_code == 200 and detokenized.json() == {"prompt": "round trip"}
+    usage = complete(client, server.model, "round trip", max_tokens=1).usage
+    with_special = raw_post(server, "/tokenize", json.dumps({"prompt": "round trip"})).json()
+    assert with_special["count"] == usage.prompt_tokens
+    chat = raw_post(server, "/tokenize", json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
+    assert chat.status_code == 200 and chat.json()["count"] > 0
+    assert_error(raw_post(server, "/tokenize", json.dumps({"prompt": "x", "messages": []})), 400, "prompt")
+    assert_error(raw_post(server, "/detokenize", json.dumps({"tokens": [10 ** 7]})), 400, "tokens")
+    assert_error(raw_post(server, "/detokenize", json.dumps({"tokens": "x"})), 400, "tokens")
+    assert_error(raw_post(server, "/tokenize", json.dumps({"prompt": "x"}), key="wrong"), 401)
+
+
 def test_client_errors_get_openai_error_bodies(server, client):
     assert_error(raw_post(server, "/v1/completions", b'{"prompt": "x", '), 400)
     assert_error(raw_post(server, "/v1/completions", json.dumps({"prompt": "x", "max_tokens": "ten"})), 400,
