@@ -15,6 +15,10 @@
 #   git diff --name-only REV | while read -r f; do
 #     mkdir -p ".carry/old/$(dirname "$f")"; git show "REV:$f" >".carry/old/$f"; done
 #
+# AB_OLD_ENV instead compares this tree's binary with itself: its old runs
+# get that environment (e.g. "LAIR_AB_GEMV_BULK=1", a switch an experiment
+# reads), as its new runs get AB_NEW_ENV; no old binary is needed then.
+#
 # AB_PRESETS (default gla-1.3b), AB_RUNS (';'-separated `lair bench`
 # arguments, e.g. "decode --batch 16 --prompt-len 512 --gen-len 128"),
 # AB_ROUNDS (default 2; even rounds run the new binary first). Prints one
@@ -26,7 +30,9 @@ LIB=/tmp/debroot/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH=/tmp/lair-rt:/usr/local/cuda/lib64:$LIB:$LIB/openblas-pthread
 OLD=/tmp/old-lair
 [ -x build-gpu/bin/lair ] || { echo "build-gpu/bin/lair missing: run the build or unpack stage first"; exit 1; }
-if [ ! -x $OLD ] && [ -f .carry/old-bin.tar.xz ]; then
+if [ -n "${AB_OLD_ENV:-}" ]; then
+  OLD=build-gpu/bin/lair
+elif [ ! -x $OLD ] && [ -f .carry/old-bin.tar.xz ]; then
   mkdir -p /tmp/old-bin && tar -xJf .carry/old-bin.tar.xz -C /tmp/old-bin && cp /tmp/old-bin/lair $OLD
 fi
 if [ ! -x $OLD ]; then
@@ -55,10 +61,10 @@ for preset in ${AB_PRESETS:-gla-1.3b}; do
       order="old new"
       [ $((round % 2)) = 0 ] && order="new old"
       for which in $order; do
-        bin=build-gpu/bin/lair
-        [ "$which" = old ] && bin=$OLD
-        # shellcheck disable=SC2086 # $run holds several arguments
-        echo "$which $preset: $(timeout 120 $bin bench $run --model "$model" --device cuda --dtype bf16 2>&1 |
+        bin=build-gpu/bin/lair env_vars=${AB_NEW_ENV:-}
+        [ "$which" = old ] && bin=$OLD env_vars=${AB_OLD_ENV:-}
+        # shellcheck disable=SC2086 # $run holds several arguments, $env_vars assignments
+        echo "$which $preset: $(env $env_vars timeout 120 $bin bench $run --model "$model" --device cuda --dtype bf16 2>&1 |
           grep '^lair bench' | sed 's/.*gemm=[a-z]* //')"
       done
     done
