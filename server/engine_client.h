@@ -64,8 +64,9 @@ class EngineClient {
 
   std::vector<int32_t> Tokenize(std::string_view text, bool add_special_tokens) const;
   std::string Detokenize(std::span<const int32_t> ids, bool skip_special_tokens) const;
-  // One token's text, as shown in logprobs.
+  // One token's text, as shown in logprobs, and its bytes (Tokenizer::TokenBytes).
   std::string TokenText(int32_t id) const;
+  std::string TokenBytes(int32_t id) const { return tokenizer_->TokenBytes(id); }
 
   // Submits under a fresh request id, which it returns. `on_output` runs on
   // the engine thread as Engine::Submit describes; the client observes

@@ -140,7 +140,7 @@ asio::awaitable<void> StreamResponse(HttpExchange& exchange, GenerationRun& run,
                                      const OpenAiRequest& request, const ResponseHeader& header,
                                      engine::Usage usage, int num_choices,
                                      const std::vector<EchoedPrompt>& echoes,
-                                     const TokenTextFn& token_text) {
+                                     const TokenRendering& tokens) {
   if (!co_await exchange.BeginStream()) co_return;
   std::vector<bool> started(num_choices, false);
   const bool with_logprobs = request.sampling.logprobs >= 0;
@@ -167,8 +167,7 @@ asio::awaitable<void> StreamResponse(HttpExchange& exchange, GenerationRun& run,
                     std::move(out.prompt_logprobs), &chunk.unscored_first);
       }
       started[item.choice] = true;
-      frames +=
-          SseEvent(StreamChunk(header, chunk, with_logprobs, request.include_usage, token_text));
+      frames += SseEvent(StreamChunk(header, chunk, with_logprobs, request.include_usage, tokens));
     }
     if (!co_await exchange.Send(std::move(frames))) co_return;
   }
@@ -184,7 +183,7 @@ asio::awaitable<void> WholeResponse(HttpExchange& exchange, GenerationRun& run,
                                     const OpenAiRequest& request, const ResponseHeader& header,
                                     engine::Usage usage, int num_choices,
                                     const std::vector<EchoedPrompt>& echoes,
-                                    const TokenTextFn& token_text) {
+                                    const TokenRendering& tokens) {
   std::vector<Choice> choices(num_choices);
   std::vector<bool> started(num_choices, false);
   for (int i = 0; i < num_choices; ++i) choices[i].index = i;
@@ -213,7 +212,7 @@ asio::awaitable<void> WholeResponse(HttpExchange& exchange, GenerationRun& run,
     co_await exchange.ReplyError(error);
     co_return;
   }
-  Json body = FullResponse(header, choices, usage, request.sampling.logprobs >= 0, token_text);
+  Json body = FullResponse(header, choices, usage, request.sampling.logprobs >= 0, tokens);
   co_await exchange.Reply(http::status::ok, DumpJson(body), "application/json");
 }
 
@@ -256,11 +255,12 @@ asio::awaitable<void> HandleGenerate(HttpExchange& exchange, EngineClient& clien
   exchange.WatchForDisconnect();
   const ResponseHeader header = NewResponseHeader(kind, client.model_name());
   const int num_choices = static_cast<int>(prompts.size()) * parsed->sampling.n;
-  const TokenTextFn token_text = [&client](int32_t id) { return client.TokenText(id); };
+  const TokenRendering tokens{[&client](int32_t id) { return client.TokenText(id); },
+                              [&client](int32_t id) { return client.TokenBytes(id); }};
   if (parsed->stream) {
-    co_await StreamResponse(exchange, run, *parsed, header, usage, num_choices, echoes, token_text);
+    co_await StreamResponse(exchange, run, *parsed, header, usage, num_choices, echoes, tokens);
   } else {
-    co_await WholeResponse(exchange, run, *parsed, header, usage, num_choices, echoes, token_text);
+    co_await WholeResponse(exchange, run, *parsed, header, usage, num_choices, echoes, tokens);
   }
 }
 

@@ -344,34 +344,35 @@ Json Bytes(const std::string& s) {
 // Chat shape: {"content": [{token, logprob, bytes, top_logprobs: [...]}]};
 // completions shape: {tokens, token_logprobs, top_logprobs: [{text: lp}]}.
 Json LogprobsJson(ApiKind kind, const std::vector<engine::TokenLogprob>& logprobs,
-                  std::optional<int32_t> unscored_first, const TokenTextFn& token_text) {
+                  std::optional<int32_t> unscored_first, const TokenRendering& rendering) {
   if (kind == ApiKind::kChat) {
     Json content = Json::array();
     for (const auto& lp : logprobs) {
-      std::string text = token_text(lp.token);
+      std::string text = rendering.text(lp.token);
       Json top = Json::array();
       for (const auto& [id, value] : lp.top) {
-        std::string alt = token_text(id);
-        top.push_back({{"token", alt}, {"logprob", value}, {"bytes", Bytes(alt)}});
+        top.push_back({{"token", rendering.text(id)},
+                       {"logprob", value},
+                       {"bytes", Bytes(rendering.bytes(id))}});
       }
       content.push_back({{"token", text},
                          {"logprob", lp.logprob},
-                         {"bytes", Bytes(text)},
+                         {"bytes", Bytes(rendering.bytes(lp.token))},
                          {"top_logprobs", top}});
     }
     return {{"content", content}};
   }
   Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array();
   if (unscored_first.has_value()) {
-    tokens.push_back(token_text(*unscored_first));
+    tokens.push_back(rendering.text(*unscored_first));
     token_logprobs.push_back(nullptr);
     top_logprobs.push_back(nullptr);
   }
   for (const auto& lp : logprobs) {
-    tokens.push_back(token_text(lp.token));
+    tokens.push_back(rendering.text(lp.token));
     token_logprobs.push_back(lp.logprob);
     Json top = Json::object();
-    for (const auto& [id, value] : lp.top) top[token_text(id)] = value;
+    for (const auto& [id, value] : lp.top) top[rendering.text(id)] = value;
     top_logprobs.push_back(top);
   }
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}};
@@ -396,16 +397,16 @@ Json Envelope(const ResponseHeader& header, const char* object) {
 }  // namespace
 
 Json FullResponse(const ResponseHeader& header, const std::vector<Choice>& choices,
-                  const engine::Usage& usage, bool with_logprobs, const TokenTextFn& token_text) {
+                  const engine::Usage& usage, bool with_logprobs, const TokenRendering& tokens) {
   const bool chat = header.kind == ApiKind::kChat;
   Json out = Envelope(header, chat ? "chat.completion" : "text_completion");
   Json list = Json::array();
   for (const Choice& c : choices) {
-    Json choice = {{"index", c.index},
-                   {"logprobs", with_logprobs ? LogprobsJson(header.kind, c.logprobs,
-                                                             c.unscored_first, token_text)
-                                              : Json(nullptr)},
-                   {"finish_reason", FinishJson(c.finish_reason)}};
+    Json choice = {
+        {"index", c.index},
+        {"logprobs", with_logprobs ? LogprobsJson(header.kind, c.logprobs, c.unscored_first, tokens)
+                                   : Json(nullptr)},
+        {"finish_reason", FinishJson(c.finish_reason)}};
     if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {
@@ -419,12 +420,12 @@ Json FullResponse(const ResponseHeader& header, const std::vector<Choice>& choic
 }
 
 Json StreamChunk(const ResponseHeader& header, const ChunkContent& content, bool with_logprobs,
-                 bool usage_null, const TokenTextFn& token_text) {
+                 bool usage_null, const TokenRendering& tokens) {
   const bool chat = header.kind == ApiKind::kChat;
   Json out = Envelope(header, chat ? "chat.completion.chunk" : "text_completion");
   Json choice = {{"index", content.index},
                  {"logprobs", with_logprobs ? LogprobsJson(header.kind, content.logprobs,
-                                                           content.unscored_first, token_text)
+                                                           content.unscored_first, tokens)
                                             : Json(nullptr)},
                  {"finish_reason", FinishJson(content.finish_reason)}};
   if (chat) {

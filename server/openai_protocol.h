@@ -79,8 +79,12 @@ struct ResponseHeader {
 };
 ResponseHeader NewResponseHeader(ApiKind kind, std::string model);
 
-// A token id's text, for logprobs.
-using TokenTextFn = std::function<std::string(int32_t)>;
+// How logprobs show a token id: its text, and (chat's "bytes") the bytes it
+// contributes, raw for part of a character (Tokenizer::TokenBytes).
+struct TokenRendering {
+  std::function<std::string(int32_t)> text;
+  std::function<std::string(int32_t)> bytes;
+};
 
 // One finished choice of a non-streaming response.
 struct Choice {
@@ -97,7 +101,7 @@ struct Choice {
 // asked for logprobs (else "logprobs": null).
 nlohmann::json FullResponse(const ResponseHeader& header, const std::vector<Choice>& choices,
                             const engine::Usage& usage, bool with_logprobs,
-                            const TokenTextFn& token_text);
+                            const TokenRendering& tokens);
 
 // One stream chunk for choice `index`: `text` and `logprobs` new since the
 // last chunk, the finish reason once finished. `first` adds the chat role
@@ -111,7 +115,7 @@ struct ChunkContent {
   std::optional<int32_t> unscored_first;  // as in Choice
 };
 nlohmann::json StreamChunk(const ResponseHeader& header, const ChunkContent& content,
-                           bool with_logprobs, bool usage_null, const TokenTextFn& token_text);
+                           bool with_logprobs, bool usage_null, const TokenRendering& tokens);
 // The last chunk when include_usage: no choices, the totals.
 nlohmann::json UsageChunk(const ResponseHeader& header, const engine::Usage& usage);
 

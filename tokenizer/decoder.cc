@@ -39,6 +39,12 @@ class SequenceDecoder : public Decoder {
     }
     return false;
   }
+  bool DecodesByteLevel() const override {
+    for (const auto& step : steps_) {
+      if (step->DecodesByteLevel()) return true;
+    }
+    return false;
+  }
 
  private:
   const std::vector<std::unique_ptr<Decoder>> steps_;
@@ -55,6 +61,7 @@ class ByteLevelDecoder : public Decoder {
     }
     tokens->assign(1, Utf8Lossy(bytes));
   }
+  bool DecodesByteLevel() const override { return true; }
 };
 
 class ReplaceDecoder : public Decoder {

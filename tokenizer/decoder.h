@@ -29,6 +29,9 @@ class Decoder {
   // Whether this decoder (or a step of it) is ByteFallback, whose rendering
   // of a run of <0xAB> tokens depends on where the run ends.
   virtual bool FusesByteRuns() const { return false; }
+  // Whether this decoder (or a step of it) maps byte-level characters back
+  // to bytes (ByteLevel).
+  virtual bool DecodesByteLevel() const { return false; }
 };
 
 // The <0xAB> form ByteFallback reads: its byte, or -1.

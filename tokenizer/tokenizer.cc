@@ -114,6 +114,7 @@ class HfTokenizer : public Tokenizer {
     return decoder_ != nullptr && decoder_->FusesByteRuns() &&
            tok::ByteFallbackValue(TokenView(id)) >= 0;
   }
+  std::string TokenBytes(int32_t id) const override;
   std::optional<int32_t> BosId() const override { return bos_id_; }
   std::optional<int32_t> EosId() const override { return eos_id_; }
   bool AddBosToken() const override { return add_bos_token_; }
@@ -250,6 +251,17 @@ std::vector<int32_t> HfTokenizer::Encode(std::string_view text, bool add_special
   }
   if (add_special_tokens && post_processor_ != nullptr) post_processor_->AddSpecialTokens(&ids);
   return ids;
+}
+
+std::string HfTokenizer::TokenBytes(int32_t id) const {
+  const std::string_view token = TokenView(id);
+  if (decoder_ != nullptr && added_->FindById(id) == nullptr) {
+    std::string bytes;
+    if (decoder_->DecodesByteLevel() && tok::ByteLevelDecode(token, &bytes)) return bytes;
+    const int byte = tok::ByteFallbackValue(token);
+    if (decoder_->FusesByteRuns() && byte >= 0) return std::string(1, static_cast<char>(byte));
+  }
+  return Decode(std::span<const int32_t>(&id, 1), /*skip_special_tokens=*/false);
 }
 
 std::string HfTokenizer::Decode(std::span<const int32_t> ids, bool skip_special_tokens) const {

@@ -41,6 +41,14 @@ class Tokenizer {
   // (Not pure, so simple test tokenizers need not define it.)
   virtual bool DependsOnNext(int32_t /*id*/) const { return false; }
 
+  // The bytes `id` contributes to decoded text before any UTF-8 repair: a
+  // byte-level or <0xAB> token that holds part of a character gives its raw
+  // bytes, where Decode gives U+FFFD (OpenAI's logprob "bytes"). Other
+  // tokens give Decode's text. (Not pure: Decode's by default.)
+  virtual std::string TokenBytes(int32_t id) const {
+    return Decode(std::span<const int32_t>(&id, 1), /*skip_special_tokens=*/false);
+  }
+
   // From tokenizer_config.json; without one (or without the field), BOS is
   // the token the post-processor puts first and EOS a special token with a
   // well-known name (</s>, <|endoftext|>, <|end_of_text|>, <eos>).

@@ -173,11 +173,14 @@ TEST(OpenAiProtocolTest, ErrorBodyHasOpenAiShape) {
 }
 
 std::string TokenText(int32_t id) { return std::string(1, static_cast<char>(id)); }
+// Bytes differ from text, as a partial character's do.
+std::string TokenBytes(int32_t id) { return std::string(2, static_cast<char>(id)); }
+const TokenRendering kTokens{TokenText, TokenBytes};
 
 TEST(OpenAiProtocolTest, SseFramingOfChunks) {
   ResponseHeader header{ApiKind::kChat, "chatcmpl-1", 100, "m"};
   ChunkContent first{0, "Hi", {}, engine::FinishReason::kNone, true, std::nullopt};
-  std::string frame = SseEvent(StreamChunk(header, first, false, true, TokenText));
+  std::string frame = SseEvent(StreamChunk(header, first, false, true, kTokens));
   ASSERT_EQ(frame.rfind("data: ", 0), 0u);
   ASSERT_EQ(frame.substr(frame.size() - 2), "\n\n");
   EXPECT_EQ(frame.find('\n'), frame.size() - 2) << "one line per event";
@@ -189,7 +192,7 @@ TEST(OpenAiProtocolTest, SseFramingOfChunks) {
   EXPECT_TRUE(chunk.contains("usage") && chunk["usage"].is_null());
 
   ChunkContent last{0, "", {}, engine::FinishReason::kLength, false, std::nullopt};
-  Json end = StreamChunk(header, last, false, false, TokenText);
+  Json end = StreamChunk(header, last, false, false, kTokens);
   EXPECT_EQ(end["choices"][0]["finish_reason"], "length");
   EXPECT_TRUE(end["choices"][0]["delta"].empty());
   EXPECT_FALSE(end.contains("usage"));
@@ -204,7 +207,7 @@ TEST(OpenAiProtocolTest, LogprobShapes) {
   std::vector<engine::TokenLogprob> logprobs = {{'a', -0.5f, {{'a', -0.5f}, {'b', -1.5f}}}};
   ResponseHeader completion{ApiKind::kCompletion, "cmpl-1", 1, "m"};
   Json c = FullResponse(completion, {{0, "a", logprobs, engine::FinishReason::kStop, std::nullopt}},
-                        {1, 1}, true, TokenText);
+                        {1, 1}, true, kTokens);
   EXPECT_EQ(c["object"], "text_completion");
   EXPECT_EQ(c["choices"][0]["text"], "a");
   EXPECT_EQ(c["choices"][0]["logprobs"]["tokens"][0], "a");
@@ -212,17 +215,17 @@ TEST(OpenAiProtocolTest, LogprobShapes) {
   EXPECT_FLOAT_EQ(c["choices"][0]["logprobs"]["top_logprobs"][0]["b"].get<float>(), -1.5f);
   ResponseHeader chat{ApiKind::kChat, "chatcmpl-1", 1, "m"};
   Json h = FullResponse(chat, {{0, "a", logprobs, engine::FinishReason::kStop, std::nullopt}},
-                        {1, 1}, true, TokenText);
+                        {1, 1}, true, kTokens);
   EXPECT_EQ(h["choices"][0]["message"]["content"], "a");
   const Json& entry = h["choices"][0]["logprobs"]["content"][0];
   EXPECT_EQ(entry["token"], "a");
-  EXPECT_EQ(entry["bytes"], Json::array({97}));
+  EXPECT_EQ(entry["bytes"], Json::array({97, 97}));
   EXPECT_EQ(entry["top_logprobs"][1]["token"], "b");
   EXPECT_EQ(h["usage"]["total_tokens"], 2);
 
   // Echo: the prompt's first token leads, unscored.
   Json e = FullResponse(completion, {{0, "pa", logprobs, engine::FinishReason::kStop, 'p'}}, {1, 1},
-                        true, TokenText);
+                        true, kTokens);
   const Json& echoed = e["choices"][0]["logprobs"];
   EXPECT_EQ(echoed["tokens"], Json::array({"p", "a"}));
   EXPECT_TRUE(echoed["token_logprobs"][0].is_null());

@@ -83,5 +83,28 @@ TEST(IncrementalDecoderTest, ByteFallbackRunsStayExactWhenInvalid) {
   EXPECT_EQ(Stream(**tokenizer, valid, false, "valid run"), "€");
 }
 
+// TokenBytes gives a partial character's raw bytes (where Decode gives
+// U+FFFD), byte-level and byte-fallback alike; whole tokens their text.
+TEST(TokenBytesTest, PartialCharactersKeepTheirBytes) {
+  LAIR_FIXTURE_OR_SKIP(gpt2_path, "tokenizers/gpt2");
+  auto gpt2 = Tokenizer::Load(gpt2_path);
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  const std::vector<int32_t> ids = (*gpt2)->Encode("ok 🤗", false);
+  std::string bytes;
+  for (int32_t id : ids) bytes += (*gpt2)->TokenBytes(id);
+  EXPECT_EQ(bytes, "ok 🤗");
+  EXPECT_EQ((*gpt2)->TokenBytes(ids[0]),
+            (*gpt2)->Decode(std::span<const int32_t>(&ids[0], 1), false));
+  EXPECT_EQ((*gpt2)->Decode(std::span<const int32_t>(&ids.back(), 1), false), "\xEF\xBF\xBD");
+
+  LAIR_FIXTURE_OR_SKIP(llama2_path, "tokenizers/llama2");
+  auto llama2 = Tokenizer::Load(llama2_path);
+  ASSERT_TRUE(llama2.ok()) << llama2.status();
+  EXPECT_EQ((*llama2)->TokenBytes(*(*llama2)->TokenToId("<0xE2>")), "\xE2");
+  const int32_t bos = *(*llama2)->BosId();
+  EXPECT_EQ((*llama2)->TokenBytes(bos),
+            (*llama2)->Decode(std::span<const int32_t>(&bos, 1), false));
+}
+
 }  // namespace
 }  // namespace lair
