@@ -152,6 +152,10 @@ absl::Status EngineImpl::Validate(const EngineRequest& r) const {
     return Invalid("sampling.max_tokens", absl::StrCat("must be in [1, ", config_.max_new_tokens,
                                                        "], got ", p.max_tokens));
   }
+  if (p.min_tokens < 0 || p.min_tokens > p.max_tokens) {
+    return Invalid("sampling.min_tokens", absl::StrCat("must be in [0, max_tokens ", p.max_tokens,
+                                                       "], got ", p.min_tokens));
+  }
   if (!(p.temperature >= 0)) return Invalid("sampling.temperature", "must be >= 0");
   if (!(p.top_p > 0 && p.top_p <= 1)) return Invalid("sampling.top_p", "must be in (0, 1]");
   if (p.top_k < 0) return Invalid("sampling.top_k", "must be >= 0 (0 = off)");
@@ -326,6 +330,9 @@ void EngineImpl::ScorePrompt(Sequence* seq, PromptLogits& prompt) {
 void EngineImpl::Accept(Sequence* seq, std::vector<float> logits, absl::Time now) {
   if (seq->at_first_sample() && seq->params().prompt_logprobs >= 0) {
     seq->output().SetPromptLogprobs(seq->group().prompt_logprobs);
+  }
+  if (seq->output().num_generated() < seq->params().min_tokens) {
+    MaskStopTokens(seq->params(), eos_, logits);
   }
   SampleResult sample = Sample(seq->params(), logits, seq->sampling());
   seq->AppendToken(sample.token);

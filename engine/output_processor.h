@@ -4,6 +4,9 @@
 // (IncrementalDecoder, special tokens skipped), stop strings matched across
 // token boundaries, max_tokens, usage counts and timings.
 //
+// Before min_tokens tokens no stop string is matched (stop tokens cannot be
+// sampled then: the engine masks them).
+//
 // Stop strings: text is held back while a suffix of it could still be the
 // start of a stop string, so a match that spans several tokens is found and
 // no text past it is ever sent. On a match the text before it is sent (plus

@@ -12,8 +12,11 @@ namespace lair::engine {
 
 // Sampling and stopping parameters, with OpenAI's meanings and defaults.
 struct SamplingParams {
-  int n = 1;                            // completions sharing one prefill
-  int max_tokens = 16;                  // generated tokens per completion
+  int n = 1;            // completions sharing one prefill
+  int max_tokens = 16;  // generated tokens per completion
+  // EOS, stop_token_ids and stop strings end no completion before it has
+  // this many tokens (vLLM's min_tokens): stop tokens are masked until then.
+  int min_tokens = 0;
   float temperature = 1.0f;             // 0 = greedy
   float top_p = 1.0f;                   // nucleus mass kept, (0, 1]
   int top_k = 0;                        // 0 = off

@@ -157,6 +157,15 @@ SampleResult Sample(const SamplingParams& params, std::span<float> logits, Sampl
   return result;
 }
 
+void MaskStopTokens(const SamplingParams& params, std::optional<int32_t> eos,
+                    std::span<float> logits) {
+  const auto mask = [&](int32_t token) {
+    if (token >= 0 && token < static_cast<int32_t>(logits.size())) logits[token] = kNegInf;
+  };
+  if (!params.ignore_eos && eos.has_value()) mask(*eos);
+  for (int32_t token : params.stop_token_ids) mask(token);
+}
+
 bool IsStopToken(const SamplingParams& params, std::optional<int32_t> eos, int32_t token) {
   if (!params.ignore_eos && eos.has_value() && token == *eos) return true;
   return std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), token) !=

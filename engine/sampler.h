@@ -75,6 +75,11 @@ SampleResult Sample(const SamplingParams& params, std::span<float> logits, Sampl
 // REQUIRES: 0 <= token < logits.size().
 TokenLogprob ScoreToken(std::span<float> logits, int32_t token, int top);
 
+// Masks (sets to -inf) in `logits` the tokens that would end a completion:
+// `eos` (unless ignore_eos) and params.stop_token_ids. For min_tokens.
+void MaskStopTokens(const SamplingParams& params, std::optional<int32_t> eos,
+                    std::span<float> logits);
+
 // Whether `token` ends a completion: `eos` (unless ignore_eos) or one of
 // params.stop_token_ids.
 bool IsStopToken(const SamplingParams& params, std::optional<int32_t> eos, int32_t token);

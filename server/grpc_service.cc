@@ -31,6 +31,7 @@ void CopySampling(const v1::SamplingParams& in, engine::SamplingParams* out) {
   out->include_stop_str_in_output = in.include_stop_str_in_output();
   if (in.has_logprobs()) out->logprobs = in.logprobs();
   if (in.has_prompt_logprobs()) out->prompt_logprobs = in.prompt_logprobs();
+  if (in.has_min_tokens()) out->min_tokens = in.min_tokens();
 }
 
 // Validates a GenerateRequest and turns it into prompt tokens and sampling.

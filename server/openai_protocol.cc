@@ -170,6 +170,7 @@ absl::Status ParseSampling(ApiKind kind, const Fields& f, engine::SamplingParams
       f.Int("max_tokens", kind == ApiKind::kCompletion ? 0 : 1, INT32_MAX, &s->max_tokens));
   if (kind == ApiKind::kChat)
     LAIR_RETURN_IF_ERROR(f.Int("max_completion_tokens", 1, INT32_MAX, &s->max_tokens));
+  LAIR_RETURN_IF_ERROR(f.Int("min_tokens", 0, s->max_tokens, &s->min_tokens));
   LAIR_RETURN_IF_ERROR(f.Int("n", 1, kMaxN, &s->n));
   LAIR_RETURN_IF_ERROR(f.Float("temperature", 0, 2, false, &s->temperature));
   LAIR_RETURN_IF_ERROR(f.Float("top_p", 0, 1, true, &s->top_p));

@@ -156,6 +156,32 @@ TEST(EngineTest, StopStringSplitAcrossTokens) {
   EXPECT_EQ(Alone(r, true).text, free_run.text.substr(0, first + stop.size()));
 }
 
+// min_tokens: no stop token is sampled, and no stop string matched, before
+// a completion has that many tokens.
+TEST(EngineTest, MinTokensHoldsStopsBack) {
+  const EngineRequest r = Request("m", 6, 3, 12);
+  const Completion free_run = Alone(r, /*with_tokenizer=*/true);
+  ASSERT_EQ(free_run.tokens.size(), 12u);
+  EngineRequest by_token = r;
+  by_token.sampling.stop_token_ids = {free_run.tokens[1]};
+  const Completion early = Alone(by_token, true);
+  EXPECT_EQ(early.reason, FinishReason::kStop);
+  EXPECT_EQ(early.tokens.size(), 2u);
+  by_token.sampling.min_tokens = 6;
+  const Completion held = Alone(by_token, true);
+  ASSERT_GE(held.tokens.size(), 6u);
+  for (int i = 0; i < 5; ++i) EXPECT_NE(held.tokens[i], free_run.tokens[1]) << "token " << i;
+
+  EngineRequest by_string = r;
+  const std::string stop = free_run.text.substr(2, 3);
+  by_string.sampling.stop = {stop};
+  EXPECT_EQ(Alone(by_string, true).reason, FinishReason::kStop);
+  by_string.sampling.min_tokens = 12;
+  const Completion full = Alone(by_string, true);
+  EXPECT_EQ(full.tokens, free_run.tokens);
+  EXPECT_EQ(full.text.find(stop), 2u);
+}
+
 TEST(EngineTest, SeedsReproduceRegardlessOfBatch) {
   auto seeded = [](const std::string& id, uint64_t seed) {
     EngineRequest r = Request(id, 7, 4, 16);
@@ -238,6 +264,8 @@ TEST(EngineTest, ValidationErrorsNameTheField) {
       {"sampling.n", [](EngineRequest& r) { r.sampling.n = 0; }},
       {"sampling.max_tokens", [](EngineRequest& r) { r.sampling.max_tokens = 0; }},
       {"sampling.max_tokens", [](EngineRequest& r) { r.sampling.max_tokens = 1001; }},
+      {"sampling.min_tokens", [](EngineRequest& r) { r.sampling.min_tokens = 5; }},
+      {"sampling.min_tokens", [](EngineRequest& r) { r.sampling.min_tokens = -1; }},
       {"sampling.temperature", [](EngineRequest& r) { r.sampling.temperature = -0.5f; }},
       {"sampling.top_p", [](EngineRequest& r) { r.sampling.top_p = 0; }},
       {"sampling.top_p", [](EngineRequest& r) { r.sampling.top_p = 1.5f; }},
