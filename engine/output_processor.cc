@@ -13,7 +13,7 @@ OutputProcessor::OutputProcessor(const Tokenizer* tokenizer, const SamplingParam
       index_(index),
       num_prompt_tokens_(num_prompt_tokens),
       arrival_(arrival) {
-  if (tokenizer != nullptr) decoder_.emplace(*tokenizer, /*skip_special_tokens=*/true);
+  if (tokenizer != nullptr) decoder_.emplace(*tokenizer, params->skip_special_tokens);
 }
 
 void OutputProcessor::MarkScheduled(absl::Time now) {

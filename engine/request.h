@@ -30,6 +30,7 @@ struct SamplingParams {
   std::vector<std::string> stop;        // stop strings, matched across token boundaries
   bool ignore_eos = false;
   bool include_stop_str_in_output = false;
+  bool skip_special_tokens = true;  // leave special tokens out of the output text
   int logprobs = -1;  // -1: none; 0: chosen token only; N: top N alternatives too
   // -1: none; N >= 0: every prompt token after the first with its logprob
   // given the tokens before it, and the top N alternatives.

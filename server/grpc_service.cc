@@ -32,6 +32,7 @@ void CopySampling(const v1::SamplingParams& in, engine::SamplingParams* out) {
   if (in.has_logprobs()) out->logprobs = in.logprobs();
   if (in.has_prompt_logprobs()) out->prompt_logprobs = in.prompt_logprobs();
   if (in.has_min_tokens()) out->min_tokens = in.min_tokens();
+  if (in.has_skip_special_tokens()) out->skip_special_tokens = in.skip_special_tokens();
 }
 
 // Validates a GenerateRequest and turns it into prompt tokens and sampling.

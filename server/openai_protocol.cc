@@ -181,6 +181,7 @@ absl::Status ParseSampling(ApiKind kind, const Fields& f, engine::SamplingParams
   LAIR_RETURN_IF_ERROR(f.Float("frequency_penalty", -2, 2, false, &s->frequency_penalty));
   LAIR_RETURN_IF_ERROR(f.Float("repetition_penalty", 0, 100, true, &s->repetition_penalty));
   LAIR_RETURN_IF_ERROR(f.Bool("ignore_eos", &s->ignore_eos));
+  LAIR_RETURN_IF_ERROR(f.Bool("skip_special_tokens", &s->skip_special_tokens));
   LAIR_RETURN_IF_ERROR(f.Bool("include_stop_str_in_output", &s->include_stop_str_in_output));
   if (const Json* seed = f.Get("seed")) {
     if (!seed->is_number_integer()) return ParamError("seed", "must be an integer");

@@ -182,6 +182,17 @@ TEST(EngineTest, MinTokensHoldsStopsBack) {
   EXPECT_EQ(full.text.find(stop), 2u);
 }
 
+// skip_special_tokens (the default) leaves special tokens out of the text.
+TEST(EngineTest, SkipSpecialTokensChoosesWhetherTheyAreText) {
+  EngineRequest r = Request("k", 4, 1, 3);  // ignore_eos: EOS does not stop it
+  r.sampling.logit_bias[FakeTokenizer::kEos] = 100.0f;
+  const Completion skipped = Alone(r, /*with_tokenizer=*/true);
+  EXPECT_EQ(skipped.tokens, std::vector<int32_t>(3, FakeTokenizer::kEos));
+  EXPECT_EQ(skipped.text, "");
+  r.sampling.skip_special_tokens = false;
+  EXPECT_EQ(Alone(r, true).text, "</s></s></s>");
+}
+
 TEST(EngineTest, SeedsReproduceRegardlessOfBatch) {
   auto seeded = [](const std::string& id, uint64_t seed) {
     EngineRequest r = Request(id, 7, 4, 16);

@@ -14,7 +14,8 @@ absl::Status ParseStatus(ApiKind kind, const std::string& body) {
 
 TEST(OpenAiProtocolTest, ParsesCompletionParameters) {
   absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(ApiKind::kCompletion, R"({
-      "model": "m", "prompt": ["a", [1, 2]], "max_tokens": 7, "min_tokens": 3, "temperature": 0.5, "top_p": 0.9,
+      "model": "m", "prompt": ["a", [1, 2]], "max_tokens": 7, "min_tokens": 3,
+      "skip_special_tokens": false, "temperature": 0.5, "top_p": 0.9,
       "top_k": -1, "min_p": 0.1, "n": 3, "stop": "x", "seed": 42, "logprobs": 2,
       "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2,
       "logit_bias": {"5": -100}, "stream": true, "stream_options": {"include_usage": true},
@@ -36,6 +37,7 @@ TEST(OpenAiProtocolTest, ParsesCompletionParameters) {
   EXPECT_EQ(s.seed, 42u);
   EXPECT_EQ(s.logprobs, 2);
   EXPECT_EQ(s.min_tokens, 3);
+  EXPECT_FALSE(s.skip_special_tokens);
   EXPECT_FLOAT_EQ(s.presence_penalty, 0.5f);
   EXPECT_FLOAT_EQ(s.frequency_penalty, -0.5f);
   EXPECT_FLOAT_EQ(s.repetition_penalty, 1.2f);
