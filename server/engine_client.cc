@@ -9,6 +9,13 @@
 namespace lair::server {
 namespace {
 
+// truncate > 0: only the last `truncate` tokens stay.
+void KeepLast(int truncate, std::vector<int32_t>* tokens) {
+  if (truncate > 0 && static_cast<int>(tokens->size()) > truncate) {
+    tokens->erase(tokens->begin(), tokens->end() - truncate);
+  }
+}
+
 std::string SpecialToken(const Tokenizer& tokenizer, std::optional<int32_t> id) {
   return id ? tokenizer.IdToToken(*id) : std::string();
 }
@@ -87,17 +94,19 @@ absl::Status EngineClient::CheckModel(std::string_view requested) const {
 }
 
 absl::StatusOr<std::vector<int32_t>> EngineClient::PromptTokens(const PromptInput& prompt,
-                                                                std::string_view param) const {
+                                                                std::string_view param,
+                                                                int truncate) const {
   std::vector<int32_t> tokens =
       std::holds_alternative<std::string>(prompt)
           ? Tokenize(std::get<std::string>(prompt), /*add_special_tokens=*/true)
           : std::get<std::vector<int32_t>>(prompt);
+  KeepLast(truncate, &tokens);
   LAIR_RETURN_IF_ERROR(CheckPrompt(tokens, param));
   return tokens;
 }
 
 absl::StatusOr<std::vector<int32_t>> EngineClient::ChatPromptTokens(
-    const nlohmann::ordered_json& messages, bool add_generation_prompt) const {
+    const nlohmann::ordered_json& messages, bool add_generation_prompt, int truncate) const {
   nlohmann::ordered_json variables = {{"messages", messages},
                                       {"add_generation_prompt", add_generation_prompt},
                                       {"bos_token", bos_token_},
@@ -105,6 +114,7 @@ absl::StatusOr<std::vector<int32_t>> EngineClient::ChatPromptTokens(
   absl::StatusOr<std::string> text = chat_template_.Render(variables);
   if (!text.ok()) return ParamError("messages", std::string(text.status().message()));
   std::vector<int32_t> tokens = Tokenize(*text, /*add_special_tokens=*/false);
+  KeepLast(truncate, &tokens);
   LAIR_RETURN_IF_ERROR(CheckPrompt(tokens, "messages"));
   return tokens;
 }

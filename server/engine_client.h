@@ -50,14 +50,17 @@ class EngineClient {
   absl::Status CheckModel(std::string_view requested) const;
 
   // A completion prompt's tokens (text gets the tokenizer's special tokens,
-  // ids are taken as they are), validated by CheckPrompt.
+  // ids are taken as they are), validated by CheckPrompt. `truncate` > 0
+  // keeps only the last `truncate` tokens first (vLLM's
+  // truncate_prompt_tokens), as ChatPromptTokens does.
   absl::StatusOr<std::vector<int32_t>> PromptTokens(const PromptInput& prompt,
-                                                    std::string_view param) const;
+                                                    std::string_view param, int truncate = 0) const;
   // Renders `messages` (OpenAI chat messages, content already flattened to
   // strings) with the chat template and tokenizes the result without adding
   // special tokens (the template writes BOS itself).
   absl::StatusOr<std::vector<int32_t>> ChatPromptTokens(const nlohmann::ordered_json& messages,
-                                                        bool add_generation_prompt) const;
+                                                        bool add_generation_prompt,
+                                                        int truncate = 0) const;
   // InvalidArgument (a ParamError on `param`) for an empty prompt, an id
   // outside the vocabulary, or more than max_prompt_tokens tokens.
   absl::Status CheckPrompt(const std::vector<int32_t>& tokens, std::string_view param) const;

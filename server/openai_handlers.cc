@@ -224,20 +224,23 @@ asio::awaitable<void> HandleGenerate(HttpExchange& exchange, EngineClient& clien
   std::vector<std::vector<int32_t>> prompts;
   if (status.ok()) status = client.CheckModel(parsed->model);
   if (status.ok() && kind == ApiKind::kChat) {
-    absl::StatusOr<std::vector<int32_t>> tokens =
-        client.ChatPromptTokens(parsed->messages, parsed->add_generation_prompt);
+    absl::StatusOr<std::vector<int32_t>> tokens = client.ChatPromptTokens(
+        parsed->messages, parsed->add_generation_prompt, parsed->truncate_prompt_tokens);
     status = tokens.status();
     if (status.ok()) prompts.push_back(std::move(*tokens));
   }
   std::vector<EchoedPrompt> echoes;
   for (size_t i = 0; status.ok() && kind == ApiKind::kCompletion && i < parsed->prompts.size();
        ++i) {
-    absl::StatusOr<std::vector<int32_t>> tokens = client.PromptTokens(parsed->prompts[i], "prompt");
+    absl::StatusOr<std::vector<int32_t>> tokens =
+        client.PromptTokens(parsed->prompts[i], "prompt", parsed->truncate_prompt_tokens);
     status = tokens.status();
     if (!status.ok()) break;
     if (parsed->echo) {
+      // The prompt as sent, unless it was given as ids or truncated.
       const auto* text = std::get_if<std::string>(&parsed->prompts[i]);
-      echoes.push_back({text ? *text : client.Detokenize(*tokens, false), tokens->front()});
+      const bool as_sent = text != nullptr && parsed->truncate_prompt_tokens == 0;
+      echoes.push_back({as_sent ? *text : client.Detokenize(*tokens, false), tokens->front()});
     }
     prompts.push_back(std::move(*tokens));
   }

@@ -297,6 +297,8 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
   }
   std::string user;
   LAIR_RETURN_IF_ERROR(f.String("user", &user));
+  LAIR_RETURN_IF_ERROR(
+      f.Int("truncate_prompt_tokens", 1, INT32_MAX, &request.truncate_prompt_tokens));
   if (const Json* format = f.Get("response_format")) {
     if (!format->is_object() || format->value("type", "") != "text") {
       return UnsupportedParamError("response_format", "only {\"type\": \"text\"} is supported");

@@ -43,7 +43,8 @@ struct OpenAiRequest {
   // generates one token, which is not sent).
   bool prompt_only = false;
   bool stream = false;
-  bool include_usage = false;  // stream_options.include_usage
+  bool include_usage = false;      // stream_options.include_usage
+  int truncate_prompt_tokens = 0;  // vLLM's: > 0 keeps each prompt's last so many tokens
 };
 
 // Parses a request body. Malformed JSON or a body that is not an object is

@@ -190,6 +190,20 @@ def test_echo_lists_the_prompt_and_its_logprobs(server, client):
     assert all(c.text.startswith(prompt) for c in several.choices if c.index < 2)
 
 
+def test_truncate_prompt_tokens_keeps_the_end(server, client):
+    ids = raw_post(server, "/tokenize", json.dumps({"prompt": "a longer prompt to cut"})).json()["tokens"]
+    cut = complete(client, server.model, "a longer prompt to cut", max_tokens=2,
+                   extra_body={"ignore_eos": True, "truncate_prompt_tokens": 3})
+    assert cut.usage.prompt_tokens == 3
+    assert cut.choices[0].text == complete(client, server.model, ids[-3:], max_tokens=2).choices[0].text
+    too_long = "x" * (MAX_PROMPT_TOKENS + 10)
+    kept = complete(client, server.model, too_long, max_tokens=1,
+                    extra_body={"ignore_eos": True, "truncate_prompt_tokens": 5})
+    assert kept.usage.prompt_tokens == 5
+    assert_error(raw_post(server, "/v1/completions", json.dumps({"prompt": "x", "truncate_prompt_tokens": 0})),
+                 400, "truncate_prompt_tokens")
+
+
 def test_tokenize_and_detokenize(server, client):
     tokenized = raw_post(server, "/tokenize", json.dumps({"prompt": "round trip", "add_special_tokens": False}))
     assert tokenized.status_code == 200, tokenized.text
