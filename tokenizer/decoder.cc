@@ -127,7 +127,8 @@ class FuseDecoder : public Decoder {
   void DecodeChain(std::vector<std::string>* tokens) const override {
     std::string joined;
     for (const std::string& token : *tokens) joined.append(token);
-    tokens->assign(1, std::move(joined));
+    tokens->clear();
+    tokens->push_back(std::move(joined));
   }
 };
 
