@@ -181,6 +181,19 @@ absl::Status EngineImpl::Validate(const EngineRequest& r) const {
                      absl::StrCat("token id ", t, " is outside the vocabulary"));
     }
   }
+  for (int32_t t : p.allowed_token_ids) {
+    if (t < 0 || t >= vocab_size_) {
+      return Invalid("sampling.allowed_token_ids",
+                     absl::StrCat("token id ", t, " is outside the vocabulary"));
+    }
+  }
+  // min_tokens masks the stop tokens: some allowed token must remain.
+  if (p.min_tokens > 0 && !p.allowed_token_ids.empty() &&
+      std::all_of(p.allowed_token_ids.begin(), p.allowed_token_ids.end(),
+                  [&](int32_t t) { return IsStopToken(p, eos_, t); })) {
+    return Invalid("sampling.allowed_token_ids",
+                   "only stop tokens are allowed, so min_tokens cannot be met");
+  }
   if (!p.stop.empty() && tokenizer_ == nullptr) {
     return Invalid("sampling.stop", "stop strings need a tokenizer and the engine has none");
   }
@@ -331,6 +344,7 @@ void EngineImpl::Accept(Sequence* seq, std::vector<float> logits, absl::Time now
   if (seq->at_first_sample() && seq->params().prompt_logprobs >= 0) {
     seq->output().SetPromptLogprobs(seq->group().prompt_logprobs);
   }
+  KeepAllowedTokens(seq->params(), logits);
   if (seq->output().num_generated() < seq->params().min_tokens) {
     MaskStopTokens(seq->params(), eos_, logits);
   }

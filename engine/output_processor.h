@@ -1,8 +1,8 @@
 // OutputProcessor: one completion's output stream (engine -> front end).
 //
 // It turns generated tokens into RequestOutputs: incremental detokenization
-// (IncrementalDecoder, special tokens skipped unless the request keeps them), stop strings matched across
-// token boundaries, max_tokens, usage counts and timings.
+// (IncrementalDecoder, special tokens skipped unless the request keeps them), stop strings matched
+// across token boundaries, max_tokens, usage counts and timings.
 //
 // Before min_tokens tokens no stop string is matched (stop tokens cannot be
 // sampled then: the engine masks them).

@@ -157,6 +157,14 @@ SampleResult Sample(const SamplingParams& params, std::span<float> logits, Sampl
   return result;
 }
 
+void KeepAllowedTokens(const SamplingParams& params, std::span<float> logits) {
+  if (params.allowed_token_ids.empty()) return;
+  std::vector<float> kept(params.allowed_token_ids.size());
+  for (size_t i = 0; i < kept.size(); ++i) kept[i] = logits[params.allowed_token_ids[i]];
+  std::fill(logits.begin(), logits.end(), kNegInf);
+  for (size_t i = 0; i < kept.size(); ++i) logits[params.allowed_token_ids[i]] = kept[i];
+}
+
 void MaskStopTokens(const SamplingParams& params, std::optional<int32_t> eos,
                     std::span<float> logits) {
   const auto mask = [&](int32_t token) {

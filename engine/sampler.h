@@ -75,6 +75,10 @@ SampleResult Sample(const SamplingParams& params, std::span<float> logits, Sampl
 // REQUIRES: 0 <= token < logits.size().
 TokenLogprob ScoreToken(std::span<float> logits, int32_t token, int top);
 
+// Masks (sets to -inf) every token of `logits` but params.allowed_token_ids
+// (when any are given).
+void KeepAllowedTokens(const SamplingParams& params, std::span<float> logits);
+
 // Masks (sets to -inf) in `logits` the tokens that would end a completion:
 // `eos` (unless ignore_eos) and params.stop_token_ids. For min_tokens.
 void MaskStopTokens(const SamplingParams& params, std::optional<int32_t> eos,

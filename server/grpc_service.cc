@@ -26,6 +26,7 @@ void CopySampling(const v1::SamplingParams& in, engine::SamplingParams* out) {
   for (const auto& [id, bias] : in.logit_bias()) out->logit_bias[id] = bias;
   if (in.has_seed()) out->seed = in.seed();
   out->stop_token_ids.assign(in.stop_token_ids().begin(), in.stop_token_ids().end());
+  out->allowed_token_ids.assign(in.allowed_token_ids().begin(), in.allowed_token_ids().end());
   out->stop.assign(in.stop().begin(), in.stop().end());
   out->ignore_eos = in.ignore_eos();
   out->include_stop_str_in_output = in.include_stop_str_in_output();

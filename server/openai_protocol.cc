@@ -208,6 +208,11 @@ absl::Status ParseSampling(ApiKind kind, const Fields& f, engine::SamplingParams
     if (!ids->is_array()) return ParamError("stop_token_ids", "must be a list of token ids");
     LAIR_ASSIGN_OR_RETURN(s->stop_token_ids, TokenIds(*ids, "stop_token_ids"));
   }
+  if (const Json* ids = f.Get("allowed_token_ids")) {
+    if (!ids->is_array() || ids->empty())
+      return ParamError("allowed_token_ids", "must be a non-empty list of token ids");
+    LAIR_ASSIGN_OR_RETURN(s->allowed_token_ids, TokenIds(*ids, "allowed_token_ids"));
+  }
   if (const Json* bias = f.Get("logit_bias")) {
     if (!bias->is_object())
       return ParamError("logit_bias", "must be an object mapping token ids to numbers");

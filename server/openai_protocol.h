@@ -4,7 +4,8 @@
 //
 // Parsing follows OpenAI's parameters (plus vLLM's common extensions top_k,
 // min_p, min_tokens, repetition_penalty, ignore_eos, skip_special_tokens,
-// stop_token_ids, include_stop_str_in_output, add_generation_prompt, and
+// stop_token_ids, allowed_token_ids, include_stop_str_in_output,
+// truncate_prompt_tokens, add_generation_prompt, and
 // echo with max_tokens 0). A field of the wrong
 // type or out of range is a ParamError naming it; a well-formed request for
 // something LAIR does not do (suffix, response_format other than

@@ -193,6 +193,19 @@ TEST(EngineTest, SkipSpecialTokensChoosesWhetherTheyAreText) {
   EXPECT_EQ(Alone(r, true).text, "</s></s></s>");
 }
 
+// allowed_token_ids: only those are sampled, greedy or not.
+TEST(EngineTest, AllowedTokenIdsAreTheOnlyChoices) {
+  for (float temperature : {0.0f, 1.0f}) {
+    EngineRequest r = Request("a", 5, 2, 20);
+    r.sampling.temperature = temperature;
+    r.sampling.seed = 7;
+    r.sampling.allowed_token_ids = {3, 42, 77};
+    const Completion c = Alone(r);
+    ASSERT_EQ(c.tokens.size(), 20u);
+    for (int32_t t : c.tokens) EXPECT_TRUE(t == 3 || t == 42 || t == 77) << t;
+  }
+}
+
 TEST(EngineTest, SeedsReproduceRegardlessOfBatch) {
   auto seeded = [](const std::string& id, uint64_t seed) {
     EngineRequest r = Request(id, 7, 4, 16);
@@ -277,6 +290,14 @@ TEST(EngineTest, ValidationErrorsNameTheField) {
       {"sampling.max_tokens", [](EngineRequest& r) { r.sampling.max_tokens = 1001; }},
       {"sampling.min_tokens", [](EngineRequest& r) { r.sampling.min_tokens = 5; }},
       {"sampling.min_tokens", [](EngineRequest& r) { r.sampling.min_tokens = -1; }},
+      {"sampling.allowed_token_ids",
+       [](EngineRequest& r) { r.sampling.allowed_token_ids = {512}; }},
+      {"sampling.allowed_token_ids",
+       [](EngineRequest& r) {
+         r.sampling.stop_token_ids = {9};
+         r.sampling.allowed_token_ids = {9};
+         r.sampling.min_tokens = 1;
+       }},
       {"sampling.temperature", [](EngineRequest& r) { r.sampling.temperature = -0.5f; }},
       {"sampling.top_p", [](EngineRequest& r) { r.sampling.top_p = 0; }},
       {"sampling.top_p", [](EngineRequest& r) { r.sampling.top_p = 1.5f; }},

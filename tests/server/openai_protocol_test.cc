@@ -15,7 +15,7 @@ absl::Status ParseStatus(ApiKind kind, const std::string& body) {
 TEST(OpenAiProtocolTest, ParsesCompletionParameters) {
   absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(ApiKind::kCompletion, R"({
       "model": "m", "prompt": ["a", [1, 2]], "max_tokens": 7, "min_tokens": 3,
-      "skip_special_tokens": false, "temperature": 0.5, "top_p": 0.9,
+      "skip_special_tokens": false, "allowed_token_ids": [4, 5], "temperature": 0.5, "top_p": 0.9,
       "top_k": -1, "min_p": 0.1, "n": 3, "stop": "x", "seed": 42, "logprobs": 2,
       "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2,
       "logit_bias": {"5": -100}, "stream": true, "stream_options": {"include_usage": true},
@@ -38,6 +38,7 @@ TEST(OpenAiProtocolTest, ParsesCompletionParameters) {
   EXPECT_EQ(s.logprobs, 2);
   EXPECT_EQ(s.min_tokens, 3);
   EXPECT_FALSE(s.skip_special_tokens);
+  EXPECT_EQ(s.allowed_token_ids, (std::vector<int32_t>{4, 5}));
   EXPECT_FLOAT_EQ(s.presence_penalty, 0.5f);
   EXPECT_FLOAT_EQ(s.frequency_penalty, -0.5f);
   EXPECT_FLOAT_EQ(s.repetition_penalty, 1.2f);
@@ -74,6 +75,8 @@ TEST(OpenAiProtocolTest, ErrorsNameTheParam) {
       {ApiKind::kCompletion, R"({"prompt": "x", "max_tokens": "ten"})", "max_tokens"},
       {ApiKind::kCompletion, R"({"prompt": "x", "max_tokens": 0})", "max_tokens"},
       {ApiKind::kCompletion, R"({"prompt": "x", "max_tokens": 4, "min_tokens": 5})", "min_tokens"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "allowed_token_ids": []})", "allowed_token_ids"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "allowed_token_ids": [-2]})", "allowed_token_ids"},
       {ApiKind::kCompletion, R"({"prompt": "x", "temperature": "hot"})", "temperature"},
       {ApiKind::kCompletion, R"({"prompt": "x", "temperature": 3})", "temperature"},
       {ApiKind::kCompletion, R"({"prompt": "x", "top_p": 0})", "top_p"},
