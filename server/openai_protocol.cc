@@ -324,6 +324,16 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
   } else {
     LAIR_ASSIGN_OR_RETURN(request.messages, ParseMessages(f.Get("messages")));
     LAIR_RETURN_IF_ERROR(f.Bool("add_generation_prompt", &request.add_generation_prompt));
+    // Tools would be silently ignored: a client that offers them is told.
+    for (const char* tools : {"tools", "functions"}) {
+      const Json* offered = f.Get(tools);
+      if (offered && !(offered->is_array() && offered->empty())) {
+        return UnsupportedParamError(tools, "tool calling is not supported");
+      }
+    }
+    if (const Json* choice = f.Get("tool_choice"); choice && *choice != "none") {
+      return UnsupportedParamError("tool_choice", "tool calling is not supported");
+    }
   }
   return request;
 }

@@ -9,7 +9,7 @@
 // echo with max_tokens 0). A field of the wrong
 // type or out of range is a ParamError naming it; a well-formed request for
 // something LAIR does not do (suffix, response_format other than
-// text, non-text message parts) is Unimplemented naming it. Unknown fields
+// text, non-text message parts, tools) is Unimplemented naming it. Unknown fields
 // are ignored, as OpenAI-compatible servers do.
 #pragma once
 

@@ -114,6 +114,13 @@ TEST(OpenAiProtocolTest, MalformedAndUnsupported) {
   absl::Status suffix = ParseStatus(ApiKind::kCompletion, R"({"prompt": "x", "suffix": "y"})");
   EXPECT_EQ(HttpStatusFor(suffix), 422);
   EXPECT_EQ(ErrorParam(suffix), "suffix");
+  const std::string chat = R"({"messages": [{"role": "user", "content": "x"}], )";
+  absl::Status tools = ParseStatus(ApiKind::kChat, chat + R"("tools": [{"type": "function"}]})");
+  EXPECT_EQ(HttpStatusFor(tools), 422);
+  EXPECT_EQ(ErrorParam(tools), "tools");
+  EXPECT_EQ(ErrorParam(ParseStatus(ApiKind::kChat, chat + R"("tool_choice": "auto"})")),
+            "tool_choice");
+  EXPECT_TRUE(ParseStatus(ApiKind::kChat, chat + R"("tools": [], "tool_choice": "none"})").ok());
 }
 
 // Echo lists the prompt with the logprobs asked for the output.
