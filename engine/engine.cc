@@ -175,16 +175,14 @@ absl::Status EngineImpl::Validate(const EngineRequest& r) const {
                      absl::StrCat("token id ", t, " is outside the vocabulary"));
     }
   }
-  for (int32_t t : p.stop_token_ids) {
-    if (t < 0 || t >= vocab_size_) {
-      return Invalid("sampling.stop_token_ids",
-                     absl::StrCat("token id ", t, " is outside the vocabulary"));
-    }
-  }
-  for (int32_t t : p.allowed_token_ids) {
-    if (t < 0 || t >= vocab_size_) {
-      return Invalid("sampling.allowed_token_ids",
-                     absl::StrCat("token id ", t, " is outside the vocabulary"));
+  const std::pair<const char*, const std::vector<int32_t>*> id_lists[] = {
+      {"sampling.stop_token_ids", &p.stop_token_ids},
+      {"sampling.allowed_token_ids", &p.allowed_token_ids}};
+  for (const auto& [field, ids] : id_lists) {
+    for (int32_t t : *ids) {
+      if (t < 0 || t >= vocab_size_) {
+        return Invalid(field, absl::StrCat("token id ", t, " is outside the vocabulary"));
+      }
     }
   }
   // min_tokens masks the stop tokens: some allowed token must remain.

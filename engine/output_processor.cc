@@ -72,13 +72,13 @@ void OutputProcessor::ReleaseText(bool final) {
   // The earliest complete stop string wins, once min_tokens are out.
   size_t match_at = std::string::npos;
   const std::string* match = nullptr;
-  const bool may_stop = num_generated_ >= params_->min_tokens;
-  for (const std::string& stop : params_->stop) {
-    if (!may_stop) break;
-    const size_t at = held_.find(stop);
-    if (at < match_at) {
-      match_at = at;
-      match = &stop;
+  if (num_generated_ >= params_->min_tokens) {
+    for (const std::string& stop : params_->stop) {
+      const size_t at = held_.find(stop);
+      if (at < match_at) {
+        match_at = at;
+        match = &stop;
+      }
     }
   }
   if (match != nullptr) {

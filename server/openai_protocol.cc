@@ -97,6 +97,20 @@ absl::StatusOr<std::vector<int32_t>> TokenIds(const Json& array, const char* par
   return ids;
 }
 
+// The list of token ids in field `name`, when present (and not empty when
+// `non_empty`).
+absl::Status OptionalTokenIds(const Fields& f, const char* name, bool non_empty,
+                              std::vector<int32_t>* out) {
+  const Json* ids = f.Get(name);
+  if (!ids) return absl::OkStatus();
+  if (!ids->is_array() || (non_empty && ids->empty())) {
+    return ParamError(
+        name, non_empty ? "must be a non-empty list of token ids" : "must be a list of token ids");
+  }
+  LAIR_ASSIGN_OR_RETURN(*out, TokenIds(*ids, name));
+  return absl::OkStatus();
+}
+
 // prompt: a string, a list of strings, a list of token ids, or a list of
 // lists of token ids.
 absl::StatusOr<std::vector<PromptInput>> ParsePrompts(const Json* prompt) {
@@ -204,15 +218,8 @@ absl::Status ParseSampling(ApiKind kind, const Fields& f, engine::SamplingParams
       if (str.empty()) return ParamError("stop", "stop strings must not be empty");
     }
   }
-  if (const Json* ids = f.Get("stop_token_ids")) {
-    if (!ids->is_array()) return ParamError("stop_token_ids", "must be a list of token ids");
-    LAIR_ASSIGN_OR_RETURN(s->stop_token_ids, TokenIds(*ids, "stop_token_ids"));
-  }
-  if (const Json* ids = f.Get("allowed_token_ids")) {
-    if (!ids->is_array() || ids->empty())
-      return ParamError("allowed_token_ids", "must be a non-empty list of token ids");
-    LAIR_ASSIGN_OR_RETURN(s->allowed_token_ids, TokenIds(*ids, "allowed_token_ids"));
-  }
+  LAIR_RETURN_IF_ERROR(OptionalTokenIds(f, "stop_token_ids", false, &s->stop_token_ids));
+  LAIR_RETURN_IF_ERROR(OptionalTokenIds(f, "allowed_token_ids", true, &s->allowed_token_ids));
   if (const Json* bias = f.Get("logit_bias")) {
     if (!bias->is_object())
       return ParamError("logit_bias", "must be an object mapping token ids to numbers");
