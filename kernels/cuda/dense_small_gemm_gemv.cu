@@ -9,17 +9,26 @@
 namespace lair::kernels::cuda::dense::small_product {
 namespace {
 
-// GEMV: one warp streams one weight row in 16-byte loads (kGemvUnroll in
-// flight per lane) against fp32 activations read through the cache, keeping
-// one fp32 sum per activation row.
+// GEMV: kSplits warps (1, 2 or 4) stream one weight row, each a run of
+// whole chunks of it, in 16-byte loads (kGemvUnroll in flight per lane)
+// against fp32 activations read through the cache, keeping one fp32 sum per
+// activation row; split rows add their warps' sums in a fixed order.
 
 constexpr int kGemvWarps = 8;
 // 8 (a whole 2048-wide row per round trip) measured slower on an H100: GLA
 // 1.3B decode at batch 1 went from 2.13 to 2.28 ms per step.
 constexpr int kGemvUnroll = 4;
+constexpr int64_t kGemvChunk = 32 * kGemvUnroll;  // 16-byte vectors a warp loads at once
+// Rows are split across warps until a launch has this many warps per SM:
+// a product of few rows (GLA 1.3B's o_proj and down, 2048 of them) had 16
+// warps per SM, each streaming a whole row, and moved 1.2 TB/s (o_proj)
+// where the wider products moved 2.1. Splitting took GLA 1.3B's decode step
+// on an H200 from 1.511 to 1.466 ms at batch 1 and 1.775 to 1.730 at 2.
+constexpr int64_t kGemvWarpsPerSm = 24;
+constexpr int kGemvMaxSplits = 4;
 
 // A lane's kGemvUnroll 16-byte loads of a weight row from vector `base` on
-// (zeros past the row's end).
+// (zeros from vector `vectors` on: the row's or the warp's share's end).
 __device__ __forceinline__ void LoadWeightChunk(const uint4* row, int64_t vectors, int64_t base,
                                                 int lane, uint4 (&chunk)[kGemvUnroll]) {
 #pragma unroll
@@ -29,7 +38,8 @@ __device__ __forceinline__ void LoadWeightChunk(const uint4* row, int64_t vector
   }
 }
 
-// sum[r] += the chunk's weights · the matching activations of row r.
+// sum[r] += the chunk's weights (vectors before `vectors`) · the matching
+// activations of row r.
 template <typename T, int kRows>
 __device__ __forceinline__ void AccumulateChunk(const uint4 (&chunk)[kGemvUnroll], const float* a,
                                                 int64_t k, int64_t vectors, int64_t base, int lane,
@@ -50,12 +60,13 @@ __device__ __forceinline__ void AccumulateChunk(const uint4 (&chunk)[kGemvUnroll
 
 // Launched as a dependent (dependent_launch.cuh): the first weight chunk is
 // in flight before the wait for the kernel that writes the activations.
-template <typename T, int kRows>
+template <typename T, int kRows, int kSplits>
 __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const SmallGroup<T> g) {
   AllowDependents();
-  const int lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + threadIdx.x / 32;
-  if (row >= g.first_row[g.count]) return;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps / kSplits) + warp / kSplits;
+  // Past the last row a warp still meets its CTA at the partial sums.
+  const bool valid = row < g.first_row[g.count];
   // The member and its row, read from the parameters by constant indices
   // here rather than through MemberOf and Select: a reference to `g` makes
   // the compiler pick one parameter address and load through it, which
@@ -74,19 +85,38 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const SmallGroup<T
     }
   }
   const int64_t k = g.k;
-  const int64_t vectors = k / 8;
+  // This warp's vectors [begin, end) of the row: whole chunks.
+  const int64_t vectors = k / 8, chunks = (vectors + kGemvChunk - 1) / kGemvChunk;
+  const int64_t per_warp = (chunks + kSplits - 1) / kSplits * kGemvChunk;
+  const int64_t begin = (warp % kSplits) * per_warp;
+  const int64_t end = valid ? min(vectors, begin + per_warp) : 0;
   const uint4* weights = reinterpret_cast<const uint4*>(w + j * k);  // 8 weights per uint4
   float sum[kRows] = {};
   uint4 chunk[kGemvUnroll];
-  LoadWeightChunk(weights, vectors, 0, lane, chunk);
+  if (begin < end) LoadWeightChunk(weights, end, begin, lane, chunk);
   WaitForPrerequisites();  // a (and c when beta ≠ 0) come from earlier kernels
-  for (int64_t base = 0; base < vectors; base += 32 * kGemvUnroll) {
-    if (base > 0) LoadWeightChunk(weights, vectors, base, lane, chunk);
-    AccumulateChunk<T, kRows>(chunk, g.a, k, vectors, base, lane, sum);
+  for (int64_t base = begin; base < end; base += kGemvChunk) {
+    if (base > begin) LoadWeightChunk(weights, end, base, lane, chunk);
+    AccumulateChunk<T, kRows>(chunk, g.a, k, end, base, lane, sum);
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) sum[r] = WarpSum(sum[r]);
-  if (lane != 0) return;
+  if constexpr (kSplits > 1) {
+    __shared__ float partial[kGemvWarps][kRows];
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) partial[warp][r] = sum[r];
+    }
+    __syncthreads();
+    if (warp % kSplits != 0) return;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      sum[r] = 0.0f;
+#pragma unroll
+      for (int p = 0; p < kSplits; ++p) sum[r] += partial[warp + p][r];
+    }
+  }
+  if (!valid || lane != 0) return;
   Output out = {g.c[0], g.first_row[1], g.bias[0], g.act[0], g.residual[0]};
 #pragma unroll
   for (int i = 1; i < kMembers; ++i) {
@@ -100,12 +130,48 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const SmallGroup<T
   }
 }
 
+// Warps per row: doubled, up to the chunks of a row and kGemvMaxSplits,
+// while the launch has fewer than kGemvWarpsPerSm warps per SM.
+// (Asked per launch: a process may drive GPUs of different kinds.)
+int SplitsFor(int64_t rows, int64_t k) {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 1;
+  }
+  const int64_t chunks = (k / 8 + kGemvChunk - 1) / kGemvChunk;
+  int splits = 1;
+  while (splits < kGemvMaxSplits && 2 * splits <= chunks && rows * splits < sms * kGemvWarpsPerSm) {
+    splits *= 2;
+  }
+  return splits;
+}
+
+template <typename T, int kRows, int kSplits>
+cudaError_t LaunchGemvSplits(const SmallGroup<T>& g, cudaStream_t stream) {
+  const int64_t rows = g.first_row[g.count], rows_per_cta = kGemvWarps / kSplits;
+  return LaunchDependent(GemvKernel<T, kRows, kSplits>,
+                         dim3(static_cast<unsigned>((rows + rows_per_cta - 1) / rows_per_cta)),
+                         dim3(kGemvWarps * 32), stream, g);
+}
+
+// Rows are split at up to kGemvFastMaxRows activation rows (the fast path's
+// decode; more rows need the registers for their sums).
 template <typename T, int kRows>
 cudaError_t LaunchGemvRows(const SmallGroup<T>& g, cudaStream_t stream) {
-  const int64_t rows = g.first_row[g.count];
-  return LaunchDependent(GemvKernel<T, kRows>,
-                         dim3(static_cast<unsigned>((rows + kGemvWarps - 1) / kGemvWarps)),
-                         dim3(kGemvWarps * 32), stream, g);
+  if constexpr (kRows > kGemvFastMaxRows) {
+    return LaunchGemvSplits<T, kRows, 1>(g, stream);
+  } else {
+    switch (SplitsFor(g.first_row[g.count], g.k)) {
+      case 1:
+        return LaunchGemvSplits<T, kRows, 1>(g, stream);
+      case 2:
+        return LaunchGemvSplits<T, kRows, 2>(g, stream);
+      default:
+        return LaunchGemvSplits<T, kRows, kGemvMaxSplits>(g, stream);
+    }
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // address reuse and CaptureStep's graphs replaying what they recorded.
 // Skips when no GPU is present.
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <random>
@@ -327,6 +328,53 @@ TEST_F(CudaStepTest, FastProductsAreExactOnRoundedActivations) {
       GemmArgs got{Up(x), weights[0], Up(c0), false, true, 1.5f, 0.5f, Tensor()};
       ASSERT_TRUE(gpu_->Gemm(got).ok()) << what;
       EXPECT_LE(RelativeError(Down(got.c), want.c), 1e-5) << what << " beta";
+    }
+  }
+}
+
+// The decode GEMV splits the rows of a product of few rows across up to
+// four warps each (whole chunks of 1024 k; the last warps of a row may have
+// none): exact against the CPU on the bf16 weights at one, two and four
+// warps per row (by rows and k), with row counts that leave CTAs partly
+// empty, k that ends inside a chunk, and beta ≠ 0.
+TEST_F(CudaStepTest, GemvSplitsFewRowsAcrossWarps) {
+  // A group of three members, whose rows must not mix.
+  for (int64_t m : {1, 2}) {
+    const int64_t k = 2056;
+    const std::vector<int64_t> widths = {37, 8, 1500};
+    const Tensor x = Rand({m, k});
+    std::vector<Tensor> weights, cpu_weights, cpu_outs, gpu_outs;
+    for (int64_t n : widths) {
+      const Tensor w = Up(Rand({n, k}), DType::kBF16);
+      absl::StatusOr<Tensor> host = gpu_->Download(w);
+      ASSERT_TRUE(host.ok()) << host.status();
+      weights.push_back(w);
+      cpu_weights.push_back(host->ToF32());
+      cpu_outs.push_back(Tensor::Zeros(DType::kF32, {m, n}));
+      gpu_outs.push_back(Up(Rand({m, n})));
+    }
+    ASSERT_TRUE(cpu_->LinearGroup({x, cpu_weights, {}, cpu_outs}).ok());
+    ASSERT_TRUE(gpu_->LinearGroup({Up(x), weights, {}, gpu_outs}).ok());
+    for (size_t i = 0; i < widths.size(); ++i) {
+      EXPECT_LE(RelativeError(Down(gpu_outs[i]), cpu_outs[i]), 1e-5)
+          << "m=" << m << " member " << i;
+    }
+  }
+  for (int64_t k : {16, 1000, 2056, 5632, 8192}) {
+    for (int64_t rows : {1, 37, 2048, 3001}) {
+      for (int64_t m : {1, 2}) {
+        const std::string what = absl::StrCat("k=", k, " rows=", rows, " m=", m);
+        const Tensor x = Rand({m, k}), c0 = Rand({m, rows});
+        const Tensor w = Up(Rand({rows, k}), DType::kBF16);
+        absl::StatusOr<Tensor> w_host = gpu_->Download(w);
+        ASSERT_TRUE(w_host.ok()) << w_host.status();
+        GemmArgs want{x, w_host->ToF32(), c0.Clone(), false, true, 1.5f, 0.5f, Tensor()};
+        ASSERT_TRUE(cpu_->Gemm(want).ok()) << what;
+        GemmArgs got{Up(x), w, Up(c0), false, true, 1.5f, 0.5f, Tensor()};
+        const absl::Status st = gpu_->Gemm(got);
+        ASSERT_TRUE(st.ok()) << what << ": " << st;
+        EXPECT_LE(RelativeError(Down(got.c), want.c), 1e-5) << what;
+      }
     }
   }
 }
