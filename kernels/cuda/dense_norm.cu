@@ -3,6 +3,9 @@
 // to kWarpGroupMax columns, a 256-thread block above (and, forward, when there
 // are few groups). The team walks its group in kVec-wide steps (16-byte loads
 // when the group and pointers allow), once per statistic; re-reads hit L1/L2.
+// Forward, groups of up to kMaxHeldVectors 16-byte vectors per thread are
+// loaded once into registers instead (NormHeldKernel), all loads in flight
+// together.
 // fp32 math:
 //   u = x · silu(gate) (kBefore), silu(x) (kSiluInput) or x,  μ = mean(u) (Layer) or 0,
 //   r = 1/√(mean((u − μ)²) + ε),  x̂ = (u − μ)·r,
@@ -29,6 +32,8 @@ constexpr int64_t kMinWarpTeamGroups = 128;
 constexpr int kWarpTeamBlock = 128;  // 4 warp teams per block
 constexpr int kBlockTeam = 256;
 constexpr int kColumnThreads = 256;
+// 16-byte vectors of u a thread of NormHeldKernel holds (32 registers).
+constexpr int kMaxHeldVectors = 8;
 
 // The team's group: its first element in [rows, cols], its column offset,
 // and this thread's rank in the team. False when the team has no group.
@@ -131,6 +136,64 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
       for (int e = 0; e < kVec; ++e) y[e] *= Silu(g[e]);
     }
     StoreOut<kVec>(static_cast<Out*>(p.y) + base + i, y);
+  }
+}
+
+// NormKernel for groups of at most kTeam · 4 · kItems elements (16-byte
+// aligned, a multiple of 4): each thread holds its vectors of u between the
+// statistics and the output, so x (and the gate of kBefore) is read once and
+// every load of the group is issued before the first sum needs one. Its sums
+// run in NormKernel's order, so the two agree bit for bit.
+template <int kTeam, int kItems, typename Out>
+__global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
+    NormHeldKernel(const NormParams p) {
+  AllowDependents();
+  __shared__ float shared[kBlockTeam / 32];
+  int64_t base, g0, group_index;
+  int tid;
+  if (!FindGroup<kTeam>(p, &base, &g0, &group_index, &tid)) return;
+  float u[kItems][4];
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const int64_t i = (it * int64_t{kTeam} + tid) * 4;
+    if (i < p.group) LoadU<4>(p, base + i, u[it]);
+  }
+  const auto held = [&](int it) { return (it * int64_t{kTeam} + tid) * 4 < p.group; };
+  float mean = 0.0f;
+  if (p.kind == NormKind::kLayer) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int it = 0; it < kItems; ++it) {
+      if (!held(it)) continue;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sum += u[it][e];
+    }
+    mean = TeamSum<kTeam>(sum, shared) / static_cast<float>(p.group);
+  }
+  float sq = 0.0f;
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    if (!held(it)) continue;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sq += (u[it][e] - mean) * (u[it][e] - mean);
+  }
+  const float r = 1.0f / sqrtf(TeamSum<kTeam>(sq, shared) / static_cast<float>(p.group) + p.eps);
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    if (!held(it)) continue;
+    const int64_t i = (it * int64_t{kTeam} + tid) * 4;
+    float w[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    if (p.weight) LoadVec<4>(p.weight + g0 + i, w);
+    float y[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) y[e] = (u[it][e] - mean) * r * w[e];
+    if (p.gate_mode == NormGate::kAfter) {
+      float g[4];
+      LoadVec<4>(p.gate + base + i, g);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) y[e] *= Silu(g[e]);
+    }
+    StoreOut<4>(static_cast<Out*>(p.y) + base + i, y);
   }
 }
 
@@ -248,15 +311,32 @@ bool Vectorizable(const NormParams& p) {
          (p.weight == nullptr || Aligned16(p.weight)) && (p.gate == nullptr || Aligned16(p.gate));
 }
 
-template <int kTeam, int kVec, typename Out>
-cudaError_t LaunchForwardTo(const NormParams& p, int64_t groups, cudaStream_t stream) {
+// kernel<<<...>>>(p) over `groups` groups with kTeam-thread teams.
+template <int kTeam>
+cudaError_t LaunchTeams(void (*kernel)(NormParams), const NormParams& p, int64_t groups,
+                        cudaStream_t stream) {
   if constexpr (kTeam == 32) {
-    NormKernel<32, kVec, Out>
-        <<<BlocksFor(groups, kWarpTeamBlock / 32), kWarpTeamBlock, 0, stream>>>(p);
+    kernel<<<BlocksFor(groups, kWarpTeamBlock / 32), kWarpTeamBlock, 0, stream>>>(p);
   } else {
-    NormKernel<kBlockTeam, kVec, Out><<<static_cast<unsigned>(groups), kBlockTeam, 0, stream>>>(p);
+    kernel<<<static_cast<unsigned>(groups), kBlockTeam, 0, stream>>>(p);
   }
   return cudaGetLastError();
+}
+
+// NormHeldKernel when each thread's vectors of a group fit kMaxHeldVectors
+// (vectorizable groups only), else NormKernel.
+template <int kTeam, int kVec, typename Out>
+cudaError_t LaunchForwardTo(const NormParams& p, int64_t groups, cudaStream_t stream) {
+  if constexpr (kVec == 4) {
+    const int64_t vectors = (p.group / 4 + kTeam - 1) / kTeam;  // per thread
+    if (vectors <= 1) return LaunchTeams<kTeam>(NormHeldKernel<kTeam, 1, Out>, p, groups, stream);
+    if (vectors <= 2) return LaunchTeams<kTeam>(NormHeldKernel<kTeam, 2, Out>, p, groups, stream);
+    if (vectors <= 4) return LaunchTeams<kTeam>(NormHeldKernel<kTeam, 4, Out>, p, groups, stream);
+    if (vectors <= kMaxHeldVectors) {
+      return LaunchTeams<kTeam>(NormHeldKernel<kTeam, kMaxHeldVectors, Out>, p, groups, stream);
+    }
+  }
+  return LaunchTeams<kTeam>(NormKernel<kTeam, kVec, Out>, p, groups, stream);
 }
 
 template <int kTeam, int kVec>
