@@ -85,7 +85,8 @@ struct NormArgs {
   float eps = 1e-6f;
   int group_size = 0;
   Tensor x;       // [R,C] F32
-  Tensor weight;  // [C] F32 or undefined (no affine weight)
+  Tensor weight;  // [C], or [group_size] shared by a row's groups (a per-head norm), F32;
+                  // or undefined (no affine weight)
   Tensor gate;    // [R,C] F32 when gate_mode != kNone
   Tensor y;       // written [R,C] F32
 };

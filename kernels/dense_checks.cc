@@ -116,7 +116,11 @@ absl::StatusOr<int64_t> CheckNormInputs(std::string_view op, const NormArgs& arg
   }
   if (args.weight.defined()) {
     LAIR_RETURN_IF_ERROR(CheckTensor(op, "weight", args.weight, device, DType::kF32, 1));
-    LAIR_RETURN_IF_ERROR(CheckShape(op, "weight", args.weight, {cols}));
+    if (args.weight.dim(0) != cols && args.weight.dim(0) != group) {
+      return InvalidDenseArg(op, "weight",
+                             absl::StrCat("expected shape [", cols, "] or one group's [", group,
+                                          "], got ", ShapeString(args.weight.shape())));
+    }
   }
   if (NormHasGate(args.gate_mode)) {
     LAIR_RETURN_IF_ERROR(CheckTensor(op, "gate", args.gate, device, DType::kF32, 2));

@@ -137,25 +137,11 @@ absl::StatusOr<Var> Graph::Form(const LinearInput& in) {
     case LinearInput::Kind::kNorm:
       break;
   }
-  if (!NormWeightPerGroup(in)) {
-    return Norm(in.x, in.norm_weight, in.norm, in.eps, in.group_size, in.gate_mode, in.gate);
-  }
-  const Shape groups = {in.x.t.numel() / in.group_size, in.group_size};
-  const Var gate = kernels::NormHasGate(in.gate_mode) ? Reshape(in.gate, groups) : Var{};
-  LAIR_ASSIGN_OR_RETURN(Var normed, Norm(Reshape(in.x, groups), in.norm_weight, in.norm, in.eps, 0,
-                                         in.gate_mode, gate));
-  return Reshape(normed, in.x.shape());
-}
-
-// A norm weight of one group's length is shared by the groups (a per-head
-// norm): Form runs such norms over rows of one group each.
-bool Graph::NormWeightPerGroup(const LinearInput& in) const {
-  return in.kind == LinearInput::Kind::kNorm && in.norm_weight >= 0 && in.group_size > 0 &&
-         in.group_size != in.x.dim(-1) && (*params_)[in.norm_weight].dim(0) == in.group_size;
+  return Norm(in.x, in.norm_weight, in.norm, in.eps, in.group_size, in.gate_mode, in.gate);
 }
 
 std::optional<kernels::NormArgs> Graph::NormInProduct(const LinearInput& in) const {
-  if (record_ || in.kind != LinearInput::Kind::kNorm || NormWeightPerGroup(in)) return {};
+  if (record_ || in.kind != LinearInput::Kind::kNorm) return {};
   kernels::NormArgs norm;
   norm.kind = in.norm;
   norm.gate_mode = in.gate_mode;
@@ -192,8 +178,8 @@ absl::StatusOr<Var> Graph::SwiGlu(const LinearInput& in, int gate_id, int up_id,
 absl::StatusOr<std::vector<Var>> Graph::Products(const LinearInput& in,
                                                  std::span<const LinearWeight> weights,
                                                  std::span<const Var> residuals) {
-  // An inference graph hands SwiGLU's silu(gate)·x and norms whose weight
-  // spans the row (a block's input norm) to the backend unformed
+  // An inference graph hands SwiGLU's silu(gate)·x and norms (a block's
+  // input norm, a mixer's per-head output norm) to the backend unformed
   // (LinearGroupArgs::silu_gate, input_norm), which may form them as it
   // loads x or rounds it for its tensor cores.
   const bool gate_in_product = !record_ && in.kind == LinearInput::Kind::kSiluMul;

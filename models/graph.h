@@ -213,10 +213,8 @@ class Graph {
   void RecordLinearBackward(const Var& x, const Tensor& x2, const Var& w, const Var& b,
                             const Var& y);
   void Record(std::function<absl::Status()> backward) { tape_.push_back(std::move(backward)); }
-  // Whether `in` is a norm whose weight is shared by its groups.
-  bool NormWeightPerGroup(const LinearInput& in) const;
   // `in`'s norm for a backend to form (LinearGroupArgs::input_norm), when
-  // not recording and the weight spans the row; unset otherwise.
+  // not recording; unset otherwise.
   std::optional<kernels::NormArgs> NormInProduct(const LinearInput& in) const;
   // The products of Form(in) by `weights` (one LinearGroup), each plus its
   // residual when given.

@@ -117,6 +117,10 @@ void NormStats(NormKind kind, const float* u, int64_t n, float eps, double* mean
   *rstd = 1.0 / std::sqrt(sq / n + eps);
 }
 
+// The weight element of column `col` (a weight of one group's length is
+// shared by the groups).
+int64_t WeightColumn(const NormArgs& args, int64_t col) { return col % args.weight.dim(0); }
+
 }  // namespace
 
 absl::Status NormCpu(const NormArgs& args) {
@@ -136,7 +140,7 @@ absl::Status NormCpu(const NormArgs& args) {
       NormStats(args.kind, u.data(), group, args.eps, &mean, &rstd);
       for (int64_t i = 0; i < group; ++i) {
         float v = static_cast<float>((u[i] - mean) * rstd);
-        if (args.weight.defined()) v *= args.weight.f32()[g0 + i];
+        if (args.weight.defined()) v *= args.weight.f32()[WeightColumn(args, g0 + i)];
         if (args.gate_mode == NormGate::kAfter) v *= Silu(args.gate.f32()[base + i]);
         args.y.f32()[base + i] = v;
       }
@@ -167,7 +171,7 @@ absl::Status NormBackwardCpu(const NormBackwardArgs& args) {
       double sum_dxhat = 0, sum_dxhat_xhat = 0;
       for (int64_t i = 0; i < group; ++i) {
         xhat[i] = (u[i] - mean) * rstd;
-        float w = fwd.weight.defined() ? fwd.weight.f32()[g0 + i] : 1.0f;
+        float w = fwd.weight.defined() ? fwd.weight.f32()[WeightColumn(fwd, g0 + i)] : 1.0f;
         float dz = dy[i];
         if (fwd.gate_mode == NormGate::kAfter) {
           if (args.d_gate.defined()) {
@@ -175,7 +179,7 @@ absl::Status NormBackwardCpu(const NormBackwardArgs& args) {
           }
           dz *= Silu(gate[i]);
         }
-        d_weight[g0 + i] += dz * xhat[i];
+        if (fwd.weight.defined()) d_weight[WeightColumn(fwd, g0 + i)] += dz * xhat[i];
         dxhat[i] = static_cast<double>(dz) * w;
         sum_dxhat += dxhat[i];
         sum_dxhat_xhat += dxhat[i] * xhat[i];
@@ -195,7 +199,9 @@ absl::Status NormBackwardCpu(const NormBackwardArgs& args) {
     }
   }
   if (args.d_weight.defined()) {
-    for (int64_t i = 0; i < cols; ++i) args.d_weight.f32()[i] += static_cast<float>(d_weight[i]);
+    for (int64_t i = 0; i < fwd.weight.dim(0); ++i) {
+      args.d_weight.f32()[i] += static_cast<float>(d_weight[i]);
+    }
   }
   return absl::OkStatus();
 }

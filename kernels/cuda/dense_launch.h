@@ -235,7 +235,8 @@ struct NormParams {
   float eps = 0.0f;
   int64_t rows = 0, cols = 0, group = 0;
   const float* x = nullptr;
-  const float* weight = nullptr;  // [cols] or null
+  const float* weight = nullptr;  // [cols], [group] when shared_weight, or null
+  bool shared_weight = false;     // one weight for every group of a row (a per-head norm)
   const float* gate = nullptr;    // [rows, cols] when gated
   void* y = nullptr;              // [rows, cols] of y_type
   DType y_type = DType::kF32;     // kF32, or kBF16 / kF16 (a product's rounded operand)

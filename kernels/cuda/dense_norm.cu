@@ -32,13 +32,18 @@ constexpr int64_t kMinWarpTeamGroups = 128;
 constexpr int kWarpTeamBlock = 128;  // 4 warp teams per block
 constexpr int kBlockTeam = 256;
 constexpr int kColumnThreads = 256;
+// CTAs per SM NormKernel is compiled for: 64 registers a thread. Left to
+// itself ptxas aimed at 40 and spilled.
+template <int kTeam>
+constexpr int kNormMinBlocks = 65536 / 64 / (kTeam == 32 ? kWarpTeamBlock : kBlockTeam);
 // 16-byte vectors of u a thread of NormHeldKernel holds (32 registers).
 constexpr int kMaxHeldVectors = 8;
 
-// The team's group: its first element in [rows, cols], its column offset,
-// and this thread's rank in the team. False when the team has no group.
+// The team's group: its first element in [rows, cols], the offset of its
+// weights (its column offset, or 0 when the groups share the weight), and
+// this thread's rank in the team. False when the team has no group.
 template <int kTeam>
-__device__ __forceinline__ bool FindGroup(const NormParams& p, int64_t* base, int64_t* g0,
+__device__ __forceinline__ bool FindGroup(const NormParams& p, int64_t* base, int64_t* w0,
                                           int64_t* group_index, int* tid) {
   const int64_t per_row = p.cols / p.group;
   int64_t team;
@@ -51,8 +56,9 @@ __device__ __forceinline__ bool FindGroup(const NormParams& p, int64_t* base, in
   }
   if (team >= p.rows * per_row) return false;
   const int64_t r = team / per_row;
-  *g0 = (team - r * per_row) * p.group;
-  *base = r * p.cols + *g0;
+  const int64_t g0 = (team - r * per_row) * p.group;
+  *base = r * p.cols + g0;
+  *w0 = p.shared_weight ? 0 : g0;
   *group_index = team;
   return true;
 }
@@ -110,19 +116,19 @@ __device__ __forceinline__ void StoreOut(Out* p, const float (&v)[kVec]) {
 }
 
 template <int kTeam, int kVec, typename Out>
-__global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
+__global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam, kNormMinBlocks<kTeam>)
     NormKernel(const NormParams p) {
   AllowDependents();
   __shared__ float shared[kBlockTeam / 32];
-  int64_t base, g0, group_index;
+  int64_t base, w0, group_index;
   int tid;
-  if (!FindGroup<kTeam>(p, &base, &g0, &group_index, &tid)) return;
+  if (!FindGroup<kTeam>(p, &base, &w0, &group_index, &tid)) return;
   const float2 stats = GroupStats<kTeam, kVec>(p, base, tid, shared);
   for (int64_t i = tid * kVec; i < p.group; i += kTeam * kVec) {
     float y[kVec], w[kVec];
     LoadU<kVec>(p, base + i, y);
     if (p.weight) {
-      LoadVec<kVec>(p.weight + g0 + i, w);
+      LoadVec<kVec>(p.weight + w0 + i, w);
     } else {
 #pragma unroll
       for (int e = 0; e < kVec; ++e) w[e] = 1.0f;
@@ -149,9 +155,9 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
     NormHeldKernel(const NormParams p) {
   AllowDependents();
   __shared__ float shared[kBlockTeam / 32];
-  int64_t base, g0, group_index;
+  int64_t base, w0, group_index;
   int tid;
-  if (!FindGroup<kTeam>(p, &base, &g0, &group_index, &tid)) return;
+  if (!FindGroup<kTeam>(p, &base, &w0, &group_index, &tid)) return;
   float u[kItems][4];
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
@@ -183,7 +189,7 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
     if (!held(it)) continue;
     const int64_t i = (it * int64_t{kTeam} + tid) * 4;
     float w[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-    if (p.weight) LoadVec<4>(p.weight + g0 + i, w);
+    if (p.weight) LoadVec<4>(p.weight + w0 + i, w);
     float y[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) y[e] = (u[it][e] - mean) * r * w[e];
@@ -233,9 +239,9 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
     NormBackwardKernel(const NormBackwardParams b) {
   __shared__ float shared[kBlockTeam / 32];
   const NormParams& p = b.fwd;
-  int64_t base, g0, group_index;
+  int64_t base, w0, group_index;
   int tid;
-  if (!FindGroup<kTeam>(p, &base, &g0, &group_index, &tid)) return;
+  if (!FindGroup<kTeam>(p, &base, &w0, &group_index, &tid)) return;
   const float2 stats = GroupStats<kTeam, kVec>(p, base, tid, shared);
   if (b.stats && tid == 0) b.stats[group_index] = stats;
 
@@ -243,7 +249,7 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
   float sum_g = 0.0f, sum_gx = 0.0f;
   for (int64_t i = tid * kVec; i < p.group; i += kTeam * kVec) {
     float xhat[kVec], ghat[kVec];
-    BackwardTerms<kVec>(b, base + i, g0 + i, stats, xhat, ghat, b.d_gate != nullptr);
+    BackwardTerms<kVec>(b, base + i, w0 + i, stats, xhat, ghat, b.d_gate != nullptr);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
       sum_g += ghat[e];
@@ -256,7 +262,7 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
 
   for (int64_t i = tid * kVec; i < p.group; i += kTeam * kVec) {
     float xhat[kVec], du[kVec];
-    BackwardTerms<kVec>(b, base + i, g0 + i, stats, xhat, du, false);
+    BackwardTerms<kVec>(b, base + i, w0 + i, stats, xhat, du, false);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) du[e] = stats.y * (du[e] - mean_g - xhat[e] * mean_gx);
     if (p.gate_mode == NormGate::kBefore) {
@@ -279,30 +285,39 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
   }
 }
 
-// d_w[c] (+)= Σ_{rows of this split} dz·x̂, one thread per column, from the
-// saved (μ, r) of each group.
+// Weight elements: cols, or one group's when shared by the groups.
+__host__ __device__ inline int64_t WeightColumns(const NormParams& p) {
+  return p.shared_weight ? p.group : p.cols;
+}
+
+// d_w[c] (+)= Σ_{rows of this split} dz·x̂ (over every group of a row when
+// the weight is shared), one thread per weight element, from the saved
+// (μ, r) of each group.
 __global__ void __launch_bounds__(kColumnThreads) NormWeightGradKernel(const NormBackwardParams b) {
   const NormParams& p = b.fwd;
   const int64_t c = blockIdx.x * static_cast<int64_t>(kColumnThreads) + threadIdx.x;
-  if (c >= p.cols) return;
-  const int64_t per_row = p.cols / p.group, gi = c / p.group;
+  const int64_t columns = WeightColumns(p);
+  if (c >= columns) return;
+  const int64_t per_row = p.cols / p.group;
   const int64_t chunk = (p.rows + b.splits - 1) / b.splits;
   const int64_t lo = blockIdx.y * chunk;
   const int64_t hi = lo + chunk < p.rows ? lo + chunk : p.rows;
   double sum = 0.0;
   for (int64_t r = lo; r < hi; ++r) {
-    const int64_t at = r * p.cols + c;
-    float u = p.x[at], dz = b.d_y[at];
-    if (p.gate_mode == NormGate::kBefore) u *= Silu(p.gate[at]);
-    if (p.gate_mode == NormGate::kSiluInput) u = Silu(u);
-    if (p.gate_mode == NormGate::kAfter) dz *= Silu(p.gate[at]);
-    const float2 st = b.stats[r * per_row + gi];
-    sum += static_cast<double>(dz) * ((u - st.x) * st.y);
+    for (int64_t col = c; col < p.cols; col += columns) {
+      const int64_t at = r * p.cols + col;
+      float u = p.x[at], dz = b.d_y[at];
+      if (p.gate_mode == NormGate::kBefore) u *= Silu(p.gate[at]);
+      if (p.gate_mode == NormGate::kSiluInput) u = Silu(u);
+      if (p.gate_mode == NormGate::kAfter) dz *= Silu(p.gate[at]);
+      const float2 st = b.stats[r * per_row + col / p.group];
+      sum += static_cast<double>(dz) * ((u - st.x) * st.y);
+    }
   }
   if (b.splits == 1) {
-    StoreColumnSum(sum, c, b.d_weight, p.cols, nullptr, true);
+    StoreColumnSum(sum, c, b.d_weight, columns, nullptr, true);
   } else {
-    b.partial[blockIdx.y * p.cols + c] = sum;
+    b.partial[blockIdx.y * columns + c] = sum;
   }
 }
 
@@ -332,11 +347,15 @@ cudaError_t LaunchForwardTo(const NormParams& p, int64_t groups, cudaStream_t st
     if (vectors <= 1) return LaunchTeams<kTeam>(NormHeldKernel<kTeam, 1, Out>, p, groups, stream);
     if (vectors <= 2) return LaunchTeams<kTeam>(NormHeldKernel<kTeam, 2, Out>, p, groups, stream);
     if (vectors <= 4) return LaunchTeams<kTeam>(NormHeldKernel<kTeam, 4, Out>, p, groups, stream);
-    if (vectors <= kMaxHeldVectors) {
+    // A warp team's group (at most kWarpGroupMax) always fits.
+    static_assert(kWarpGroupMax <= 32 * 4 * kMaxHeldVectors);
+    if (kTeam == 32 || vectors <= kMaxHeldVectors) {
       return LaunchTeams<kTeam>(NormHeldKernel<kTeam, kMaxHeldVectors, Out>, p, groups, stream);
     }
   }
-  return LaunchTeams<kTeam>(NormKernel<kTeam, kVec, Out>, p, groups, stream);
+  if constexpr (kTeam != 32 || kVec != 4) {
+    return LaunchTeams<kTeam>(NormKernel<kTeam, kVec, Out>, p, groups, stream);
+  }
 }
 
 template <int kTeam, int kVec>
@@ -390,10 +409,11 @@ cudaError_t LaunchNormBackward(const NormBackwardParams& b, cudaStream_t stream)
         : LaunchBackward<kBlockTeam, 1>(b, groups, stream);
   }
   if (b.d_weight == nullptr) return cudaGetLastError();
-  const dim3 grid(BlocksFor(p.cols, kColumnThreads), static_cast<unsigned>(b.splits));
+  const int64_t columns = WeightColumns(p);
+  const dim3 grid(BlocksFor(columns, kColumnThreads), static_cast<unsigned>(b.splits));
   NormWeightGradKernel<<<grid, kColumnThreads, 0, stream>>>(b);
   if (b.splits == 1) return cudaGetLastError();
-  return LaunchFinishColumnSums(b.partial, b.splits, p.cols, b.d_weight, p.cols, nullptr, true,
+  return LaunchFinishColumnSums(b.partial, b.splits, columns, b.d_weight, columns, nullptr, true,
                                 stream);
 }
 

@@ -64,6 +64,7 @@ dense::NormParams NormLaunch(const NormArgs& args, int64_t group) {
   p.group = group;
   p.x = args.x.f32();
   p.weight = args.weight.defined() ? args.weight.f32() : nullptr;
+  p.shared_weight = args.weight.defined() && args.weight.dim(0) != p.cols;
   p.gate = NormHasGate(args.gate_mode) ? args.gate.f32() : nullptr;
   return p;
 }

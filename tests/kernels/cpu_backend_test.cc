@@ -110,6 +110,47 @@ TEST(CpuBackendTest, LinearGroupFormsTheInputNorm) {
   EXPECT_EQ(x.f32()[1], -2.0f);
 }
 
+// A weight of one group's length is shared by the groups: the norm equals
+// the norm of the rows cut into one group each, and its weight gradient sums
+// over the groups.
+TEST(CpuBackendTest, NormSharesAGroupLengthWeight) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+  const Tensor x = Tensor::FromFloats({2, 4}, {1.0f, -2.0f, 0.5f, 3.0f, 0.25f, -1.5f, 2.0f, 0.0f});
+  const Tensor gate = Tensor::FromFloats({2, 4}, {0.5f, 1, -1, 2, 0, 3, -0.5f, 1});
+  const Tensor dy = Tensor::FromFloats({2, 4}, {1, -1, 0.5f, 2, -2, 0.25f, 1, 1});
+  NormArgs shared;
+  shared.kind = NormKind::kRms;
+  shared.gate_mode = NormGate::kAfter;
+  shared.eps = 1e-5f;
+  shared.group_size = 2;
+  shared.weight = Tensor::FromFloats({2}, {0.5f, -1.5f});
+  shared.x = x;
+  shared.gate = gate;
+  shared.y = Tensor::Zeros(DType::kF32, {2, 4});
+  ASSERT_TRUE(backend->Norm(shared).ok());
+  NormArgs cut = shared;
+  cut.group_size = 0;
+  cut.x = x.Reshape({4, 2});
+  cut.gate = gate.Reshape({4, 2});
+  cut.y = Tensor::Zeros(DType::kF32, {4, 2});
+  ASSERT_TRUE(backend->Norm(cut).ok());
+  for (int64_t e = 0; e < 8; ++e) EXPECT_EQ(shared.y.f32()[e], cut.y.f32()[e]) << e;
+
+  NormBackwardArgs shared_b{shared, dy, Tensor::Zeros(DType::kF32, {2, 4}),
+                            Tensor::Zeros(DType::kF32, {2}), Tensor::Zeros(DType::kF32, {2, 4})};
+  ASSERT_TRUE(backend->NormBackward(shared_b).ok());
+  NormBackwardArgs cut_b{cut, dy.Reshape({4, 2}), Tensor::Zeros(DType::kF32, {4, 2}),
+                         Tensor::Zeros(DType::kF32, {2}), Tensor::Zeros(DType::kF32, {4, 2})};
+  ASSERT_TRUE(backend->NormBackward(cut_b).ok());
+  for (int64_t e = 0; e < 8; ++e) {
+    EXPECT_EQ(shared_b.dx.f32()[e], cut_b.dx.f32()[e]) << e;
+    EXPECT_EQ(shared_b.d_gate.f32()[e], cut_b.d_gate.f32()[e]) << e;
+  }
+  for (int64_t e = 0; e < 2; ++e) {
+    EXPECT_FLOAT_EQ(shared_b.d_weight.f32()[e], cut_b.d_weight.f32()[e]) << e;
+  }
+}
+
 TEST(CpuBackendTest, MakeBackendKnowsTheDeviceNames) {
   absl::StatusOr<std::unique_ptr<Backend>> cpu = MakeBackend("cpu");
   ASSERT_TRUE(cpu.ok()) << cpu.status();

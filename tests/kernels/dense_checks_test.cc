@@ -183,6 +183,21 @@ TEST(DenseChecksTest, NormGroupMustDivideTheColumns) {
                 "Norm: group_size: 4 does not divide 6");
 }
 
+// The weight spans the row or one group (shared by the groups).
+TEST(DenseChecksTest, NormWeightSpansTheRowOrOneGroup) {
+  NormArgs args;
+  args.x = F32({2, 6});
+  args.y = F32({2, 6});
+  args.group_size = 3;
+  for (int64_t n : {6, 3}) {
+    args.weight = F32({n});
+    EXPECT_TRUE(CheckNormArgs(args, Device::kCpu).ok()) << n;
+  }
+  args.weight = F32({2});
+  ExpectInvalid(CheckNormArgs(args, Device::kCpu).status(),
+                "Norm: weight: expected shape [6] or one group's [3], got [2]");
+}
+
 TEST(DenseChecksTest, AttentionChecksTheCacheRows) {
   const int32_t cu[] = {0, 3};
   const int32_t slots[] = {1};

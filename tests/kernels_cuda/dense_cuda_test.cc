@@ -228,6 +228,7 @@ TEST_F(CudaDenseTest, NormForwardAndBackwardEveryMode) {
   struct Case {
     int64_t rows, cols;
     int group_size;
+    bool shared_weight = false;  // a weight of one group's length
   };
   // Few groups (block teams in the forward), many groups (warp teams: with
   // 16-byte loads, and scalar for group 10), long groups (block teams, 2048).
@@ -235,16 +236,19 @@ TEST_F(CudaDenseTest, NormForwardAndBackwardEveryMode) {
   // and 1000 leave some threads' last vectors empty; 8200 is too long.
   for (Case cs : {Case{7, 64, 0}, Case{7, 64, 16}, Case{5, 30, 10}, Case{3, 2048, 0},
                   Case{70, 48, 0}, Case{130, 64, 16}, Case{300, 30, 10}, Case{3, 2056, 0},
-                  Case{2, 8200, 0}, Case{130, 1000, 0}}) {
+                  Case{2, 8200, 0}, Case{130, 1000, 0}, Case{130, 64, 16, true},
+                  Case{3, 2048, 512, true}, Case{70, 1024, 256, true}}) {
     for (NormKind kind : {NormKind::kRms, NormKind::kLayer}) {
       for (NormGate gate :
            {NormGate::kNone, NormGate::kAfter, NormGate::kBefore, NormGate::kSiluInput}) {
         for (bool weight : {true, false}) {
-          const std::string what = absl::StrCat(cs.rows, "x", cs.cols, " group ", cs.group_size,
-                                                " kind ", static_cast<int>(kind), " gate ",
-                                                static_cast<int>(gate), " weight ", weight);
+          const std::string what =
+              absl::StrCat(cs.rows, "x", cs.cols, " group ", cs.group_size,
+                           cs.shared_weight ? " shared" : "", " kind ", static_cast<int>(kind),
+                           " gate ", static_cast<int>(gate), " weight ", weight);
           const Shape shape{cs.rows, cs.cols};
-          Tensor x = Rand(shape, -2.0f, 2.0f), w = Rand({cs.cols}, 0.5f, 1.5f),
+          Tensor x = Rand(shape, -2.0f, 2.0f),
+                 w = Rand({cs.shared_weight ? cs.group_size : cs.cols}, 0.5f, 1.5f),
                  g = Rand(shape, -3.0f, 3.0f);
           NormArgs cpu{kind,
                        gate,
@@ -266,7 +270,7 @@ TEST_F(CudaDenseTest, NormForwardAndBackwardEveryMode) {
           ASSERT_TRUE(gpu_->Norm(dev).ok()) << what;
           Expect(dev.y, cpu.y, kF32Tol, what);
 
-          Tensor dy = Rand(shape), dw = Rand({cs.cols});
+          Tensor dy = Rand(shape), dw = Rand(w.shape());
           const bool gated = NormHasGate(gate);
           NormBackwardArgs cpu_b{cpu, dy, Tensor::Zeros(DType::kF32, shape),
                                  weight ? dw.Clone() : Tensor(),
