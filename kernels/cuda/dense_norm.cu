@@ -115,6 +115,30 @@ __device__ __forceinline__ void StoreOut(Out* p, const float (&v)[kVec]) {
   }
 }
 
+// y = (u − μ)·r·w, times silu(gate) (kAfter), for u, the kVec elements at
+// offset i of the group at `base` (weights from w0), stored into p.y.
+template <int kVec, typename Out>
+__device__ __forceinline__ void StoreNormed(const NormParams& p, int64_t base, int64_t w0,
+                                            int64_t i, float2 stats, const float (&u)[kVec]) {
+  float w[kVec];
+  if (p.weight) {
+    LoadVec<kVec>(p.weight + w0 + i, w);
+  } else {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) w[e] = 1.0f;
+  }
+  float y[kVec];
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) y[e] = (u[e] - stats.x) * stats.y * w[e];
+  if (p.gate_mode == NormGate::kAfter) {
+    float g[kVec];
+    LoadVec<kVec>(p.gate + base + i, g);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) y[e] *= Silu(g[e]);
+  }
+  StoreOut<kVec>(static_cast<Out*>(p.y) + base + i, y);
+}
+
 template <int kTeam, int kVec, typename Out>
 __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam, kNormMinBlocks<kTeam>)
     NormKernel(const NormParams p) {
@@ -125,23 +149,9 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam, kNo
   if (!FindGroup<kTeam>(p, &base, &w0, &group_index, &tid)) return;
   const float2 stats = GroupStats<kTeam, kVec>(p, base, tid, shared);
   for (int64_t i = tid * kVec; i < p.group; i += kTeam * kVec) {
-    float y[kVec], w[kVec];
-    LoadU<kVec>(p, base + i, y);
-    if (p.weight) {
-      LoadVec<kVec>(p.weight + w0 + i, w);
-    } else {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) w[e] = 1.0f;
-    }
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) y[e] = (y[e] - stats.x) * stats.y * w[e];
-    if (p.gate_mode == NormGate::kAfter) {
-      float g[kVec];
-      LoadVec<kVec>(p.gate + base + i, g);
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) y[e] *= Silu(g[e]);
-    }
-    StoreOut<kVec>(static_cast<Out*>(p.y) + base + i, y);
+    float u[kVec];
+    LoadU<kVec>(p, base + i, u);
+    StoreNormed<kVec, Out>(p, base, w0, i, stats, u);
   }
 }
 
@@ -186,20 +196,8 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
   const float r = 1.0f / sqrtf(TeamSum<kTeam>(sq, shared) / static_cast<float>(p.group) + p.eps);
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
-    if (!held(it)) continue;
-    const int64_t i = (it * int64_t{kTeam} + tid) * 4;
-    float w[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-    if (p.weight) LoadVec<4>(p.weight + w0 + i, w);
-    float y[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) y[e] = (u[it][e] - mean) * r * w[e];
-    if (p.gate_mode == NormGate::kAfter) {
-      float g[4];
-      LoadVec<4>(p.gate + base + i, g);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) y[e] *= Silu(g[e]);
-    }
-    StoreOut<4>(static_cast<Out*>(p.y) + base + i, y);
+    if (held(it))
+      StoreNormed<4, Out>(p, base, w0, (it * int64_t{kTeam} + tid) * 4, {mean, r}, u[it]);
   }
 }
 

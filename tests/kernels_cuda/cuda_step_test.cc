@@ -5,7 +5,6 @@
 // address reuse and CaptureStep's graphs replaying what they recorded.
 // Skips when no GPU is present.
 #include <algorithm>
-#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <random>
