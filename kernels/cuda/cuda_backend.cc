@@ -1340,6 +1340,7 @@ class CudaBackend : public Backend {
   // SegmentChunks. GLA 1.3B prefill of 4096 tokens, H100: 2 (8 segments)
   // 104.6 and 103.9k tokens/s, 4 101.9 and 103.2k, 6 97.7 and 97.9k.
   static constexpr int kSegmentCtasPerSm = 2;
+  static constexpr int kMinEntryTermKeys = 128;  // SegmentEntryTerm
 
   // One forward scan: the step kernel for one-token decode, else the chunked
   // scan (its operands rounded for the tensor cores when the backend is
@@ -1427,10 +1428,25 @@ class CudaBackend : public Backend {
     return static_cast<int>(std::max<int64_t>(1, (chunks + segments - 1) / segments));
   }
 
-  // The state pass runs every segment from a zero state (key blocks where
-  // KeyBlocks says), the carry turns the segments' local final states into
-  // the states entering them and the sequences' final states, and the
-  // one-pass scan runs every segment from its entering state.
+  // Where the segments take the entry term (scan_segments.h) rather than a
+  // state pass: a wide left-side state, whose sequential state pass costs
+  // more than the entry's product. GLA 1.3B prefill of 4096 (256 keys),
+  // H200: 0.483-0.489 of the matmul rate against 0.440-0.454. GSA 1.3B's
+  // passes (64 keys and a vector decay; 512 and a right decay) lost with it:
+  // 0.483-0.487 against 0.497-0.505. Outputs added to o (accumulate) take
+  // the state pass.
+  static bool SegmentEntryTerm(const ScanParams& p) {
+    return p.right.ptr == nullptr && p.dk >= kMinEntryTermKeys && !p.accumulate;
+  }
+
+  // The segments' layout and the carry's parameters, then either schedule:
+  // with the entry term, every segment runs the one-pass scan from a zero
+  // state into parts of its outputs and its local final state, the carry
+  // turns those into the states entering the segments and the sequences'
+  // final states, and the entry term adds each segment's entering state to
+  // its outputs, summing the key blocks' parts on the way. Otherwise a state
+  // pass gives the local final states, and after the carry the one-pass scan
+  // runs every segment from its entering state.
   absl::Status RunSegmented(const ScanParams& p, const DeviceBatch& db, const SequenceBatch& batch,
                             std::vector<Tensor>& keep, std::string_view what) {
     const int span = SegmentChunks(p, batch) * kScanChunk;
@@ -1444,48 +1460,68 @@ class CudaBackend : public Backend {
                                               segment_cu_dev.data<int32_t>(),
                                               seq_segments_dev.data<int32_t>(), s()),
                    what));
+    const bool entry_term = SegmentEntryTerm(p);
     const Shape states = {std::max(segments, 1), p.heads, p.dk, p.dv};
     LAIR_ASSIGN_OR_RETURN(Tensor local, Temporary(DType::kF32, states));
-    LAIR_ASSIGN_OR_RETURN(Tensor entering, Temporary(DType::kF32, states));
+    LAIR_ASSIGN_OR_RETURN(Tensor entering,
+                          Temporary(entry_term ? DType::kBF16 : DType::kF32, states));
     LAIR_ASSIGN_OR_RETURN(
         Tensor sums,
-        Temporary(DType::kF32, {std::max<int64_t>(1, cuda::SegmentDecaySumsFloats(segments, p.heads,
-                                                                                  p.dk, p.dv))}));
+        Temporary(DType::kF32, {std::max<int64_t>(1, cuda::SegmentDecaySumsFloats(
+                                                         segments, span, p.heads, p.dk, p.dv))}));
     keep.insert(keep.end(), {segment_cu_dev, seq_segments_dev, local, entering, sums});
 
-    ScanParams seg = p;
-    seg.num_seqs = segments;
-    seg.cu_seqlens = segment_cu_dev.data<int32_t>();
-    if (segments > 0) {
-      ScanParams state_pass = seg;
-      state_pass.o = nullptr;
-      state_pass.s_init = StateRef{};
-      state_pass.s_final = Dense(local.f32(), p.heads, p.dk, p.dv);
-      LAIR_ASSIGN_OR_RETURN(const int blocks, KeyBlocks(state_pass, /*step=*/false, what));
-      if (blocks > 1) LAIR_RETURN_IF_ERROR(KeyBlockView(state_pass, db.tokens, blocks, keep, what));
-      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScanMmaStates(state_pass, nullptr, s()), what));
+    cuda::SegmentParams seg;
+    seg.num_seqs = batch.num_seqs, seg.heads = p.heads, seg.dk = p.dk, seg.dv = p.dv;
+    seg.seq_segments = seq_segments_dev.data<int32_t>();
+    seg.segment_cu = segment_cu_dev.data<int32_t>();
+    seg.segments = segments, seg.span = span;
+    seg.left = p.left, seg.left_vector = p.left_vector, seg.right = p.right;
+    seg.decay_sums = sums.f32();
+    seg.local_final = local.f32();
+    seg.entering = entering.raw();
+    seg.entering_type = Elem(entering.dtype());
+    seg.s_init = p.s_init, seg.s_final = p.s_final;
+    seg.q = p.q, seg.q_scale = p.q_scale;
+    seg.o = p.o, seg.o_type = p.o_type;
+    ScanParams local_scan = p;  // the segments as sequences
+    local_scan.num_seqs = segments;
+    local_scan.cu_seqlens = seg.segment_cu;
+    local_scan.s_init = StateRef{};
+    local_scan.s_final = Dense(local.f32(), p.heads, p.dk, p.dv);
+    if (!entry_term) {
+      if (segments > 0) {
+        ScanParams state_pass = local_scan;
+        state_pass.o = nullptr;
+        LAIR_ASSIGN_OR_RETURN(const int blocks, KeyBlocks(state_pass, /*step=*/false, what));
+        if (blocks > 1)
+          LAIR_RETURN_IF_ERROR(KeyBlockView(state_pass, db.tokens, blocks, keep, what));
+        LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScanMmaStates(state_pass, nullptr, s()), what));
+      }
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchCarrySegmentStates(seg, s()), what));
+      if (segments == 0) return absl::OkStatus();
+      local_scan.s_init = Dense(entering.f32(), p.heads, p.dk, p.dv);
+      local_scan.s_final = StateRef{};
+      LAIR_ASSIGN_OR_RETURN(const int fit, KeyBlocks(local_scan, /*step=*/false, what));
+      return InKeyBlocks(local_scan, db.tokens, std::max(fit, OutputBlocks(local_scan)), keep, what,
+                         [&](const ScanParams& scan) { return cuda::LaunchScan(scan, s()); });
     }
-    cuda::SegmentCarryParams carry;
-    carry.num_seqs = batch.num_seqs, carry.heads = p.heads, carry.dk = p.dk, carry.dv = p.dv;
-    carry.seq_segments = seq_segments_dev.data<int32_t>();
-    carry.segment_cu = seg.cu_seqlens;
-    carry.segments = segments;
-    carry.left = p.left, carry.left_vector = p.left_vector, carry.right = p.right;
-    carry.local_final = local.f32();
-    carry.entering = entering.f32();
-    carry.s_init = p.s_init, carry.s_final = p.s_final;
-    carry.decay_sums = sums.f32();
-    LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchCarrySegmentStates(carry, s()), what));
-    if (segments == 0) return absl::OkStatus();
-    seg.s_init = Dense(entering.f32(), p.heads, p.dk, p.dv);
-    seg.s_final = StateRef{};
-    // As in the two passes' output pass, CTAs of more than kTwoPassMaxKeys
-    // keys would run one per multiprocessor (GLA 1.3B prefill, H100: 8.2 ms
-    // of scans against 5.8 plus 1.3 of partial sums in blocks of 128).
-    LAIR_ASSIGN_OR_RETURN(const int fit, KeyBlocks(seg, /*step=*/false, what));
-    const int blocks = std::max(fit, OutputBlocks(seg));
-    return InKeyBlocks(seg, db.tokens, blocks, keep, what,
-                       [&](const ScanParams& scan) { return cuda::LaunchScan(scan, s()); });
+    if (segments > 0) {
+      // As in the two passes' output pass, CTAs of more than kTwoPassMaxKeys
+      // keys would run one per multiprocessor (GLA 1.3B prefill, H100: 8.2 ms
+      // of scans against 5.8 plus 1.3 of partial sums in blocks of 128).
+      LAIR_ASSIGN_OR_RETURN(const int fit, KeyBlocks(local_scan, /*step=*/false, what));
+      seg.copies = std::max(fit, OutputBlocks(local_scan));
+      // 16-bit parts where o is: the outputs are rounded there anyway.
+      const bool sixteen_bit = p.o_type != ElemType::kF32;
+      LAIR_RETURN_IF_ERROR(SplitKeysIntoHeads(local_scan, db.tokens, seg.copies, keep, what,
+                                              sixteen_bit ? DType::kBF16 : DType::kF32));
+      seg.local_out = local_scan.o;
+      seg.local_type = local_scan.o_type;
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(local_scan, s()), what));
+    }
+    LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchCarrySegmentStates(seg, s()), what));
+    return CudaStatus(cuda::LaunchAddSegmentEntries(seg, s()), what);
   }
 
   // The two-pass schedule pays a store and a load of every chunk's bf16 state
@@ -1599,16 +1635,18 @@ class CudaBackend : public Backend {
     return blocks;
   }
 
-  // p becomes the scan of `blocks`·H heads of dk/blocks keys writing fp32
-  // partial outputs [tokens, blocks·H, dv] (a temporary in p.o).
+  // p becomes the scan of `blocks`·H heads of dk/blocks keys (p itself for
+  // one block) writing partial outputs [tokens, blocks·H, dv] (a temporary
+  // in p.o, fp32 unless parts_type says).
   absl::Status SplitKeysIntoHeads(ScanParams& p, int64_t tokens, int blocks,
-                                  std::vector<Tensor>& keep, std::string_view what) {
+                                  std::vector<Tensor>& keep, std::string_view what,
+                                  DType parts_type = DType::kF32) {
     const int64_t rows = tokens * p.heads;
-    LAIR_RETURN_IF_ERROR(KeyBlockView(p, tokens, blocks, keep, what));
-    LAIR_ASSIGN_OR_RETURN(Tensor parts, Temporary(DType::kF32, {rows * blocks, p.dv}));
+    if (blocks > 1) LAIR_RETURN_IF_ERROR(KeyBlockView(p, tokens, blocks, keep, what));
+    LAIR_ASSIGN_OR_RETURN(Tensor parts, Temporary(parts_type, {rows * blocks, p.dv}));
     keep.push_back(parts);
     p.o = parts.raw();
-    p.o_type = ElemType::kF32;
+    p.o_type = Elem(parts_type);
     return absl::OkStatus();
   }
 

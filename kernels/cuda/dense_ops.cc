@@ -373,13 +373,15 @@ absl::Status CudaDenseOps::NormBackward(const NormBackwardArgs& args) {
   p.d_gate = args.d_gate.defined() ? args.d_gate.f32() : nullptr;
   if (args.d_weight.defined()) {
     p.d_weight = args.d_weight.f32();
-    p.splits = ColumnSplits(p.fwd.cols, p.fwd.rows, sm_count_);
+    // A weight shared by the groups of a row has one group's columns.
+    const int64_t columns = args.d_weight.numel();
+    p.splits = ColumnSplits(columns, p.fwd.rows, sm_count_);
     ScratchLayout layout;
     layout.Add<float2>(p.fwd.rows * (p.fwd.cols / group));
-    layout.Add<double>(p.splits * p.fwd.cols);
+    layout.Add<double>(p.splits * columns);
     LAIR_ASSIGN_OR_RETURN(char* cursor, Scratch(layout.bytes()));
     p.stats = ScratchLayout::Take<float2>(&cursor, p.fwd.rows * (p.fwd.cols / group));
-    p.partial = ScratchLayout::Take<double>(&cursor, p.splits * p.fwd.cols);
+    p.partial = ScratchLayout::Take<double>(&cursor, p.splits * columns);
   }
   return CudaStatus(dense::LaunchNormBackward(p, stream_), kOp);
 }

@@ -42,6 +42,7 @@
 #include <cstring>
 
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/mma_fragments.cuh"
 #include "kernels/cuda/scan_mma.h"
 
 namespace lair::kernels::cuda {
@@ -149,37 +150,6 @@ struct MmaLayout {
 static_assert(MmaTile::kChunk * MmaTile::kLdA * 2 % 16 == 0 && MmaTile::kPad % 8 == 0,
               "16-byte aligned rows and regions");
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// ldmatrix: four 8×8 bf16 matrices; lane l supplies the row address of matrix l / 8.
-__device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p)));
-}
-__device__ __forceinline__ void Ldsm4T(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p)));
-}
-__device__ __forceinline__ void Ldsm2(uint32_t (&r)[2], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(SmemAddr(p)));
-}
-
-// d += a·b for one m16n8k16 tile (a: 16×16 row-major fragment, b: 16×8 col-major).
-__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint32_t Scale2(uint32_t x, float f0, float f1) {
   __nv_bfloat162 v;
   memcpy(&v, &x, 4);
@@ -217,48 +187,6 @@ __device__ __forceinline__ void ScaleRows(uint32_t (&r)[4], float fg, float fg8)
   r[1] = Scale2(r[1], fg8, fg8);
   r[2] = Scale2(r[2], fg, fg);
   r[3] = Scale2(r[3], fg8, fg8);
-}
-
-// 16 bytes global → shared without registers; zero-filled when !valid
-// (src must still be a mapped address).
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits until at most kPending of this thread's committed groups are in flight.
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
-// o[off], o[off + 1] (off even, so the pair is aligned).
-__device__ __forceinline__ void StorePair(void* o, ElemType t, int64_t off, float x, float y) {
-  switch (t) {
-    case ElemType::kBF16:
-      *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(o) + off) = __floats2bfloat162_rn(x, y);
-      break;
-    case ElemType::kF16:
-      *reinterpret_cast<__half2*>(static_cast<__half*>(o) + off) = __floats2half2_rn(x, y);
-      break;
-    default:
-      *reinterpret_cast<float2*>(static_cast<float*>(o) + off) = make_float2(x, y);
-  }
-}
-
-// Eight consecutive elements of a bf16/f16 operand as bf16.
-__device__ __forceinline__ uint4 Load8(const Operand& op, int64_t off) {
-  if (op.type == ElemType::kBF16)
-    return *reinterpret_cast<const uint4*>(static_cast<const bf16*>(op.ptr) + off);
-  const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const __half*>(op.ptr) + off);
-  __half2 h[4];
-  memcpy(h, &raw, 16);
-  __nv_bfloat162 o[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) o[i] = __float22bfloat162_rn(__half22float2(h[i]));
-  uint4 out;
-  memcpy(&out, o, 16);
-  return out;
 }
 
 // Where chunk c of sequence seq keeps its state in a two-pass scan's buffer:

@@ -1,15 +1,23 @@
-// The segmented scan's sequential pieces (scan_segments.h): the segments'
-// layout; then each segment's summed log decays, and S_{g+1} = D_g ⊙ S_g +
-// F_g walked per state entry.
+// The segmented scan's own kernels (scan_segments.h): the segments' layout;
+// every chunk's summed log decays; S_{g+1} = D_g ⊙ S_g + F_g walked per state
+// entry; and the entry term ((q'_t ⊙ L_t)ᵀ S_g) ⊙ R_t added to the segments'
+// local outputs.
+#include <cstring>
+
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/mma_fragments.cuh"
 #include "kernels/cuda/scan_segments.h"
 
 namespace lair::kernels::cuda {
 namespace {
 
+using bf16 = __nv_bfloat16;
+
 constexpr int kSumFeatures = 32;  // features per block of the decay sums (one per lane)
-constexpr int kSumRows = 32;      // token lanes per feature
+constexpr int kSumRows = 8;       // token lanes per feature
+constexpr int kSumTokens = kSegmentChunk / kSumRows;  // tokens a lane sums
 constexpr int kCarryThreads = 256;
+constexpr int kCarryBatch = 8;  // segments whose loads a carry thread issues at once
 
 // One thread lays the segments out: each sequence's tokens cut into spans
 // of `span` (its last one shorter). Few sequences take this schedule.
@@ -25,43 +33,91 @@ __global__ void SegmentOffsetsKernel(const int32_t* cu_seqlens, int num_seqs, in
   }
 }
 
-// The features whose log decays a segment sums: the left gate's (every key,
+// The features whose log decays a chunk sums: the left gate's (every key,
 // or one value for a scalar decay), then the right gate's columns; none for
 // an absent gate.
 struct DecayFeatures {
   int left, right;
-  __host__ __device__ explicit DecayFeatures(const SegmentCarryParams& p)
+  __host__ __device__ explicit DecayFeatures(const SegmentParams& p)
       : left(p.left.ptr ? (p.left_vector ? p.dk : 1) : 0), right(p.right.ptr ? p.dv : 0) {}
   __host__ __device__ int width() const { return left + right; }
 };
 
-// decay_sums[g, h, f] = Σ_{t ∈ g} of feature f's log decay (DecayFeatures);
-// grid (features / 32, H, segments).
-__global__ void SegmentDecaySumsKernel(const SegmentCarryParams p) {
+// A gate's log value at packed token `token` (GateAt without the shift the
+// segments exclude and without its branches): one load the compiler may
+// issue beside others.
+__device__ __forceinline__ float GateLog(const LogGate& g, int64_t token, int h, int feature) {
+  const float x = g.ptr[token * g.token_stride + static_cast<int64_t>(h) * g.head_stride + feature];
+  return g.fn == GateFn::kLogSigmoid ? LogSigmoid(x) : x;
+}
+
+// The decay sums of chunk c of segment g, head h: [features].
+__device__ __forceinline__ float* ChunkSums(const SegmentParams& p, int g, int c, int h) {
+  const int chunks = p.span / kSegmentChunk;
+  return p.decay_sums +
+         ((static_cast<int64_t>(g) * chunks + c) * p.heads + h) * DecayFeatures(p).width();
+}
+// The decay sums of segment g, head h, after every chunk's: [features].
+__device__ __forceinline__ float* SegmentSums(const SegmentParams& p, int g, int h) {
+  const int64_t chunk_floats = static_cast<int64_t>(p.segments) * (p.span / kSegmentChunk) *
+                               p.heads * DecayFeatures(p).width();
+  return p.decay_sums + chunk_floats +
+         (static_cast<int64_t>(g) * p.heads + h) * DecayFeatures(p).width();
+}
+
+// decay_sums[g, c, h, f] = Σ_{t ∈ chunk c of g} of feature f's log decay
+// (DecayFeatures; 0 for a chunk past the segment's end); grid (features / 32,
+// H, segments · chunks per segment).
+__global__ void ChunkDecaySumsKernel(const SegmentParams p) {
   __shared__ float part[kSumRows][kSumFeatures + 1];
   const DecayFeatures features(p);
-  const int f = blockIdx.x * kSumFeatures + threadIdx.x, h = blockIdx.y, g = blockIdx.z;
+  const int chunks = p.span / kSegmentChunk;
+  const int f = blockIdx.x * kSumFeatures + threadIdx.x, h = blockIdx.y;
+  const int g = blockIdx.z / chunks, c = blockIdx.z % chunks;
   const int64_t bos = p.segment_cu[g];
   const int len = p.segment_cu[g + 1] - static_cast<int>(bos);
+  const int end = min((c + 1) * kSegmentChunk, len);
   float sum = 0.0f;
-  if (f < features.width()) {
+  if (f < features.width() && end > c * kSegmentChunk) {
     const bool left = f < features.left;
     const LogGate& gate = left ? p.left : p.right;
     const int feature = left ? f : f - features.left;
-    // Independent loads in flight: a segment is hundreds of tokens.
-#pragma unroll 4
-    for (int t = threadIdx.y; t < len; t += kSumRows) sum += GateAt(gate, bos, len, t, h, feature);
+    // Every load issued at once: tokens past the end read the last one.
+    float x[kSumTokens];
+#pragma unroll
+    for (int j = 0; j < kSumTokens; ++j) {
+      const int t = c * kSegmentChunk + threadIdx.y + kSumRows * j;
+      x[j] = GateLog(gate, bos + min(t, end - 1), h, feature);
+    }
+#pragma unroll
+    for (int j = 0; j < kSumTokens; ++j)
+      if (c * kSegmentChunk + threadIdx.y + kSumRows * j < end) sum += x[j];
   }
   part[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
   if (threadIdx.y != 0 || f >= features.width()) return;
   for (int r = 1; r < kSumRows; ++r) sum += part[r][threadIdx.x];
-  p.decay_sums[(static_cast<int64_t>(g) * p.heads + h) * features.width() + f] = sum;
+  ChunkSums(p, g, c, h)[f] = sum;
+}
+
+// SegmentSums = Σ of the segment's ChunkSums, a thread per (segment, head,
+// feature).
+__global__ void SegmentDecaySumsKernel(const SegmentParams p) {
+  const int width = DecayFeatures(p).width();
+  const int64_t i = blockIdx.x * static_cast<int64_t>(kCarryThreads) + threadIdx.x;
+  if (i >= static_cast<int64_t>(p.segments) * p.heads * width) return;
+  const int f = i % width, h = (i / width) % p.heads,
+            g = i / (static_cast<int64_t>(width) * p.heads);
+  float sum = 0.0f;
+  for (int c = 0; c < p.span / kSegmentChunk; ++c) sum += ChunkSums(p, g, c, h)[f];
+  SegmentSums(p, g, h)[f] = sum;
 }
 
 // One thread per state entry (h, a, e) of sequence blockIdx.y, in order over
-// its segments.
-__global__ void CarryKernel(const SegmentCarryParams p) {
+// its segments, kCarryBatch at a time: their loads go out before the batch's
+// stores, so that the walk waits on memory once a batch rather than once a
+// segment.
+__global__ void CarryKernel(const SegmentParams p) {
   const int64_t per_seq = static_cast<int64_t>(p.heads) * p.dk * p.dv;
   const int64_t i = blockIdx.x * static_cast<int64_t>(kCarryThreads) + threadIdx.x;
   if (i >= per_seq) return;
@@ -76,16 +132,308 @@ __global__ void CarryKernel(const SegmentCarryParams p) {
   const DecayFeatures features(p);
   const int left_feature = p.left_vector ? a : 0;
   float state = p.s_init.ptr ? p.s_init.ptr[at(p.s_init)] : 0.0f;
-  for (int g = p.seq_segments[s]; g < p.seq_segments[s + 1]; ++g) {
-    const int64_t off = g * per_seq + i;
-    p.entering[off] = state;
-    const float* sums = p.decay_sums + (static_cast<int64_t>(g) * p.heads + h) * features.width();
-    const float log_decay = (features.left ? sums[left_feature] : 0.0f) +
-                            (features.right ? sums[features.left + e] : 0.0f);
-    state = expf(log_decay) * state + p.local_final[off];
+  const int first = p.seq_segments[s], last = p.seq_segments[s + 1];
+  for (int g0 = first; g0 < last; g0 += kCarryBatch) {
+    float local[kCarryBatch], log_decay[kCarryBatch];
+#pragma unroll
+    for (int j = 0; j < kCarryBatch; ++j) {
+      const int g = min(g0 + j, last - 1);
+      local[j] = p.local_final[g * per_seq + i];
+      const float* sums = SegmentSums(p, g, h);
+      log_decay[j] = (features.left ? sums[left_feature] : 0.0f) +
+                     (features.right ? sums[features.left + e] : 0.0f);
+    }
+#pragma unroll
+    for (int j = 0; j < kCarryBatch; ++j) {
+      if (g0 + j >= last) break;
+      const int64_t off = (g0 + j) * per_seq + i;
+      if (p.entering_type == ElemType::kBF16) {
+        static_cast<bf16*>(p.entering)[off] = __float2bfloat16_rn(state);
+      } else {
+        static_cast<float*>(p.entering)[off] = state;
+      }
+      state = expf(log_decay[j]) * state + local[j];
+    }
   }
   if (p.s_final.ptr) p.s_final.ptr[at(p.s_final)] = state;
 }
+
+// The entry term: one CTA of 8 warps per (chunk of 64 tokens, head, segment)
+// forms Q̃ = q' ⊙ L in shared memory (bf16, keys padded to a multiple of 16
+// with zeros), then walks the dv tiles of 64 columns, each a product over
+// pieces of S_g of up to 256 keys (a whole tile at GLA's and GSA's widths),
+// copied in by cp.async one piece ahead. Warp w holds rows 16(w mod 4).. and
+// columns 32⌊w / 4⌋.. of a tile; the epilogue scales by R, adds the key
+// blocks' local outputs (loaded before the piece's wait, so that their
+// latency overlaps it) and stores o.
+constexpr int kEntryWarps = 8;
+constexpr int kEntryThreads = 32 * kEntryWarps;
+constexpr int kEntryCols = 64;   // dv columns per tile
+constexpr int kEntryKeys = 256;  // most rows of S per piece
+constexpr int kRowBatch = 16;    // rows of gates and q a thread loads at once
+constexpr int kEarlyCopies = 2;  // local-output parts loaded ahead of the product
+// Two CTAs per multiprocessor where 128 registers a thread hold the kernel
+// without spilling (sm_90; sm_80's code needs more).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr int kEntryMinBlocks = 1;
+#else
+constexpr int kEntryMinBlocks = 2;
+#endif
+// bf16 rows padded by 8: a row stride ≡ 4 words (mod 8) puts the eight rows
+// of an ldmatrix phase in distinct banks.
+constexpr int kEntryPad = 8;
+constexpr int kLdPiece = kEntryCols + kEntryPad;
+constexpr int kLdRight = kEntryCols + 1;
+
+// Byte offsets of the entry kernel's dynamic shared memory (16-byte aligned).
+struct EntryLayout {
+  int keys = 0, ldq = 0, piece_keys = 0;  // keys padded to 16; Q̃'s row stride; a piece's rows
+  int pieces = 0, row_factors = 0, right_factors = 0, bytes = 0;
+  __host__ __device__ EntryLayout(int dk, bool right) {
+    constexpr int C = kSegmentChunk;
+    keys = (dk + 15) / 16 * 16;
+    ldq = keys + kEntryPad;
+    piece_keys = keys < kEntryKeys ? keys : kEntryKeys;
+    pieces = C * ldq * 2;  // Q̃, bf16 [C][ldq]
+    row_factors =
+        pieces + 2 * piece_keys * kLdPiece * 2;  // S pieces, bf16 [2][piece_keys][kLdPiece]
+    right_factors = row_factors + C * 4;         // q_scale · L_t per row, [C]
+    bytes = right_factors + (right ? C * kLdRight * 4 : 0);  // R_t of a tile, [C][kLdRight]
+  }
+};
+
+// x's eight bf16 values times f, rounded to bf16.
+__device__ __forceinline__ uint4 Scale8(uint4 x, float f) {
+  __nv_bfloat162 v[4];
+  memcpy(v, &x, 16);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 u = __bfloat1622float2(v[j]);
+    v[j] = __floats2bfloat162_rn(u.x * f, u.y * f);
+  }
+  memcpy(&x, v, 16);
+  return x;
+}
+
+// A pair of o^loc's parts as raw bits (an fp32 pair, or a 16-bit pair in
+// .x), so that the load's wait comes where PartPair reads it.
+__device__ __forceinline__ uint2 PartBits(const SegmentParams& p, int64_t off) {
+  if (p.local_type == ElemType::kF32)
+    return *reinterpret_cast<const uint2*>(static_cast<const float*>(p.local_out) + off);
+  return make_uint2(
+      *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p.local_out) + off), 0u);
+}
+__device__ __forceinline__ float2 PartPair(ElemType type, uint2 bits) {
+  if (type == ElemType::kF32) return make_float2(__uint_as_float(bits.x), __uint_as_float(bits.y));
+  const auto lo = static_cast<unsigned short>(bits.x & 0xffffu);
+  const auto hi = static_cast<unsigned short>(bits.x >> 16);
+  if (type == ElemType::kBF16)
+    return make_float2(__bfloat162float(__ushort_as_bfloat16(lo)),
+                       __bfloat162float(__ushort_as_bfloat16(hi)));
+  return make_float2(__half2float(__ushort_as_half(lo)), __half2float(__ushort_as_half(hi)));
+}
+
+__global__ void __launch_bounds__(kEntryThreads, kEntryMinBlocks)
+    SegmentEntryKernel(const SegmentParams p) {
+  constexpr int C = kSegmentChunk;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const bool right = p.right.ptr != nullptr;
+  const EntryLayout lay(p.dk, right);
+  bf16* qt = reinterpret_cast<bf16*>(smem);
+  bf16* pieces = reinterpret_cast<bf16*>(smem + lay.pieces);
+  float* row_factor = reinterpret_cast<float*>(smem + lay.row_factors);
+  float* right_factor = reinterpret_cast<float*>(smem + lay.right_factors);
+
+  const int c = blockIdx.x, h = blockIdx.y, g = blockIdx.z;
+  const int64_t bos = p.segment_cu[g];
+  const int len = p.segment_cu[g + 1] - static_cast<int>(bos);
+  const int t0 = c * C, lc = min(C, len - t0);
+  if (lc <= 0) return;
+  const int64_t tok0 = bos + t0;  // packed token of the chunk's row 0
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int dk = p.dk, dv = p.dv, ldq = lay.ldq;
+  const DecayFeatures features(p);
+  // Σ of feature f's log decays over the segment's chunks before this one.
+  auto before_chunk = [&](int f) {
+    float sum = 0.0f;
+    for (int k = 0; k < c; ++k) sum += ChunkSums(p, g, k, h)[f];
+    return sum;
+  };
+  auto q_at = [&](int i, int a) { return ((tok0 + i) * p.heads + h) * dk + a; };
+
+  // S_g's pieces: piece n is keys piece_keys·(n mod key_pieces).. of tile
+  // ⌊n / key_pieces⌋, in buffer n mod 2.
+  const int key_pieces = (lay.keys + lay.piece_keys - 1) / lay.piece_keys;
+  const int num_pieces = key_pieces * ((dv + kEntryCols - 1) / kEntryCols);
+  const bf16* state =
+      static_cast<const bf16*>(p.entering) + (static_cast<int64_t>(g) * p.heads + h) * dk * dv;
+  auto buffer = [&](int n) { return pieces + (n & 1) * lay.piece_keys * kLdPiece; };
+  auto issue = [&](int n) {
+    const int a0 = lay.piece_keys * (n % key_pieces), e0 = kEntryCols * (n / key_pieces);
+    bf16* dst = buffer(n);
+    for (int idx = tid; idx < lay.piece_keys * (kEntryCols / 8); idx += kEntryThreads) {
+      const int r = idx / (kEntryCols / 8), col = 8 * (idx % (kEntryCols / 8));
+      const bool live = a0 + r < dk && e0 + col < dv;
+      CpAsync16(dst + r * kLdPiece + col,
+                state + (live ? static_cast<int64_t>(a0 + r) * dv + e0 + col : 0), live);
+    }
+    CpAsyncCommit();
+  };
+  issue(0);
+
+  // 1. Q̃ = q' ⊙ L, while the first piece is in flight. A vector decay walks
+  //    its key down the chunk, loading kRowBatch rows at once (rows past the
+  //    chunk read its last one, and are dropped); otherwise warp 0 scans the
+  //    rows' decays and every row is q scaled by one factor.
+  if (p.left.ptr && p.left_vector) {
+    const uint16_t* q_bits = static_cast<const uint16_t*>(p.q.ptr);
+    const bool q_bf16 = p.q.type == ElemType::kBF16;
+    for (int a = tid; a < lay.keys; a += kEntryThreads) {
+      const bool key = a < dk;
+      float cum = key ? before_chunk(a) : 0.0f;
+      for (int i0 = 0; i0 < C; i0 += kRowBatch) {
+        float gate[kRowBatch];
+        uint16_t bits[kRowBatch];
+#pragma unroll
+        for (int j = 0; j < kRowBatch; ++j) {
+          const int i = min(i0 + j, lc - 1);
+          gate[j] = key ? GateLog(p.left, tok0 + i, h, a) : 0.0f;
+          bits[j] = key ? q_bits[q_at(i, a)] : uint16_t{0};
+        }
+#pragma unroll
+        for (int j = 0; j < kRowBatch; ++j) {
+          const int i = i0 + j;
+          float x = 0.0f;
+          if (key && i < lc) {
+            cum += gate[j];
+            const float q = q_bf16 ? __bfloat162float(__ushort_as_bfloat16(bits[j]))
+                                   : __half2float(__ushort_as_half(bits[j]));
+            x = p.q_scale * q * __expf(cum);
+          }
+          qt[i * ldq + a] = __float2bfloat16_rn(x);
+        }
+      }
+    }
+  } else {
+    if (warp == 0) {
+      // Lane l takes rows 2l and 2l + 1; an inclusive scan of their pairs.
+      const int i = 2 * lane;
+      const float l0 = p.left.ptr && i < lc ? GateLog(p.left, tok0 + i, h, 0) : 0.0f;
+      const float l1 = p.left.ptr && i + 1 < lc ? GateLog(p.left, tok0 + i + 1, h, 0) : 0.0f;
+      float pair_sum = l0 + l1;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const float up = __shfl_up_sync(0xffffffffu, pair_sum, d);
+        if (lane >= d) pair_sum += up;
+      }
+      const float base = pair_sum - l0 - l1 + (p.left.ptr ? before_chunk(0) : 0.0f);
+      row_factor[i] = p.q_scale * __expf(base + l0);
+      row_factor[i + 1] = p.q_scale * __expf(base + l0 + l1);
+    }
+    __syncthreads();
+    const int groups = lay.keys / 8;
+    for (int idx = tid; idx < C * groups; idx += kEntryThreads) {
+      const int i = idx / groups, a = 8 * (idx % groups);
+      const bool live = i < lc && a < dk;
+      *reinterpret_cast<uint4*>(qt + i * ldq + a) =
+          live ? Scale8(Load8(p.q, q_at(i, a)), row_factor[i]) : make_uint4(0, 0, 0, 0);
+    }
+  }
+
+  // 2. The tiles, a piece at a time.
+  const int mb = warp % 4, ntb = 4 * (warp / 4), gr = lane / 4, t4 = lane % 4;
+  const int copies = p.copies;
+  float acc[4][4];
+  uint2 early[kEarlyCopies][2][4];  // the tile's first local-output parts (PartBits)
+  // o row (half) and column (j) of this thread's accumulator pair, and
+  // whether it is live.
+  auto out_row = [&](int half) { return 16 * mb + gr + 8 * half; };
+  auto out_col = [&](int j) { return 8 * (ntb + j) + 2 * t4; };
+  for (int n = 0; n < num_pieces; ++n) {
+    const int kp = n % key_pieces, e0 = kEntryCols * (n / key_pieces);
+    if (kp == key_pieces - 1) {
+#pragma unroll
+      for (int copy = 0; copy < kEarlyCopies; ++copy)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int i = min(out_row(half), lc - 1), e = min(e0 + out_col(j), dv - 2);
+            early[copy][half][j] =
+                copy < copies ? PartBits(p, (((tok0 + i) * p.heads + h) * copies + copy) * dv + e)
+                              : make_uint2(0u, 0u);
+          }
+    }
+    CpAsyncWait<0>();
+    __syncthreads();  // piece n landed, Q̃ written, piece n − 1 and R read by every warp
+    if (n + 1 < num_pieces) issue(n + 1);
+    if (right && kp == 0) {
+      // R_t of this tile's columns: every thread copies in gate entries, then
+      // a thread per column walks it down the chunk.
+#pragma unroll 8
+      for (int idx = tid; idx < C * kEntryCols; idx += kEntryThreads) {
+        const int i = idx / kEntryCols, e = idx % kEntryCols;
+        const float x = GateLog(p.right, tok0 + min(i, lc - 1), h, min(e0 + e, dv - 1));
+        right_factor[i * kLdRight + e] = i < lc && e0 + e < dv ? x : 0.0f;
+      }
+      __syncthreads();
+      for (int e = tid; e < kEntryCols; e += kEntryThreads) {
+        float cum = e0 + e < dv ? before_chunk(features.left + e0 + e) : 0.0f;
+        for (int i = 0; i < C; ++i) {
+          cum += right_factor[i * kLdRight + e];
+          right_factor[i * kLdRight + e] = __expf(cum);
+        }
+      }
+      __syncthreads();
+    }
+    if (kp == 0) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    }
+    const bf16* piece = buffer(n);
+    const int a0 = lay.piece_keys * kp, rows = min(lay.piece_keys, lay.keys - a0);
+    for (int k0 = 0; k0 < rows; k0 += 16) {
+      uint32_t fa[4];
+      Ldsm4(fa, qt + (16 * mb + (lane & 15)) * ldq + a0 + k0 + 8 * (lane >> 4));
+#pragma unroll
+      for (int j = 0; j < 4; j += 2) {
+        uint32_t fb[4];
+        Ldsm4T(fb, piece + (k0 + (lane & 15)) * kLdPiece + 8 * (ntb + j) + 8 * (lane >> 4));
+        Mma(acc[j], fa, fb[0], fb[1]);
+        Mma(acc[j + 1], fa, fb[2], fb[3]);
+      }
+    }
+    if (kp != key_pieces - 1) continue;
+      // acc[j] holds rows out_row(0), out_row(1), columns out_col(j) (+ 1).
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = out_row(half);
+      if (i >= lc) continue;
+      const int64_t row = (tok0 + i) * p.heads + h;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = out_col(j);
+        if (e0 + e >= dv) continue;
+        float x = acc[j][2 * half], y = acc[j][2 * half + 1];
+        if (right) x *= right_factor[i * kLdRight + e], y *= right_factor[i * kLdRight + e + 1];
+#pragma unroll
+        for (int copy = 0; copy < kEarlyCopies; ++copy) {
+          const float2 part = PartPair(p.local_type, early[copy][half][j]);
+          x += part.x, y += part.y;
+        }
+        for (int copy = kEarlyCopies; copy < copies; ++copy) {
+          const float2 part =
+              PartPair(p.local_type, PartBits(p, (row * copies + copy) * dv + e0 + e));
+          x += part.x, y += part.y;
+        }
+        const int64_t out = row * dv + e0 + e;
+        StorePair(p.o, p.o_type, out, x, y);
+      }
+    }
+  }
+}
+
+constexpr int kMaxEntrySmemBytes = 227 * 1024;
 
 }  // namespace
 
@@ -96,17 +444,44 @@ cudaError_t LaunchSegmentOffsets(const int32_t* cu_seqlens, int num_seqs, int sp
   return cudaGetLastError();
 }
 
-cudaError_t LaunchCarrySegmentStates(const SegmentCarryParams& p, cudaStream_t stream) {
+cudaError_t LaunchCarrySegmentStates(const SegmentParams& p, cudaStream_t stream) {
   if (p.num_seqs == 0) return cudaSuccess;
-  if (p.left.shift || p.right.shift) return cudaErrorInvalidValue;  // segments would cut them
+  if (p.left.shift || p.right.shift || p.span % kSegmentChunk != 0)
+    return cudaErrorInvalidValue;  // segments would cut the shifted gates
   if (const int width = DecayFeatures(p).width(); p.segments > 0 && width > 0) {
-    const dim3 grid((width + kSumFeatures - 1) / kSumFeatures, p.heads, p.segments);
-    SegmentDecaySumsKernel<<<grid, dim3(kSumFeatures, kSumRows), 0, stream>>>(p);
+    const dim3 grid((width + kSumFeatures - 1) / kSumFeatures, p.heads,
+                    p.segments * (p.span / kSegmentChunk));
+    ChunkDecaySumsKernel<<<grid, dim3(kSumFeatures, kSumRows), 0, stream>>>(p);
+    const int64_t totals = static_cast<int64_t>(p.segments) * p.heads * width;
+    SegmentDecaySumsKernel<<<static_cast<unsigned>((totals + kCarryThreads - 1) / kCarryThreads),
+                             kCarryThreads, 0, stream>>>(p);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   }
   const int64_t per_seq = static_cast<int64_t>(p.heads) * p.dk * p.dv;
   const dim3 grid(static_cast<unsigned>((per_seq + kCarryThreads - 1) / kCarryThreads), p.num_seqs);
   CarryKernel<<<grid, kCarryThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+bool SegmentEntriesSupported(const SegmentParams& p) {
+  const bool sixteen_bit = (p.q.type == ElemType::kBF16 || p.q.type == ElemType::kF16) &&
+                           reinterpret_cast<uintptr_t>(p.q.ptr) % 16 == 0;
+  return sixteen_bit && p.entering_type == ElemType::kBF16 && p.dk > 0 && p.dk % 16 == 0 &&
+         p.dv > 0 && p.dv % 16 == 0 && (p.left.ptr == nullptr || p.right.ptr == nullptr) &&
+         !p.left.shift && !p.right.shift && p.span % kSegmentChunk == 0 && p.copies > 0 &&
+         EntryLayout(p.dk, p.right.ptr != nullptr).bytes <= kMaxEntrySmemBytes;
+}
+
+cudaError_t LaunchAddSegmentEntries(const SegmentParams& p, cudaStream_t stream) {
+  if (p.segments == 0) return cudaSuccess;
+  if (!SegmentEntriesSupported(p)) return cudaErrorInvalidValue;
+  const int bytes = EntryLayout(p.dk, p.right.ptr != nullptr).bytes;
+  if (const cudaError_t err = cudaFuncSetAttribute(
+          SegmentEntryKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      err != cudaSuccess)
+    return err;
+  const dim3 grid(p.span / kSegmentChunk, p.heads, p.segments);
+  SegmentEntryKernel<<<grid, kEntryThreads, bytes, stream>>>(p);
   return cudaGetLastError();
 }
 

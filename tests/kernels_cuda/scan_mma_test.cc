@@ -3,10 +3,12 @@
 // log-decays down to −20 per step (the diagonal blocks' exact fallback; the
 // fp32 path overflows there), lengths off the 64-token chunk, packed sequences
 // with initial states from shuffled slots, several dv tiles (128 wide for
-// dk ≤ 128, 64 above), key_dim 256, right decays (GSA's key pass and the
-// decay backward's dq and dk scans), the reverse scans of the backward, and
-// mLSTM; the forward in every schedule (one pass; the state pass then the
-// chunk-parallel output pass; segments carried). Skips without a GPU.
+// dk ≤ 128, 64 above; a partial last one), key_dim 256, right decays (GSA's
+// key pass and the decay backward's dq and dk scans), the reverse scans of
+// the backward, and mLSTM; the forward in every schedule (one pass; the
+// state pass then the chunk-parallel output pass; segments carried, with the
+// entry term at 128 keys and more and a state pass below). Skips without a
+// GPU.
 #include <cmath>
 #include <memory>
 #include <random>
@@ -46,8 +48,8 @@ constexpr DecayRange kRanges[] = {
     {-0.3f, -0.01f, "mild"}, {-5.0f, -0.5f, "mixed"}, {-20.0f, -5.0f, "strong"}};
 
 TEST_P(MmaScanScheduleVsCpu, DecayForward) {
-  for (const auto& [K, V] :
-       {std::pair{128, 128}, std::pair{64, 96}, std::pair{64, 256}, std::pair{256, 192}})
+  for (const auto& [K, V] : {std::pair{128, 128}, std::pair{64, 96}, std::pair{64, 256},
+                             std::pair{256, 192}, std::pair{128, 80}})
     for (DType dt : {DType::kBF16, DType::kF16})
       for (DecayKind kind :
            {DecayKind::kNone, DecayKind::kConstant, DecayKind::kScalar, DecayKind::kVector})
@@ -142,8 +144,10 @@ INSTANTIATE_TEST_SUITE_P(Schedules, MmaScanScheduleVsCpu,
 // order, so they agree exactly; at 256 keys both split the keys into blocks
 // (the one-pass scan four of 64, the output pass two of 128), each rounding
 // its part of A to bf16, so they agree to that rounding. Segmented: the
-// states entering the segments are sums in another order (fp32 rounding),
-// and each chunk rounds its S to bf16 from them.
+// states entering the segments are sums in another order (fp32 rounding);
+// at 64 keys each chunk rounds its S to bf16 from them, at 256 the entry
+// term rounds each segment's once and adds its product to outputs scanned
+// from zero.
 TEST_F(MmaScanVsCpu, SchedulesMatchOnePass) {
   absl::StatusOr<std::unique_ptr<Backend>> one = MakeBackend("cuda", {{}, ScanSchedule::kOnePass});
   absl::StatusOr<std::unique_ptr<Backend>> two = MakeBackend("cuda", {{}, ScanSchedule::kTwoPass});
