@@ -1,7 +1,7 @@
 // The segmented scan's own kernels (scan_segments.h): the segments' layout;
-// every chunk's summed log decays; S_{g+1} = D_g ⊙ S_g + F_g walked per state
-// entry; and the entry term ((q'_t ⊙ L_t)ᵀ S_g) ⊙ R_t added to the segments'
-// local outputs.
+// every chunk's and segment's summed log decays; S_{g+1} = D_g ⊙ S_g + F_g
+// walked per state entry; and the entry term ((q'_t ⊙ L_t)ᵀ S_g) ⊙ R_t added
+// to the segments' local outputs.
 #include <cstring>
 
 #include "kernels/cuda/device_util.cuh"
@@ -185,7 +185,10 @@ constexpr int kEntryPad = 8;
 constexpr int kLdPiece = kEntryCols + kEntryPad;
 constexpr int kLdRight = kEntryCols + 1;
 
-// Byte offsets of the entry kernel's dynamic shared memory (16-byte aligned).
+// Byte offsets of the entry kernel's dynamic shared memory (16-byte
+// aligned): Q̃, bf16 [C][ldq], at 0; the S pieces, bf16
+// [2][piece_keys][kLdPiece]; q_scale · L_t per row, fp32 [C]; and for a right
+// decay R_t of a tile, fp32 [C][kLdRight].
 struct EntryLayout {
   int keys = 0, ldq = 0, piece_keys = 0;  // keys padded to 16; Q̃'s row stride; a piece's rows
   int pieces = 0, row_factors = 0, right_factors = 0, bytes = 0;
@@ -194,11 +197,10 @@ struct EntryLayout {
     keys = (dk + 15) / 16 * 16;
     ldq = keys + kEntryPad;
     piece_keys = keys < kEntryKeys ? keys : kEntryKeys;
-    pieces = C * ldq * 2;  // Q̃, bf16 [C][ldq]
-    row_factors =
-        pieces + 2 * piece_keys * kLdPiece * 2;  // S pieces, bf16 [2][piece_keys][kLdPiece]
-    right_factors = row_factors + C * 4;         // q_scale · L_t per row, [C]
-    bytes = right_factors + (right ? C * kLdRight * 4 : 0);  // R_t of a tile, [C][kLdRight]
+    pieces = C * ldq * 2;
+    row_factors = pieces + 2 * piece_keys * kLdPiece * 2;
+    right_factors = row_factors + C * 4;
+    bytes = right_factors + (right ? C * kLdRight * 4 : 0);
   }
 };
 
