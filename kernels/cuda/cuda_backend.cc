@@ -1489,6 +1489,12 @@ class CudaBackend : public Backend {
     local_scan.cu_seqlens = seg.segment_cu;
     local_scan.s_init = StateRef{};
     local_scan.s_final = Dense(local.f32(), p.heads, p.dk, p.dv);
+    // The one-pass scan over the segments in key blocks: as in the two
+    // passes' output pass, CTAs of more than kTwoPassMaxKeys keys would run
+    // one per multiprocessor (GLA 1.3B prefill, H100: 8.2 ms of scans against
+    // 5.8 plus 1.3 of partial sums in blocks of 128).
+    LAIR_ASSIGN_OR_RETURN(const int fit, KeyBlocks(local_scan, /*step=*/false, what));
+    const int scan_blocks = std::max(fit, OutputBlocks(local_scan));
     if (!entry_term) {
       if (segments > 0) {
         ScanParams state_pass = local_scan;
@@ -1502,16 +1508,11 @@ class CudaBackend : public Backend {
       if (segments == 0) return absl::OkStatus();
       local_scan.s_init = Dense(entering.f32(), p.heads, p.dk, p.dv);
       local_scan.s_final = StateRef{};
-      LAIR_ASSIGN_OR_RETURN(const int fit, KeyBlocks(local_scan, /*step=*/false, what));
-      return InKeyBlocks(local_scan, db.tokens, std::max(fit, OutputBlocks(local_scan)), keep, what,
+      return InKeyBlocks(local_scan, db.tokens, scan_blocks, keep, what,
                          [&](const ScanParams& scan) { return cuda::LaunchScan(scan, s()); });
     }
     if (segments > 0) {
-      // As in the two passes' output pass, CTAs of more than kTwoPassMaxKeys
-      // keys would run one per multiprocessor (GLA 1.3B prefill, H100: 8.2 ms
-      // of scans against 5.8 plus 1.3 of partial sums in blocks of 128).
-      LAIR_ASSIGN_OR_RETURN(const int fit, KeyBlocks(local_scan, /*step=*/false, what));
-      seg.copies = std::max(fit, OutputBlocks(local_scan));
+      seg.copies = scan_blocks;
       // 16-bit parts where o is: the outputs are rounded there anyway.
       const bool sixteen_bit = p.o_type != ElemType::kF32;
       LAIR_RETURN_IF_ERROR(SplitKeysIntoHeads(local_scan, db.tokens, seg.copies, keep, what,

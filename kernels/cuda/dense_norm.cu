@@ -168,13 +168,14 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
   int64_t base, w0, group_index;
   int tid;
   if (!FindGroup<kTeam>(p, &base, &w0, &group_index, &tid)) return;
+  // Vector `it` of this thread starts at offset(it) of the group.
+  const auto offset = [&](int it) { return (it * int64_t{kTeam} + tid) * 4; };
+  const auto held = [&](int it) { return offset(it) < p.group; };
   float u[kItems][4];
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
-    const int64_t i = (it * int64_t{kTeam} + tid) * 4;
-    if (i < p.group) LoadU<4>(p, base + i, u[it]);
+    if (held(it)) LoadU<4>(p, base + offset(it), u[it]);
   }
-  const auto held = [&](int it) { return (it * int64_t{kTeam} + tid) * 4 < p.group; };
   float mean = 0.0f;
   if (p.kind == NormKind::kLayer) {
     float sum = 0.0f;
@@ -196,8 +197,7 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
   const float r = 1.0f / sqrtf(TeamSum<kTeam>(sq, shared) / static_cast<float>(p.group) + p.eps);
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
-    if (held(it))
-      StoreNormed<4, Out>(p, base, w0, (it * int64_t{kTeam} + tid) * 4, {mean, r}, u[it]);
+    if (held(it)) StoreNormed<4, Out>(p, base, w0, offset(it), {mean, r}, u[it]);
   }
 }
 

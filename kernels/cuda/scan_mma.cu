@@ -150,14 +150,6 @@ struct MmaLayout {
 static_assert(MmaTile::kChunk * MmaTile::kLdA * 2 % 16 == 0 && MmaTile::kPad % 8 == 0,
               "16-byte aligned rows and regions");
 
-__device__ __forceinline__ uint32_t Scale2(uint32_t x, float f0, float f1) {
-  __nv_bfloat162 v;
-  memcpy(&v, &x, 4);
-  const float2 f = __bfloat1622float2(v);
-  v = __floats2bfloat162_rn(f.x * f0, f.y * f1);
-  memcpy(&x, &v, 4);
-  return x;
-}
 // An A fragment holds rows (g, g+8) × columns (2t, 2t+1, 2t+8, 2t+9) as
 // registers {g: 2t}, {g+8: 2t}, {g: 2t+8}, {g+8: 2t+8}.
 __device__ __forceinline__ void ScaleCols(uint32_t (&r)[4], const float (&f)[4]) {

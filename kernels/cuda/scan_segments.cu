@@ -2,8 +2,6 @@
 // every chunk's and segment's summed log decays; S_{g+1} = D_g ⊙ S_g + F_g
 // walked per state entry; and the entry term ((q'_t ⊙ L_t)ᵀ S_g) ⊙ R_t added
 // to the segments' local outputs.
-#include <cstring>
-
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/mma_fragments.cuh"
 #include "kernels/cuda/scan_segments.h"
@@ -206,15 +204,7 @@ struct EntryLayout {
 
 // x's eight bf16 values times f, rounded to bf16.
 __device__ __forceinline__ uint4 Scale8(uint4 x, float f) {
-  __nv_bfloat162 v[4];
-  memcpy(v, &x, 16);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 u = __bfloat1622float2(v[j]);
-    v[j] = __floats2bfloat162_rn(u.x * f, u.y * f);
-  }
-  memcpy(&x, v, 16);
-  return x;
+  return make_uint4(Scale2(x.x, f, f), Scale2(x.y, f, f), Scale2(x.z, f, f), Scale2(x.w, f, f));
 }
 
 // A pair of o^loc's parts as raw bits (an fp32 pair, or a 16-bit pair in
