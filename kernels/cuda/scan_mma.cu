@@ -150,6 +150,26 @@ struct MmaLayout {
 static_assert(MmaTile::kChunk * MmaTile::kLdA * 2 % 16 == 0 && MmaTile::kPad % 8 == 0,
               "16-byte aligned rows and regions");
 
+// The pieces idx = start + n·step (n = 0, 1, ...) of a grid `width` pieces
+// wide, as (row, col): a chunk's copy loops walk them with the CTA's
+// threads. Advancing adds, where idx / width and idx % width would cost
+// an integer division per piece (dk is not a compile-time constant).
+struct GridWalk {
+  int row, col;
+  int width, row_step, col_step;
+  __device__ GridWalk(int start, int width, int step)
+      : row(start / width),
+        col(start % width),
+        width(width),
+        row_step(step / width),
+        col_step(step % width) {}
+  __device__ void Next() {
+    row += row_step;
+    col += col_step;
+    if (col >= width) col -= width, ++row;
+  }
+};
+
 // An A fragment holds rows (g, g+8) × columns (2t, 2t+1, 2t+8, 2t+9) as
 // registers {g: 2t}, {g+8: 2t}, {g: 2t+8}, {g+8: 2t+8}.
 __device__ __forceinline__ void ScaleCols(uint32_t (&r)[4], const float (&f)[4]) {
@@ -345,9 +365,8 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
     bf16* kd = reinterpret_cast<bf16*>(base + lay.k_off);
     bf16* vd = reinterpret_cast<bf16*>(base + lay.v_off);
     float* gd = reinterpret_cast<float*>(base + lay.g_off);
-    const int groups = dk / 8;
-    for (int idx = tid; idx < C * groups; idx += T::kThreads) {
-      const int i = idx / groups, c = 8 * (idx % groups);
+    for (GridWalk w(tid, dk / 8, T::kThreads); w.row < C; w.Next()) {
+      const int i = w.row, c = 8 * w.col;
       const bool live = i < lc;
       const int64_t off = live ? ((bos + tok0 + dir * i) * p.heads + h) * dk + c : 0;
       if (qk_async) {  // the state pass (!kEmit) reads no q
@@ -377,9 +396,8 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
     if constexpr (!kScalar) {
       if (gate_async) {
         // Gate rows as GateAt reads them (shift: row t + 1, none past the end).
-        const int quads = gw / 4;
-        for (int idx = tid; idx < C * quads; idx += T::kThreads) {
-          const int i = idx / quads, a = 4 * (idx % quads);
+        for (GridWalk w(tid, gw / 4, T::kThreads); w.row < C; w.Next()) {
+          const int i = w.row, a = 4 * w.col;
           const int src = tok0 + dir * i + (gate.shift ? 1 : 0);
           const bool live = i < lc && src < len && a < gate_cols;
           const int64_t off = live ? (bos + src) * gate.token_stride +
@@ -536,22 +554,32 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
 
     // 3. Left: rescale q and k in place. Right: v.
     if constexpr (kVector) {
-      for (int idx = tid; idx < C * dk / 2; idx += T::kThreads) {
-        const int i = idx / (dk / 2), a = 2 * (idx % (dk / 2));
+      // A thread keeps one key pair (a, a + 1) and takes every row_step-th
+      // row from r0, so its block's first and last b stay in registers
+      // (threads past pairs · row_step take none).
+      const int pairs = dk / 2, row_step = T::kThreads / pairs;
+      const int a = 2 * (tid % pairs), r0 = tid / pairs;
+      float2 first{}, last{};
+      int loaded = -1;  // the block whose first and last b are held
+#pragma unroll 4
+      for (int i = r0 < row_step ? r0 : C; i < C; i += row_step) {
         const int blk = i / T::kBlock;
-        const float* b_first = bl + blk * T::kBlock * dk;
-        const float* b_last = bl + (blk * T::kBlock + T::kBlock - 1) * dk;
-        const float bi0 = bl[i * dk + a], bi1 = bl[i * dk + a + 1];
+        if (blk != loaded) {
+          first = *reinterpret_cast<const float2*>(bl + blk * T::kBlock * dk + a);
+          last = *reinterpret_cast<const float2*>(bl + (blk * T::kBlock + T::kBlock - 1) * dk + a);
+          loaded = blk;
+        }
+        const float2 bi = *reinterpret_cast<const float2*>(bl + i * dk + a);
         __nv_bfloat162* qp = reinterpret_cast<__nv_bfloat162*>(qs + i * ldq + a);
         __nv_bfloat162* kp = reinterpret_cast<__nv_bfloat162*>(ks + i * ldq + a);
         if constexpr (kEmit) {
           const float2 qv = __bfloat1622float2(*qp);
-          *qp = __floats2bfloat162_rn(qv.x * p.q_scale * __expf(bi0 - b_first[a]),
-                                      qv.y * p.q_scale * __expf(bi1 - b_first[a + 1]));
+          *qp = __floats2bfloat162_rn(qv.x * p.q_scale * __expf(bi.x - first.x),
+                                      qv.y * p.q_scale * __expf(bi.y - first.y));
         }
         const float2 kv = __bfloat1622float2(*kp);
-        *kp = __floats2bfloat162_rn(kv.x * p.k_scale * __expf(b_last[a] - bi0),
-                                    kv.y * p.k_scale * __expf(b_last[a + 1] - bi1));
+        *kp = __floats2bfloat162_rn(kv.x * p.k_scale * __expf(last.x - bi.x),
+                                    kv.y * p.k_scale * __expf(last.y - bi.y));
       }
     } else if constexpr (kRight) {
       for (int idx = tid; idx < C * TV / 2; idx += T::kThreads) {
