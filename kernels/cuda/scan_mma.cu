@@ -208,7 +208,9 @@ __device__ __forceinline__ int64_t ChunkIndex(int64_t bos, int seq, int chunk) {
   return bos / MmaTile::kChunk + seq + chunk;
 }
 
-template <MmaDecay kDecay, int kStateTiles, MmaPass kPass>
+// kDk > 0 compiles the key width in (p.dk is then kDk): the layout's offsets
+// fold and the loops over keys have a known trip count.
+template <MmaDecay kDecay, int kStateTiles, MmaPass kPass, int kDk>
 __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTiles, kDecay, kPass))
     ScanMmaKernel(const ScanParams p, bf16* chunk_states) {
   using T = MmaTile;
@@ -224,13 +226,14 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
   constexpr int kOn = TV / 16;                         // n-tiles of o per warp
   constexpr unsigned kAll = 0xffffffffu;
   extern __shared__ __align__(16) unsigned char smem[];
-  const MmaLayout lay(p.dk, kDecay, kPass);
+  const int dk = kDk > 0 ? kDk : p.dk;
+  const MmaLayout lay(dk, kDecay, kPass);
   const int ldv = lay.ldv;
   bf16* ss = reinterpret_cast<bf16*>(smem + lay.s);
   bf16* as = reinterpret_cast<bf16*>(smem + lay.a);
   float* tab = reinterpret_cast<float*>(smem + lay.tab);
   int* span_over = reinterpret_cast<int*>(smem + lay.flags);
-  const int dk = p.dk, ldq = lay.ldq;
+  const int ldq = lay.ldq;
   // Columns of the vector kinds' gate rows and tables (the keys or the tile).
   const int gw = T::GateWidth(dk, kDecay, TV);
   // vector tables (c for b on the right)
@@ -606,6 +609,7 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
       const int nt0 = (0x02063030 >> (4 * warp)) & 0xf;
       const int count = warp < 4 ? 3 : 2;
       float acc[3][4] = {};
+#pragma unroll
       for (int k0 = 0; k0 < dk; k0 += 16) {
         uint32_t qa[4];
         Ldsm4(qa, qs + (16 * blk + (lane & 15)) * ldq + k0 + 8 * (lane >> 4));
@@ -699,11 +703,15 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
     //    += A·V (right: V̂ scaled per column, then every entry by e^{c_i − c_I0}).
     //    Warp w: rows 16(w/2).., the (w%2) half of the n-tiles. A norm's
     //    q'_iᵀ n_prev comes from the same q fragments: rows g and g + 8.
+    //    A sequence's first chunk from a zero state (a segment's, in the
+    //    segmented schedule) skips q̂ S and q'ᵀn: both are 0.
     if constexpr (kEmit) {
       const int mb = warp / 2, ntb = kOn * (warp % 2);
       float acc[kOn][4] = {};
       float qn[2] = {0.0f, 0.0f};
-      for (int k0 = 0; k0 < dk; k0 += 16) {
+      const bool zero_state = kCarry && chunk == 0 && !p.s_init.ptr && !p.n_init;
+#pragma unroll
+      for (int k0 = 0; k0 < (zero_state ? 0 : dk); k0 += 16) {
         uint32_t fa[4];
         Ldsm4(fa, qs + (16 * mb + (lane & 15)) * ldq + k0 + 8 * (lane >> 4));
         if (norm) {
@@ -986,11 +994,11 @@ MmaDecay DecayOf(const ScanParams& p) {
   return p.right.ptr ? MmaDecay::kRight : p.left_vector ? MmaDecay::kLeft : MmaDecay::kScalar;
 }
 
-template <MmaDecay kDecay, int kStateTiles, MmaPass kPass>
+template <MmaDecay kDecay, int kStateTiles, MmaPass kPass, int kDk>
 cudaError_t LaunchMmaInstance(const ScanParams& p, bf16* chunk_states, int max_chunks,
                               cudaStream_t stream) {
   const int bytes = MmaLayout(p.dk, kDecay, kPass).bytes;
-  auto* kernel = ScanMmaKernel<kDecay, kStateTiles, kPass>;
+  auto* kernel = ScanMmaKernel<kDecay, kStateTiles, kPass, kDk>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
@@ -1001,21 +1009,30 @@ cudaError_t LaunchMmaInstance(const ScanParams& p, bf16* chunk_states, int max_c
   return cudaGetLastError();
 }
 
+// The key width of GLA's key blocks, simple GLA, mLSTM and the kernel
+// benchmarks, compiled in (kDk): GLA fwd T = 4096, H200, ... ms against ....
+constexpr int kCompiledDk = 128;
+
+template <MmaDecay kDecay, MmaPass kPass>
+cudaError_t LaunchDecay(const ScanParams& p, bf16* states, int max_chunks, cudaStream_t stream) {
+  if (p.dk == kCompiledDk)
+    return LaunchMmaInstance<kDecay, 1, kPass, kCompiledDk>(p, states, max_chunks, stream);
+  return MmaTile::StateTiles(p.dk) == 1
+             ? LaunchMmaInstance<kDecay, 1, kPass, 0>(p, states, max_chunks, stream)
+             : LaunchMmaInstance<kDecay, 2, kPass, 0>(p, states, max_chunks, stream);
+}
+
 template <MmaPass kPass>
 cudaError_t LaunchPass(const ScanParams& p, void* chunk_states, int max_chunks,
                        cudaStream_t stream) {
   bf16* states = static_cast<bf16*>(chunk_states);
-  const bool narrow = MmaTile::StateTiles(p.dk) == 1;
   switch (DecayOf(p)) {
     case MmaDecay::kLeft:
-      return narrow ? LaunchMmaInstance<MmaDecay::kLeft, 1, kPass>(p, states, max_chunks, stream)
-                    : LaunchMmaInstance<MmaDecay::kLeft, 2, kPass>(p, states, max_chunks, stream);
+      return LaunchDecay<MmaDecay::kLeft, kPass>(p, states, max_chunks, stream);
     case MmaDecay::kRight:
-      return narrow ? LaunchMmaInstance<MmaDecay::kRight, 1, kPass>(p, states, max_chunks, stream)
-                    : LaunchMmaInstance<MmaDecay::kRight, 2, kPass>(p, states, max_chunks, stream);
+      return LaunchDecay<MmaDecay::kRight, kPass>(p, states, max_chunks, stream);
     default:
-      return narrow ? LaunchMmaInstance<MmaDecay::kScalar, 1, kPass>(p, states, max_chunks, stream)
-                    : LaunchMmaInstance<MmaDecay::kScalar, 2, kPass>(p, states, max_chunks, stream);
+      return LaunchDecay<MmaDecay::kScalar, kPass>(p, states, max_chunks, stream);
   }
 }
 
