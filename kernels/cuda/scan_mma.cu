@@ -759,8 +759,9 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
       // Right: this block's first row of c, and the exact diagonal's flag.
       [[maybe_unused]] const float* c_first = bl + 16 * mb * gw;
       const bool exact_diagonal = kRight && span_over[mb];
-      for (int k0 = 0; k0 <= 16 * mb; k0 += 16) {
-        if (k0 == 16 * mb && exact_diagonal) break;
+#pragma unroll
+      for (int k0 = 0; k0 < C; k0 += 16) {
+        if (k0 > 16 * mb || (k0 == 16 * mb && exact_diagonal)) break;
         uint32_t fa[4];
         Ldsm4(fa, as + (16 * mb + (lane & 15)) * T::kLdA + k0 + 8 * (lane >> 4));
 #pragma unroll
@@ -1010,7 +1011,9 @@ cudaError_t LaunchMmaInstance(const ScanParams& p, bf16* chunk_states, int max_c
 }
 
 // The key width of GLA's key blocks, simple GLA, mLSTM and the kernel
-// benchmarks, compiled in (kDk): GLA fwd T = 4096, H200, ... ms against ....
+// benchmarks, compiled in (kDk): fwd at T = 4096 on an H200, simple GLA
+// 1.023–1.044 → 0.909–0.935 ms, GLA 1.722–1.745 → 1.621–1.651, mLSTM exp
+// 1.248–1.273 → 1.137–1.156.
 constexpr int kCompiledDk = 128;
 
 template <MmaDecay kDecay, MmaPass kPass>

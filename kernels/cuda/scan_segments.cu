@@ -384,6 +384,7 @@ __global__ void __launch_bounds__(kEntryThreads, kEntryMinBlocks)
     }
     const bf16* piece = buffer(n);
     const int a0 = lay.piece_keys * kp, rows = min(lay.piece_keys, lay.keys - a0);
+#pragma unroll 4
     for (int k0 = 0; k0 < rows; k0 += 16) {
       uint32_t fa[4];
       Ldsm4(fa, qt + (16 * mb + (lane & 15)) * ldq + a0 + k0 + 8 * (lane >> 4));
