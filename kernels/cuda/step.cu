@@ -21,24 +21,44 @@ struct StepTraits {
   static constexpr int kVec = 4;                             // floats per 16-byte access
   static constexpr int kColThreads = kCols / kVec;           // 8
   static constexpr int kRowGroups = kThreads / kColThreads;  // 32
-  static constexpr int kUnroll = 8;  // rows in flight per thread: all of dk = 256
+  // Rows in flight per thread: all of dk ≤ 256 (kWideUnroll), or of dk ≤ 128
+  // (kNarrowUnroll) at 48 registers and 5 CTAs per SM, where 8 rows, half
+  // of them empty, held 64 registers and 4 CTAs (kernel bench, H200, B = 256:
+  // 0.627 → 0.703–0.709 of the copy bandwidth with a vector decay, 0.638 →
+  // 0.750–0.757 with a scalar one).
+  static constexpr int kWideUnroll = 8;
+  static constexpr int kNarrowUnroll = 4;
+  // CTAs per SM the register budget is set for: 64 registers at 8 rows (as
+  // the compiler chose unbounded), 48 at 4 on sm_90 (sm_80's code spills
+  // there, and keeps 64).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  static constexpr int kNarrowMinBlocks = 4;
+#else
+  static constexpr int kNarrowMinBlocks = 5;
+#endif
+  static constexpr int MinBlocks(int unroll) {
+    return unroll == kNarrowUnroll ? kNarrowMinBlocks : 4;
+  }
   static constexpr int kMaxDk = kMaxStepKeyDim;
   static_assert(kRowGroups == 32, "the reduction uses one warp over the row groups");
 };
 
 // s[u] ← the state's rows a0 + u·kRowGroups at `base` (zeros past dk or
 // without an initial state).
+template <int kUnroll>
 __device__ __forceinline__ void LoadStateRows(const float* base, int64_t dv, int a0, int dk,
-                                              bool zero_init, float4 (&s)[StepTraits::kUnroll]) {
+                                              bool zero_init, float4 (&s)[kUnroll]) {
 #pragma unroll
-  for (int u = 0; u < StepTraits::kUnroll; ++u) {
+  for (int u = 0; u < kUnroll; ++u) {
     const int a = a0 + u * StepTraits::kRowGroups;
     s[u] = (a < dk && !zero_init) ? *reinterpret_cast<const float4*>(base + a * dv)
                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 }
 
-__global__ void __launch_bounds__(StepTraits::kThreads) StepKernel(const ScanParams p) {
+template <int kUnroll>
+__global__ void __launch_bounds__(StepTraits::kThreads, StepTraits::MinBlocks(kUnroll))
+    StepKernel(const ScanParams p) {
   AllowDependents();
   using T = StepTraits;
   __shared__ float q[T::kMaxDk], k[T::kMaxDk], dl[T::kMaxDk];
@@ -57,7 +77,7 @@ __global__ void __launch_bounds__(StepTraits::kThreads) StepKernel(const ScanPar
   float* base =
       p.s_final.ptr + slot * p.s_final.slot_stride + static_cast<int64_t>(h) * dk * p.dv + e0 + col;
   const bool zero_init = p.s_init.ptr == nullptr;
-  float4 s[T::kUnroll];
+  float4 s[kUnroll];
   LoadStateRows(base, p.dv, rg, dk, zero_init, s);
   WaitForPrerequisites();
   const int64_t tok = p.cu_seqlens[seq];
@@ -100,10 +120,10 @@ __global__ void __launch_bounds__(StepTraits::kThreads) StepKernel(const ScanPar
   const float4 vv = make_float4(v[col], v[col + 1], v[col + 2], v[col + 3]);
   const float4 ee = make_float4(er[col], er[col + 1], er[col + 2], er[col + 3]);
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int a0 = rg; a0 < dk; a0 += T::kRowGroups * T::kUnroll) {
+  for (int a0 = rg; a0 < dk; a0 += T::kRowGroups * kUnroll) {
     if (a0 != rg) LoadStateRows(base, p.dv, a0, dk, zero_init, s);
 #pragma unroll
-    for (int u = 0; u < T::kUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       const int a = a0 + u * T::kRowGroups;
       if (a >= dk) continue;
       const float d = dl[a], ka = k[a], qa = q[a];
@@ -150,7 +170,11 @@ cudaError_t LaunchStep(const ScanParams& p, cudaStream_t stream) {
   }
   if (p.num_seqs == 0) return cudaSuccess;
   const dim3 grid(p.dv / StepTraits::kCols, p.heads, p.num_seqs);
-  return LaunchDependent(StepKernel, grid, dim3(StepTraits::kThreads), stream, p);
+  if (p.dk <= StepTraits::kNarrowUnroll * StepTraits::kRowGroups)
+    return LaunchDependent(StepKernel<StepTraits::kNarrowUnroll>, grid, dim3(StepTraits::kThreads),
+                           stream, p);
+  return LaunchDependent(StepKernel<StepTraits::kWideUnroll>, grid, dim3(StepTraits::kThreads),
+                         stream, p);
 }
 
 }  // namespace lair::kernels::cuda
