@@ -12,7 +12,10 @@
 // --scan-schedule forces the tensor-core scans' schedule (kernels::ScanSchedule).
 // The decode step runs B ∈ --decode-batches one-token sequences with their
 // states in slots and reports state bytes moved (read + write) per second,
-// against the device-to-device copy bandwidth measured in the same run.
+// against the device-to-device copy bandwidth measured in the same run. Each
+// step is followed by a 4-byte copy, as LaunchStep requires between two steps
+// of one state (scan.h: a step reads its states before the kernel before it
+// completes); the copy's own time, measured alone, is subtracted.
 //
 // Output lines (parsed by scripts/gpu-check.sh):
 //   lair copy_bandwidth <GB/s>
@@ -259,6 +262,10 @@ absl::Status Run(const BenchKernelsFlags& f) {
   }
 
   // Decode step: B one-token sequences, states in place in their slots.
+  LAIR_ASSIGN_OR_RETURN(Tensor word, backend.Allocate(DType::kF32, {2}));
+  const Tensor word_from = word.Rows(0, 1), word_to = word.Rows(1, 2);
+  const auto separate = [&] { return backend.Copy(word_from, word_to); };
+  LAIR_ASSIGN_OR_RETURN(const double separator_seconds, Time(backend, f.reps, 50, separate));
   for (int B : f.decode_batches) {
     LAIR_ASSIGN_OR_RETURN(const Batch batch, MakeBatch(backend, B, 1));
     kernels::SequenceBatch sb = batch.View();
@@ -274,9 +281,11 @@ absl::Status Run(const BenchKernelsFlags& f) {
         a.gk = gk.Rows(0, B);
       else
         a.g = g.Rows(0, B);
-      const absl::StatusOr<double> t = Time(backend, f.reps, 50, [&] {
-        return backend.DecayForward(sb, a, kernels::MixerForm::kRecurrent);
+      absl::StatusOr<double> t = Time(backend, f.reps, 50, [&] {
+        LAIR_RETURN_IF_ERROR(backend.DecayForward(sb, a, kernels::MixerForm::kRecurrent));
+        return separate();
       });
+      if (t.ok()) *t -= separator_seconds;
       const std::string name = vector ? "step_gla" : "step_simple_gla";
       if (!t.ok()) {
         std::printf("lair %s B=%d UNSUPPORTED %s\n", name.c_str(), B,
