@@ -105,8 +105,8 @@ struct ScanParams {
 // arithmetic throughout.
 cudaError_t LaunchScan(const ScanParams& p, cudaStream_t stream);
 
-// One-token decode step for every sequence (N == num_seqs), states in place in
-// their slots. Same fields as the scan; reverse and shift are not allowed;
+// One-token decode step for every sequence (N == num_seqs, so sequence s's
+// token is token s: cu_seqlens is not read), states in place in their slots. Same fields as the scan; reverse and shift are not allowed;
 // s_init and s_final must be the same pool (in place); dv multiple of 32.
 // A programmatic dependent of the kernel before it in `stream`, it reads the
 // states (and the slots) before that kernel completes: the states' last

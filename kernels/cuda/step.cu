@@ -18,6 +18,7 @@ namespace {
 struct StepTraits {
   static constexpr int kCols = 32;  // dv columns per CTA
   static constexpr int kThreads = 256;
+  static constexpr int kWarps = kThreads / 32;
   static constexpr int kVec = 4;                             // floats per 16-byte access
   static constexpr int kColThreads = kCols / kVec;           // 8
   static constexpr int kRowGroups = kThreads / kColThreads;  // 32
@@ -40,7 +41,7 @@ struct StepTraits {
     return unroll == kNarrowUnroll ? kNarrowMinBlocks : 4;
   }
   static constexpr int kMaxDk = kMaxStepKeyDim;
-  static_assert(kRowGroups == 32, "the reduction uses one warp over the row groups");
+  static_assert(32 % kColThreads == 0, "a warp holds whole row groups (the column sums)");
 };
 
 // s[u] ← the state's rows a0 + u·kRowGroups at `base` (zeros past dk or
@@ -63,7 +64,7 @@ __global__ void __launch_bounds__(StepTraits::kThreads, StepTraits::MinBlocks(kU
   using T = StepTraits;
   __shared__ float q[T::kMaxDk], k[T::kMaxDk], dl[T::kMaxDk];
   __shared__ float v[T::kCols], er[T::kCols];
-  __shared__ float red[T::kRowGroups][T::kCols + 1];
+  __shared__ alignas(16) float red[T::kWarps][T::kCols];
   __shared__ float scal[3];  // coefficient on s, weight on k vᵀ, q'ᵀn
 
   const int tid = threadIdx.x;
@@ -80,7 +81,12 @@ __global__ void __launch_bounds__(StepTraits::kThreads, StepTraits::MinBlocks(kU
   float4 s[kUnroll];
   LoadStateRows(base, p.dv, rg, dk, zero_init, s);
   WaitForPrerequisites();
-  const int64_t tok = p.cu_seqlens[seq];
+  // One token per sequence (LaunchStep's contract), so sequence seq's token
+  // is token seq: no load of cu_seqlens stands between the wait and the
+  // operands' loads, and the state loads wait one latency less for them.
+  // (Read from blockIdx here: with `seq`, the compiler formed the operands'
+  // addresses before the wait and spilled them at 48 registers.)
+  const int64_t tok = blockIdx.z;
   const int64_t row = tok * p.heads + h;
 
   // Token operands and gates into shared memory.
@@ -138,15 +144,21 @@ __global__ void __launch_bounds__(StepTraits::kThreads, StepTraits::MinBlocks(kU
       *reinterpret_cast<float4*>(base + a * p.dv) = s[u];
     }
   }
-  red[rg][col] = acc.x;
-  red[rg][col + 1] = acc.y;
-  red[rg][col + 2] = acc.z;
-  red[rg][col + 3] = acc.w;
+  // The column sums: over a warp's row groups by shuffles, then over the
+  // warps (a chain of 8 adds where one of 32 had been the CTA's tail).
+  for (int lanes = T::kColThreads; lanes < 32; lanes <<= 1) {
+    acc.x += __shfl_xor_sync(0xffffffffu, acc.x, lanes);
+    acc.y += __shfl_xor_sync(0xffffffffu, acc.y, lanes);
+    acc.z += __shfl_xor_sync(0xffffffffu, acc.z, lanes);
+    acc.w += __shfl_xor_sync(0xffffffffu, acc.w, lanes);
+  }
+  if (tid % 32 < T::kColThreads) *reinterpret_cast<float4*>(&red[tid / 32][col]) = acc;
   __syncthreads();
 
   if (tid < T::kCols) {
     float o = 0.0f;
-    for (int g = 0; g < T::kRowGroups; ++g) o += red[g][tid];
+#pragma unroll
+    for (int w = 0; w < T::kWarps; ++w) o += red[w][tid];
     if (p.norm == NormKind::kMlstmExp) {
       o /= fmaxf(fabsf(scal[2]), expf(-m_new)) + p.eps;
     } else if (p.norm == NormKind::kSigNorm) {

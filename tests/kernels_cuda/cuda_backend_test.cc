@@ -283,15 +283,20 @@ TEST_F(CudaVsCpu, GsaBackward) {
   }
 }
 
+// Chunked, a step of three sequences, and one of 600 (several items per step
+// CTA, kernels/cuda/step.cu).
 TEST_F(CudaVsCpu, MlstmForward) {
+  const std::vector<int> chunked{70, 1, 0, 33}, few{1, 1, 1}, many(600, 1);
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (MlstmKind kind : {MlstmKind::kExp, MlstmKind::kSig, MlstmKind::kSigNorm}) {
-      for (bool step : {false, true}) {
-        MakeBatch(step ? std::vector<int>{1, 1, 1} : std::vector<int>{70, 1, 0, 33});
+      for (const std::vector<int>* lens : {&chunked, &few, &many}) {
+        MakeBatch(*lens);
+        const bool step = lens != &chunked;
         const int64_t n = offsets_.back();
         const int H = 2, K = 64, V = 64, S = batch_.num_seqs;
         const std::string what = "mlstm kind " + std::to_string(static_cast<int>(kind)) +
-                                 (step ? " step " : " chunked ") + std::string(DTypeName(dt));
+                                 (step ? " step of " + std::to_string(S) + " " : " chunked ") +
+                                 std::string(DTypeName(dt));
         const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1),
                      v = Rand({n, H, V}, -1, 1);
         const Tensor ig = Rand({n, H}, -3, 3), fg = Rand({n, H}, -1, 5);
@@ -403,6 +408,31 @@ TEST_F(CudaVsCpu, MlstmBackwardRejectsWideHeads) {
   const absl::Status st = gpu_->MlstmBackward(batch_, d);
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_NE(std::string(st.message()).find("value_dim"), std::string::npos) << st;
+}
+
+// A step over 600 sequences streams several items through each CTA
+// (kernels/cuda/step.cu): key widths of a part of one 128-row unit, of a
+// unit and a part, and of two units; pooled and zero initial states.
+TEST_F(CudaVsCpu, DecayStepOverManySequences) {
+  MakeBatch(std::vector<int>(600, 1));
+  const int H = 2, V = 64;
+  for (int K : {64, 200, 256}) {
+    for (DecayKind kind : {DecayKind::kScalar, DecayKind::kVector, DecayKind::kLeftRight}) {
+      for (bool zero_init : {false, true}) {
+        batch_.zero_initial_state = zero_init;
+        const std::string what = "K=" + std::to_string(K) + " kind " +
+                                 std::to_string(static_cast<int>(kind)) +
+                                 (zero_init ? " from zero" : " pooled");
+        DecayPair pair = MakeDecayPair(kind, DType::kBF16, H, K, V, 0.125f);
+        DecayForwardArgs &c = pair.cpu, &d = pair.gpu;
+        ASSERT_TRUE(cpu_->DecayForward(batch_, c, MixerForm::kChunked).ok());
+        const absl::Status st = gpu_->DecayForward(batch_, d, MixerForm::kRecurrent);
+        ASSERT_TRUE(st.ok()) << what << ": " << st;
+        Expect(d.o, c.o, kBf16Tol, what + " o");
+        Expect(d.state, c.state, kBf16Tol, what + " final state");
+      }
+    }
+  }
 }
 
 // Keys wider than one scan tile (GSA 1.3B's 512) run in row blocks whose
