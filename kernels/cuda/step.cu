@@ -3,6 +3,9 @@
 //   s ← diag(e^{lk}) s diag(e^{lv}) · e^{m_prev − m} + e^{lw − m} k vᵀ,   o = sᵀ q'
 // (m ≡ 0 without the stabilizer). One CTA per (sequence, head, 32 columns):
 // 8 threads × float4 cover a 128-byte row segment, 32 row groups stride over dk.
+// A thread's rows wait in its registers (launches of up to a wave) or in its
+// own shared-memory slots, copied by cp.async and read back only by it, so
+// the staging needs no barrier (larger launches).
 //
 // Launched as a programmatic dependent (dependent_launch.cuh): the state is
 // most of the bytes and no kernel just before the step writes it, so each
@@ -10,6 +13,7 @@
 // write q, k, v and the gates (LaunchStep states the condition).
 #include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/mma_fragments.cuh"
 #include "kernels/cuda/scan.h"
 
 namespace lair::kernels::cuda {
@@ -22,48 +26,86 @@ struct StepTraits {
   static constexpr int kVec = 4;                             // floats per 16-byte access
   static constexpr int kColThreads = kCols / kVec;           // 8
   static constexpr int kRowGroups = kThreads / kColThreads;  // 32
-  // Rows in flight per thread: all of dk ≤ 256 (kWideUnroll), or of dk ≤ 128
-  // (kNarrowUnroll) at 48 registers and 5 CTAs per SM, where 8 rows, half
-  // of them empty, held 64 registers and 4 CTAs (kernel bench, H200, B = 256:
-  // 0.627 → 0.703–0.709 of the copy bandwidth with a vector decay, 0.638 →
-  // 0.750–0.757 with a scalar one).
-  static constexpr int kWideUnroll = 8;
-  static constexpr int kNarrowUnroll = 4;
-  // CTAs per SM the register budget is set for: 64 registers at 8 rows (as
-  // the compiler chose unbounded), 48 at 4 on sm_90 (sm_80's code spills
-  // there, and keeps 64).
+  // Instances by the key width and the launch's size: kUnroll rows in
+  // flight per thread (of kRowGroups · kUnroll, the dk the instance covers
+  // in one pass), q/k/decays for up to kMaxKeys keys, the CTAs per SM the
+  // registers are budgeted for, and where the rows wait:
+  // - Staged (kStaged): in the thread's own shared-memory slots by cp.async,
+  //   so that more CTAs fit an SM and more bytes are in flight. On an H200 a
+  //   bare in-place update of the pool in this pattern reaches 0.91 of the
+  //   copy bandwidth at 4 rows per thread and 8 CTAs per SM (0.75 at 2
+  //   rows); the step at B = 256 went from 0.72 held to 0.76 staged, and GLA
+  //   1.3B's decode at B = 256 from 10.1 to 9.0 ms a step.
+  // - Held in registers, for launches of at most a wave (kHeldMaxCtasPerSm
+  //   per SM): bound by latency, they lose the staging's round trip (GLA
+  //   1.3B decode at B = 1: 1.41 ms a step held, 1.49–1.51 staged). At 4
+  //   rows, 48 registers and 5 CTAs per SM on sm_90; sm_80's code spills
+  //   there and keeps 64.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  static constexpr int kNarrowMinBlocks = 4;
+  static constexpr int kNarrowHeldMinBlocks = 4;
 #else
-  static constexpr int kNarrowMinBlocks = 5;
+  static constexpr int kNarrowHeldMinBlocks = 5;
 #endif
-  static constexpr int MinBlocks(int unroll) {
-    return unroll == kNarrowUnroll ? kNarrowMinBlocks : 4;
-  }
-  static constexpr int kMaxDk = kMaxStepKeyDim;
+  template <int kUnrollN, int kMaxKeysN, int kMinBlocksN, bool kStagedN>
+  struct Shape {
+    enum : int { kUnroll = kUnrollN, kMaxKeys = kMaxKeysN, kMinBlocks = kMinBlocksN };
+    enum : bool { kStaged = kStagedN };
+  };
+  using NarrowHeld = Shape<4, 128, kNarrowHeldMinBlocks, false>;
+  using NarrowStaged = Shape<4, 128, 6, true>;  // 16 KB staged
+  using WideHeld = Shape<8, 256, 4, false>;
+  using WideStaged = Shape<8, 256, 5, true>;  // 32 KB staged
+  using WidestHeld = Shape<8, kMaxStepKeyDim, 4, false>;
+  using WidestStaged = Shape<8, kMaxStepKeyDim, 3, true>;
+  static constexpr int kHeldMaxCtasPerSm = 4;
   static_assert(32 % kColThreads == 0, "a warp holds whole row groups (the column sums)");
 };
 
-// s[u] ← the state's rows a0 + u·kRowGroups at `base` (zeros past dk or
-// without an initial state).
-template <int kUnroll>
-__device__ __forceinline__ void LoadStateRows(const float* base, int64_t dv, int a0, int dk,
-                                              bool zero_init, float4 (&s)[kUnroll]) {
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int a = a0 + u * StepTraits::kRowGroups;
-    s[u] = (a < dk && !zero_init) ? *reinterpret_cast<const float4*>(base + a * dv)
-                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-}
+// The thread's state rows a0 + u·kRowGroups at `base` (zeros past dk or
+// without an initial state), in registers or in its shared-memory slots
+// `staged[u][threadIdx.x]` (as Shape says).
+template <typename Shape>
+struct StateRows {
+  static constexpr int kUnroll = Shape::kUnroll;
+  float4 held[Shape::kStaged ? 1 : kUnroll];
+  float4 (*staged)[StepTraits::kThreads];
 
-template <int kUnroll>
-__global__ void __launch_bounds__(StepTraits::kThreads, StepTraits::MinBlocks(kUnroll))
+  __device__ __forceinline__ void Load(const float* base, int64_t dv, int a0, int dk,
+                                       bool zero_init) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int a = a0 + u * StepTraits::kRowGroups;
+      const bool present = a < dk && !zero_init;
+      if constexpr (Shape::kStaged) {
+        if (present) CpAsync16(&staged[u][threadIdx.x], base + a * dv, true);
+      } else {
+        held[u] = present ? *reinterpret_cast<const float4*>(base + a * dv)
+                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+    if constexpr (Shape::kStaged) CpAsyncCommit();
+  }
+  __device__ __forceinline__ void Wait() const {
+    if constexpr (Shape::kStaged) CpAsyncWait<0>();
+  }
+  __device__ __forceinline__ float4 Row(int u, bool zero_init) const {
+    if constexpr (Shape::kStaged) {
+      return zero_init ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : staged[u][threadIdx.x];
+    } else {
+      return held[u];
+    }
+  }
+};
+
+template <typename Shape>
+__global__ void __launch_bounds__(StepTraits::kThreads, Shape::kMinBlocks)
     StepKernel(const ScanParams p) {
   AllowDependents();
   using T = StepTraits;
-  __shared__ float q[T::kMaxDk], k[T::kMaxDk], dl[T::kMaxDk];
-  __shared__ float v[T::kCols], er[T::kCols];
+  constexpr int kUnroll = Shape::kUnroll;
+  __shared__ float4 staged[Shape::kStaged ? kUnroll : 1][T::kThreads];
+  __shared__ float q[Shape::kMaxKeys], k[Shape::kMaxKeys], dl[Shape::kMaxKeys];
+  __shared__ alignas(16) float v[T::kCols], er[T::kCols];
   __shared__ alignas(16) float red[T::kWarps][T::kCols];
   __shared__ float scal[3];  // coefficient on s, weight on k vᵀ, q'ᵀn
 
@@ -78,8 +120,9 @@ __global__ void __launch_bounds__(StepTraits::kThreads, StepTraits::MinBlocks(kU
   float* base =
       p.s_final.ptr + slot * p.s_final.slot_stride + static_cast<int64_t>(h) * dk * p.dv + e0 + col;
   const bool zero_init = p.s_init.ptr == nullptr;
-  float4 s[kUnroll];
-  LoadStateRows(base, p.dv, rg, dk, zero_init, s);
+  StateRows<Shape> rows;
+  rows.staged = staged;
+  rows.Load(base, p.dv, rg, dk, zero_init);
   WaitForPrerequisites();
   // One token per sequence (LaunchStep's contract), so sequence seq's token
   // is token seq: no load of cu_seqlens stands between the wait and the
@@ -123,25 +166,28 @@ __global__ void __launch_bounds__(StepTraits::kThreads, StepTraits::MinBlocks(kU
   }
 
   // The state pass: read, decay, add the outer product, accumulate sᵀq'.
-  const float4 vv = make_float4(v[col], v[col + 1], v[col + 2], v[col + 3]);
-  const float4 ee = make_float4(er[col], er[col + 1], er[col + 2], er[col + 3]);
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   for (int a0 = rg; a0 < dk; a0 += T::kRowGroups * kUnroll) {
-    if (a0 != rg) LoadStateRows(base, p.dv, a0, dk, zero_init, s);
+    if (a0 != rg) rows.Load(base, p.dv, a0, dk, zero_init);
+    rows.Wait();
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int a = a0 + u * T::kRowGroups;
       if (a >= dk) continue;
       const float d = dl[a], ka = k[a], qa = q[a];
-      s[u].x = s[u].x * d * ee.x + ka * vv.x;
-      s[u].y = s[u].y * d * ee.y + ka * vv.y;
-      s[u].z = s[u].z * d * ee.z + ka * vv.z;
-      s[u].w = s[u].w * d * ee.w + ka * vv.w;
-      acc.x += qa * s[u].x;
-      acc.y += qa * s[u].y;
-      acc.z += qa * s[u].z;
-      acc.w += qa * s[u].w;
-      *reinterpret_cast<float4*>(base + a * p.dv) = s[u];
+      float4 s = rows.Row(u, zero_init);
+      // v and e^{lv} re-read from shared memory: 8 registers fewer.
+      const float4 vv = *reinterpret_cast<const float4*>(&v[col]);
+      const float4 ee = *reinterpret_cast<const float4*>(&er[col]);
+      s.x = s.x * d * ee.x + ka * vv.x;
+      s.y = s.y * d * ee.y + ka * vv.y;
+      s.z = s.z * d * ee.z + ka * vv.z;
+      s.w = s.w * d * ee.w + ka * vv.w;
+      acc.x += qa * s.x;
+      acc.y += qa * s.y;
+      acc.z += qa * s.z;
+      acc.w += qa * s.w;
+      *reinterpret_cast<float4*>(base + a * p.dv) = s;
     }
   }
   // The column sums: over a warp's row groups by shuffles, then over the
@@ -170,10 +216,27 @@ __global__ void __launch_bounds__(StepTraits::kThreads, StepTraits::MinBlocks(kU
     p.m_final[static_cast<int64_t>(slot) * p.heads + h] = m_new;
 }
 
+// The held instance for a launch of at most kHeldMaxCtasPerSm CTAs per SM,
+// else the staged one. (The SM count is asked per launch: a process may
+// drive GPUs of different kinds.)
+template <typename Held, typename Staged>
+cudaError_t LaunchShape(const ScanParams& p, dim3 grid, cudaStream_t stream) {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return cudaGetLastError();
+  }
+  const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+  const dim3 block(StepTraits::kThreads);
+  if (ctas <= static_cast<int64_t>(sms) * StepTraits::kHeldMaxCtasPerSm)
+    return LaunchDependent(StepKernel<Held>, grid, block, stream, p);
+  return LaunchDependent(StepKernel<Staged>, grid, block, stream, p);
+}
+
 }  // namespace
 
 cudaError_t LaunchStep(const ScanParams& p, cudaStream_t stream) {
-  if (p.dk <= 0 || p.dk > StepTraits::kMaxDk || p.dv % StepTraits::kCols != 0 || p.reverse ||
+  if (p.dk <= 0 || p.dk > kMaxStepKeyDim || p.dv % StepTraits::kCols != 0 || p.reverse ||
       p.left.shift || p.right.shift || p.s_final.ptr == nullptr ||
       (p.s_init.ptr != nullptr && p.s_init.ptr != p.s_final.ptr) || p.s_final.stride_b != 1 ||
       p.s_final.stride_a != p.dv || (p.left_vector && p.stabilize) || p.row_weight.ptr ||
@@ -182,11 +245,12 @@ cudaError_t LaunchStep(const ScanParams& p, cudaStream_t stream) {
   }
   if (p.num_seqs == 0) return cudaSuccess;
   const dim3 grid(p.dv / StepTraits::kCols, p.heads, p.num_seqs);
-  if (p.dk <= StepTraits::kNarrowUnroll * StepTraits::kRowGroups)
-    return LaunchDependent(StepKernel<StepTraits::kNarrowUnroll>, grid, dim3(StepTraits::kThreads),
-                           stream, p);
-  return LaunchDependent(StepKernel<StepTraits::kWideUnroll>, grid, dim3(StepTraits::kThreads),
-                         stream, p);
+  using T = StepTraits;
+  if (p.dk <= T::NarrowHeld::kMaxKeys)
+    return LaunchShape<T::NarrowHeld, T::NarrowStaged>(p, grid, stream);
+  if (p.dk <= T::WideHeld::kMaxKeys)
+    return LaunchShape<T::WideHeld, T::WideStaged>(p, grid, stream);
+  return LaunchShape<T::WidestHeld, T::WidestStaged>(p, grid, stream);
 }
 
 }  // namespace lair::kernels::cuda
