@@ -436,17 +436,20 @@ TEST_F(CudaVsCpu, DecayStepOverManySequences) {
 }
 
 // Keys wider than one scan tile (GSA 1.3B's 512) run in row blocks whose
-// partial outputs add: every decay kind, chunked and the one-token step, f32
-// and bf16, against the CPU; the backward still refuses them by name.
+// partial outputs add: every decay kind, chunked and the one-token step (of
+// three sequences, and of 300: a launch of several waves), f32 and bf16,
+// against the CPU; the backward still refuses them by name.
 TEST_F(CudaVsCpu, DecayForwardWideKeys) {
   const int H = 2, K = 512, V = 128;
+  const std::vector<int> chunked{70, 1, 0, 33}, few{1, 1, 1}, many(300, 1);
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (DecayKind kind : kKinds) {
-      for (bool step : {false, true}) {
-        MakeBatch(step ? std::vector<int>{1, 1, 1} : std::vector<int>{70, 1, 0, 33});
+      for (const std::vector<int>* lens : {&chunked, &few, &many}) {
+        MakeBatch(*lens);
+        const bool step = lens != &chunked;
         const std::string what = std::string(DTypeName(dt)) + " kind " +
                                  std::to_string(static_cast<int>(kind)) +
-                                 (step ? " step" : " chunked");
+                                 (step ? " step of " + std::to_string(lens->size()) : " chunked");
         DecayPair pair = MakeDecayPair(kind, dt, H, K, V, 0.0625f);
         DecayForwardArgs &c = pair.cpu, &d = pair.gpu;
         ASSERT_TRUE(cpu_->DecayForward(batch_, c, MixerForm::kChunked).ok());
