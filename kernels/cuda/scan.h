@@ -106,8 +106,9 @@ struct ScanParams {
 cudaError_t LaunchScan(const ScanParams& p, cudaStream_t stream);
 
 // One-token decode step for every sequence (N == num_seqs, so sequence s's
-// token is token s: cu_seqlens is not read), states in place in their slots. Same fields as the scan; reverse and shift are not allowed;
-// s_init and s_final must be the same pool (in place); dv multiple of 32.
+// token is token s: cu_seqlens is not read), states in place in their slots.
+// Same fields as the scan; reverse and shift are not allowed; s_init and
+// s_final must be the same pool (in place); dv multiple of 32.
 // A programmatic dependent of the kernel before it in `stream`, it reads the
 // states (and the slots) before that kernel completes: the states' last
 // writer must have completed before that kernel started, as it has when a

@@ -283,8 +283,8 @@ TEST_F(CudaVsCpu, GsaBackward) {
   }
 }
 
-// Chunked, a step of three sequences, and one of 600 (several items per step
-// CTA, kernels/cuda/step.cu).
+// Chunked, a step of three sequences, and one of 600 (a launch of several
+// waves, whose rows kernels/cuda/step.cu stages in shared memory).
 TEST_F(CudaVsCpu, MlstmForward) {
   const std::vector<int> chunked{70, 1, 0, 33}, few{1, 1, 1}, many(600, 1);
   for (DType dt : {DType::kF32, DType::kBF16}) {
@@ -410,9 +410,10 @@ TEST_F(CudaVsCpu, MlstmBackwardRejectsWideHeads) {
   EXPECT_NE(std::string(st.message()).find("value_dim"), std::string::npos) << st;
 }
 
-// A step over 600 sequences streams several items through each CTA
-// (kernels/cuda/step.cu): key widths of a part of one 128-row unit, of a
-// unit and a part, and of two units; pooled and zero initial states.
+// A step over 600 sequences, a launch of several waves whose rows
+// kernels/cuda/step.cu stages in shared memory: key widths of the narrow
+// instance (64) and of the wide one (200, 256); pooled and zero initial
+// states.
 TEST_F(CudaVsCpu, DecayStepOverManySequences) {
   MakeBatch(std::vector<int>(600, 1));
   const int H = 2, V = 64;
