@@ -132,11 +132,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const SmallGroup<T
 
 // Warps per row: doubled, up to the chunks of a row and kGemvMaxSplits,
 // while the launch has fewer than kGemvWarpsPerSm warps per SM.
-// (Asked per launch: a process may drive GPUs of different kinds.)
 int SplitsFor(int64_t rows, int64_t k) {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+  const int sms = CurrentDeviceSms();
+  if (sms == 0) {
     (void)cudaGetLastError();
     return 1;
   }

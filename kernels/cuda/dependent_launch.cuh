@@ -37,6 +37,18 @@ inline bool HopperOrLater() {
   return supported;
 }
 
+// The current device's multiprocessors, which decode launches are sized by;
+// asked per call, as a process may drive GPUs of different kinds. 0 on an
+// error, which stays pending for the caller (cudaGetLastError).
+inline int CurrentDeviceSms() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return 0;
+  }
+  return sms;
+}
+
 // kernel<<<grid, block, shared_bytes, stream>>>(args...) in clusters of
 // `cluster` CTAs (sm_90; dim3(1, 1, 1) launches without clusters) and as a
 // programmatic dependent of the previous kernel in `stream`: the kernel must

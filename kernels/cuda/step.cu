@@ -218,15 +218,11 @@ __global__ void __launch_bounds__(StepTraits::kThreads, Shape::kMinBlocks)
 }
 
 // The held instance for a launch of at most kHeldMaxCtasPerSm CTAs per SM,
-// else the staged one. (The SM count is asked per launch: a process may
-// drive GPUs of different kinds.)
+// else the staged one.
 template <typename Held, typename Staged>
 cudaError_t LaunchShape(const ScanParams& p, dim3 grid, cudaStream_t stream) {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    return cudaGetLastError();
-  }
+  const int sms = CurrentDeviceSms();
+  if (sms == 0) return cudaGetLastError();
   const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
   const dim3 block(StepTraits::kThreads);
   if (ctas <= static_cast<int64_t>(sms) * StepTraits::kHeldMaxCtasPerSm)
