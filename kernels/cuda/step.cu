@@ -20,22 +20,22 @@ namespace lair::kernels::cuda {
 namespace {
 
 struct StepTraits {
-  static constexpr int kCols = 32;  // dv columns per CTA
-  static constexpr int kThreads = 256;
-  static constexpr int kWarps = kThreads / 32;
-  static constexpr int kVec = 4;                             // floats per 16-byte access
-  static constexpr int kColThreads = kCols / kVec;           // 8
-  static constexpr int kRowGroups = kThreads / kColThreads;  // 32
-  // Instances by the key width and the launch's size: kUnroll rows in
-  // flight per thread (of kRowGroups · kUnroll, the dk the instance covers
+  static constexpr int kCols = 32;                  // dv columns per CTA
+  static constexpr int kVec = 4;                    // floats per 16-byte access
+  static constexpr int kColThreads = kCols / kVec;  // 8
+  // Instances by the key width and the launch's size: kThreads threads of
+  // kUnroll rows each (kRowGroups · kUnroll rows, the dk the instance covers
   // in one pass), q/k/decays for up to kMaxKeys keys, the CTAs per SM the
   // registers are budgeted for, and where the rows wait:
   // - Staged (kStaged): in the thread's own shared-memory slots by cp.async,
   //   so that more CTAs fit an SM and more bytes are in flight. On an H200 a
   //   bare in-place update of the pool in this pattern reaches 0.91 of the
   //   copy bandwidth at 4 rows per thread and 8 CTAs per SM (0.75 at 2
-  //   rows); the step at B = 256 went from 0.72 held to 0.76 staged, and GLA
-  //   1.3B's decode at B = 256 from 10.1 to 9.0 ms a step.
+  //   rows). Keys up to 128 take 128 threads of 8 rows, 11 CTAs and 176 KB
+  //   in flight per SM: the step at B = 256 (dk = dv = 128) went from 0.76
+  //   of the copy bandwidth (256 threads of 4 rows, 6 CTAs) to 0.91–0.92.
+  //   Keys up to 256 keep 256 threads of 8 rows (5 CTAs, 160 KB): 0.915 at
+  //   dk = dv = 256, where 128 threads of 16 rows (6 CTAs) gave 0.79.
   // - Held in registers, for launches of at most a wave (kHeldMaxCtasPerSm
   //   per SM): bound by latency, they lose the staging's round trip (GLA
   //   1.3B decode at B = 1: 1.41 ms a step held, 1.49–1.51 staged). At 4
@@ -46,18 +46,26 @@ struct StepTraits {
 #else
   static constexpr int kNarrowHeldMinBlocks = 5;
 #endif
-  template <int kUnrollN, int kMaxKeysN, int kMinBlocksN, bool kStagedN>
+  template <int kThreadsN, int kUnrollN, int kMaxKeysN, int kMinBlocksN, bool kStagedN>
   struct Shape {
-    enum : int { kUnroll = kUnrollN, kMaxKeys = kMaxKeysN, kMinBlocks = kMinBlocksN };
+    enum : int {
+      kThreads = kThreadsN,
+      kWarps = kThreadsN / 32,
+      kRowGroups = kThreadsN / kColThreads,
+      kUnroll = kUnrollN,
+      kMaxKeys = kMaxKeysN,
+      kMinBlocks = kMinBlocksN
+    };
     enum : bool { kStaged = kStagedN };
   };
-  using NarrowHeld = Shape<4, 128, kNarrowHeldMinBlocks, false>;
-  using NarrowStaged = Shape<4, 128, 6, true>;  // 16 KB staged
-  using WideHeld = Shape<8, 256, 4, false>;
-  using WideStaged = Shape<8, 256, 5, true>;  // 32 KB staged
+  using NarrowHeld = Shape<256, 4, 128, kNarrowHeldMinBlocks, false>;
+  using NarrowStaged = Shape<128, 8, 128, 11, true>;  // 16 KB staged
+  using WideHeld = Shape<256, 8, 256, 4, false>;
+  using WideStaged = Shape<256, 8, 256, 5, true>;  // 32 KB staged
   // Wider keys (GSA's 512) are held at every size: their staged instance
   // (46 KB of shared memory, 3 CTAs per SM) has not been measured.
-  using WidestHeld = Shape<8, kMaxStepKeyDim, 4, false>;
+  using WidestHeld = Shape<256, 8, kMaxStepKeyDim, 4, false>;
+  // Launches of up to this many CTAs (tiles) per SM hold their rows.
   static constexpr int kHeldMaxCtasPerSm = 4;
   static_assert(32 % kColThreads == 0, "a warp holds whole row groups (the column sums)");
 };
@@ -69,13 +77,13 @@ template <typename Shape>
 struct StateRows {
   static constexpr int kUnroll = Shape::kUnroll;
   float4 held[Shape::kStaged ? 1 : kUnroll];
-  float4 (*staged)[StepTraits::kThreads];
+  float4 (*staged)[Shape::kThreads];
 
   __device__ __forceinline__ void Load(const float* base, int64_t dv, int a0, int dk,
                                        bool zero_init) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int a = a0 + u * StepTraits::kRowGroups;
+      const int a = a0 + u * Shape::kRowGroups;
       const bool present = a < dk && !zero_init;
       if constexpr (Shape::kStaged) {
         if (present) CpAsync16(&staged[u][threadIdx.x], base + a * dv, true);
@@ -99,15 +107,16 @@ struct StateRows {
 };
 
 template <typename Shape>
-__global__ void __launch_bounds__(StepTraits::kThreads, Shape::kMinBlocks)
+__global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
     StepKernel(const ScanParams p) {
   AllowDependents();
   using T = StepTraits;
-  constexpr int kUnroll = Shape::kUnroll;
-  __shared__ float4 staged[Shape::kStaged ? kUnroll : 1][T::kThreads];
+  constexpr int kUnroll = Shape::kUnroll, kThreads = Shape::kThreads, kWarps = Shape::kWarps;
+  constexpr int kRowGroups = Shape::kRowGroups;
+  __shared__ float4 staged[Shape::kStaged ? kUnroll : 1][kThreads];
   __shared__ float q[Shape::kMaxKeys], k[Shape::kMaxKeys], dl[Shape::kMaxKeys];
   __shared__ alignas(16) float v[T::kCols], er[T::kCols];
-  __shared__ alignas(16) float red[T::kWarps][T::kCols];
+  __shared__ alignas(16) float red[kWarps][T::kCols];
   __shared__ float scal[3];  // coefficient on s, weight on k vᵀ, q'ᵀn
 
   const int tid = threadIdx.x;
@@ -141,7 +150,7 @@ __global__ void __launch_bounds__(StepTraits::kThreads, Shape::kMinBlocks)
   const float m_new = p.stabilize ? fmaxf(lg_scalar + m_prev, lw) : 0.0f;
   const float coef = expf(lg_scalar + m_prev - m_new);
   const float wk = expf(lw - m_new);
-  for (int a = tid; a < dk; a += T::kThreads) {
+  for (int a = tid; a < dk; a += kThreads) {
     q[a] = LoadElem(p.q.ptr, p.q.type, row * dk + a) * p.q_scale;
     k[a] = LoadElem(p.k.ptr, p.k.type, row * dk + a) * p.k_scale * wk;
     dl[a] = p.left_vector ? expf(GateAt(p.left, tok, 1, 0, h, a)) : coef;
@@ -168,12 +177,12 @@ __global__ void __launch_bounds__(StepTraits::kThreads, Shape::kMinBlocks)
 
   // The state pass: read, decay, add the outer product, accumulate sᵀq'.
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int a0 = rg; a0 < dk; a0 += T::kRowGroups * kUnroll) {
+  for (int a0 = rg; a0 < dk; a0 += kRowGroups * kUnroll) {
     if (a0 != rg) rows.Load(base, p.dv, a0, dk, zero_init);
     rows.Wait();
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int a = a0 + u * T::kRowGroups;
+      const int a = a0 + u * kRowGroups;
       if (a >= dk) continue;
       const float d = dl[a], ka = k[a], qa = q[a];
       float4 s = rows.Row(u, zero_init);
@@ -205,7 +214,7 @@ __global__ void __launch_bounds__(StepTraits::kThreads, Shape::kMinBlocks)
   if (tid < T::kCols) {
     float o = 0.0f;
 #pragma unroll
-    for (int w = 0; w < T::kWarps; ++w) o += red[w][tid];
+    for (int w = 0; w < kWarps; ++w) o += red[w][tid];
     if (p.norm == NormKind::kMlstmExp) {
       o /= fmaxf(fabsf(scal[2]), expf(-m_new)) + p.eps;
     } else if (p.norm == NormKind::kSigNorm) {
@@ -217,6 +226,19 @@ __global__ void __launch_bounds__(StepTraits::kThreads, Shape::kMinBlocks)
     p.m_final[static_cast<int64_t>(slot) * p.heads + h] = m_new;
 }
 
+// The staged instances ask for the largest shared-memory carveout (once):
+// their rows take most of it.
+template <typename Shape>
+cudaError_t LaunchStepShape(const ScanParams& p, dim3 grid, cudaStream_t stream) {
+  if constexpr (Shape::kStaged) {
+    static const cudaError_t carveout =
+        cudaFuncSetAttribute(StepKernel<Shape>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+    if (carveout != cudaSuccess) return carveout;
+  }
+  return LaunchDependent(StepKernel<Shape>, grid, dim3(Shape::kThreads), stream, p);
+}
+
 // The held instance for a launch of at most kHeldMaxCtasPerSm CTAs per SM,
 // else the staged one.
 template <typename Held, typename Staged>
@@ -224,10 +246,9 @@ cudaError_t LaunchShape(const ScanParams& p, dim3 grid, cudaStream_t stream) {
   const int sms = CurrentDeviceSms();
   if (sms == 0) return cudaGetLastError();
   const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-  const dim3 block(StepTraits::kThreads);
   if (ctas <= static_cast<int64_t>(sms) * StepTraits::kHeldMaxCtasPerSm)
-    return LaunchDependent(StepKernel<Held>, grid, block, stream, p);
-  return LaunchDependent(StepKernel<Staged>, grid, block, stream, p);
+    return LaunchStepShape<Held>(p, grid, stream);
+  return LaunchStepShape<Staged>(p, grid, stream);
 }
 
 }  // namespace
@@ -247,7 +268,7 @@ cudaError_t LaunchStep(const ScanParams& p, cudaStream_t stream) {
     return LaunchShape<T::NarrowHeld, T::NarrowStaged>(p, grid, stream);
   if (p.dk <= T::WideHeld::kMaxKeys)
     return LaunchShape<T::WideHeld, T::WideStaged>(p, grid, stream);
-  return LaunchDependent(StepKernel<T::WidestHeld>, grid, dim3(T::kThreads), stream, p);
+  return LaunchStepShape<T::WidestHeld>(p, grid, stream);
 }
 
 }  // namespace lair::kernels::cuda
