@@ -7,13 +7,15 @@
 // so the runner computes cᵀ = op(b)ᵀ·op(a)ᵀ: cuBLAS's A is our b (op T when
 // trans_b), its B our a (op T when trans_a), its C our c with ld n, and the
 // epilogue bias (one value per cuBLAS row) is bias[j]. Plans (descriptors and
-// the heuristic's algorithm) are cached per shape, types and alignment.
+// the algorithm: the heuristic's first, or for products of many rows the
+// fastest of its first few, timed) are cached per shape, types and alignment.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <map>
 #include <span>
 #include <string>
@@ -35,6 +37,17 @@ constexpr size_t kWidenBudgetBytes = size_t{64} << 20;
 // Column blocks start at multiples of this (256-byte aligned c and bias).
 constexpr int64_t kBlockColumns = 64;
 constexpr size_t kMaxPlans = 512;
+// Tuning. cuBLASLt's heuristic ranks its algorithms by a model; timing its
+// first kLtCandidates on the real operands found faster ones for prefill-
+// sized products (H200, against the heuristic's first: GSA 1.3B's prefill
+// of 4,096 tokens +4–5% tokens/s, GLA 1.3B's +3%, an 8192³ bf16 product
+// +4%; docs/benchmarks.md). Products of m ≥ kTuneMinRows rows are tuned,
+// once per power-of-two bucket of m (a server sees many prompt lengths),
+// the bucket's choice checked against each shape of it.
+constexpr int kLtCandidates = 8;
+constexpr int kTuneReps = 3;
+constexpr int64_t kTuneMinRows = 1024;
+constexpr size_t kTuneMaxScratchBytes = size_t{256} << 20;  // the timed runs' own output
 
 // dst[r, j] = (float) src[r·ld + j] for r < rows, j < cols (dst dense).
 template <typename T>
@@ -215,12 +228,20 @@ LtProblem FromRowMajor(const GemmCall& g, const void* a, const void* b, int64_t 
   return p;
 }
 
+using PlanKey = std::array<int64_t, 16>;
+
 // Descriptors and algorithm of one problem shape.
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool found = false;  // the heuristic offered an algorithm
+  // The heuristic's offers, best first, until Settle has chosen among them
+  // (on the first run of the shape outside a stream capture); tune_key
+  // names the shape's bucket.
+  std::array<cublasLtMatmulAlgo_t, kLtCandidates> candidates{};
+  int candidate_count = 0;
+  PlanKey tune_key{};
   ~Plan() {
     if (c) cublasLtMatrixLayoutDestroy(c);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -228,8 +249,6 @@ struct Plan {
     if (desc) cublasLtMatmulDescDestroy(desc);
   }
 };
-
-using PlanKey = std::array<int64_t, 16>;
 
 }  // namespace
 
@@ -297,18 +316,28 @@ struct GemmRunner::Impl {
     if (st == CUBLAS_STATUS_SUCCESS)
       st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                 &align_d, sizeof(align_d));
-    cublasLtMatmulHeuristicResult_t result{};
+    std::array<cublasLtMatmulHeuristicResult_t, kLtCandidates> results{};
+    const int wanted = p.cols >= kTuneMinRows ? kLtCandidates : 1;
     int count = 0;
     if (st == CUBLAS_STATUS_SUCCESS) {
       // NOT_SUPPORTED means no algorithm: the plan is kept, marked not found.
-      const cublasStatus_t h = cublasLtMatmulAlgoGetHeuristic(
-          handle, plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1, &result, &count);
+      const cublasStatus_t h =
+          cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c, plan->c,
+                                         pref, wanted, results.data(), &count);
       if (h != CUBLAS_STATUS_NOT_SUPPORTED) st = h;
     }
     cublasLtMatmulPreferenceDestroy(pref);
     LAIR_RETURN_IF_ERROR(LtStatus(st, "heuristic"));
     plan->found = count > 0;
-    plan->algo = result.algo;
+    if (plan->found) plan->algo = results[0].algo;
+    if (count > 1) {
+      for (int i = 0; i < count; ++i)
+        if (results[i].state == CUBLAS_STATUS_SUCCESS)
+          plan->candidates[plan->candidate_count++] = results[i].algo;
+      plan->tune_key = key;
+      plan->tune_key[5] = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(p.cols)));
+      if (p.ldb == p.cols) plan->tune_key[8] = plan->tune_key[5];
+    }
     Plan* raw = plan.get();
     plans.emplace(key, std::move(plan));
     return raw;
@@ -337,6 +366,7 @@ struct GemmRunner::Impl {
                                                   &p.bias, sizeof(p.bias)),
                    "bias"));
     }
+    if (plan->candidate_count > 1) Settle(plan, p);
     LAIR_RETURN_IF_ERROR(
         LtStatus(cublasLtMatmul(handle, plan->desc, &p.alpha, p.a, plan->a, p.b, plan->b, &p.beta,
                                 p.c_in ? static_cast<const void*>(p.c_in) : p.c, plan->c, p.c,
@@ -349,6 +379,71 @@ struct GemmRunner::Impl {
       return CudaStatus(cudaGetLastError(), "bias");
     }
     return absl::OkStatus();
+  }
+
+  // p through `algo` into d instead of p.c (same layout).
+  bool RunInto(const Plan& plan, const LtProblem& p, const cublasLtMatmulAlgo_t* algo, void* d) {
+    const void* c = p.c_in ? static_cast<const void*>(p.c_in) : p.c;
+    return cublasLtMatmul(handle, plan.desc, &p.alpha, p.a, plan.a, p.b, plan.b, &p.beta, c, plan.c,
+                          d, plan.c, algo, workspace, kLtWorkspaceBytes,
+                          stream) == CUBLAS_STATUS_SUCCESS;
+  }
+
+  // Chooses plan->algo among its candidates: the bucket's choice where one
+  // was made and cuBLASLt takes it for this shape, else the fastest of them
+  // timed on p's operands (Tune). Not while the stream is being captured
+  // (the events and the wait would not run): a later run settles.
+  void Settle(Plan* plan, const LtProblem& p) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+        capture != cudaStreamCaptureStatusNone) {
+      (void)cudaGetLastError();
+      return;
+    }
+    if (const auto it = tuned.find(plan->tune_key); it != tuned.end()) {
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(handle, plan->desc, plan->a, plan->b, plan->c, plan->c,
+                                  &it->second, &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= kLtWorkspaceBytes) {
+        plan->algo = it->second;
+      }
+    } else if (Tune(plan, p)) {
+      tuned[plan->tune_key] = plan->algo;
+    }
+    plan->candidate_count = 0;
+  }
+
+  // Times each of plan's candidates on p's operands, writing a scratch D
+  // (so that C, which p may read in place, is left as it was), and keeps
+  // the fastest as plan->algo. False, keeping the heuristic's first, where
+  // no scratch or event is to be had.
+  bool Tune(Plan* plan, const LtProblem& p) {
+    const size_t bytes = static_cast<size_t>(p.ldc) * p.cols * (p.c_type == CUDA_R_32F ? 4 : 2);
+    void* d = nullptr;
+    cudaEvent_t start = nullptr, stop = nullptr;
+    float best_ms = 0.0f;
+    if (bytes <= kTuneMaxScratchBytes && cudaMallocAsync(&d, bytes, stream) == cudaSuccess &&
+        cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess) {
+      for (int i = 0; i < plan->candidate_count; ++i) {
+        const cublasLtMatmulAlgo_t* algo = &plan->candidates[i];
+        if (!RunInto(*plan, p, algo, d)) continue;  // also the warm-up
+        bool ok = cudaEventRecord(start, stream) == cudaSuccess;
+        for (int r = 0; ok && r < kTuneReps; ++r) ok = RunInto(*plan, p, algo, d);
+        float ms = 0.0f;
+        ok = ok && cudaEventRecord(stop, stream) == cudaSuccess &&
+             cudaEventSynchronize(stop) == cudaSuccess &&
+             cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
+        if (ok && (best_ms == 0.0f || ms < best_ms)) {
+          best_ms = ms;
+          plan->algo = *algo;
+        }
+      }
+    }
+    if (d) cudaFreeAsync(d, stream);
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+    (void)cudaGetLastError();
+    return best_ms > 0.0f;
   }
 
   // F32 activations × BF16/F16 weights on tensor cores: the activations,
@@ -611,6 +706,7 @@ struct GemmRunner::Impl {
   DeviceScratch formed;   // silu(a_gate) ∘ a or a's norm, for products that do not form it
   DeviceScratch outputs;  // fp32 outputs of the calls that write 16 bits after a pass
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  std::map<PlanKey, cublasLtMatmulAlgo_t> tuned;  // Tune's choices by Plan::tune_key
 };
 
 GemmRunner::GemmRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
