@@ -49,6 +49,7 @@ __device__ __forceinline__ void BroadcastOffsets(const BroadcastIndex& ix, int64
 template <int kVec>
 __global__ void __launch_bounds__(kThreads) UnaryKernel(const UnaryParams p) {
   AllowDependents();
+  WaitForPrerequisites();
   for (int64_t i = GlobalThread() * kVec; i < p.count; i += GridThreads() * kVec) {
     float v[kVec];
     if constexpr (kVec == 1) {
@@ -82,6 +83,7 @@ __global__ void __launch_bounds__(kThreads) UnaryBackwardKernel(const UnaryBackw
 template <int kVec>
 __global__ void __launch_bounds__(kThreads) BinaryKernel(const BinaryParams p) {
   AllowDependents();
+  WaitForPrerequisites();
   for (int64_t i = GlobalThread() * kVec; i < p.count; i += GridThreads() * kVec) {
     float a[kVec], b[kVec];
     if constexpr (kVec == 1) {
@@ -245,11 +247,9 @@ cudaError_t LaunchFinishColumnSums(const double* partial, int splits, int64_t co
 cudaError_t LaunchUnary(const UnaryParams& p, cudaStream_t stream) {
   if (p.count == 0) return cudaSuccess;
   if (!p.broadcast && p.count % 4 == 0 && Aligned16(p.x) && Aligned16(p.y)) {
-    UnaryKernel<4><<<GridFor(p.count / 4), kThreads, 0, stream>>>(p);
-  } else {
-    UnaryKernel<1><<<GridFor(p.count), kThreads, 0, stream>>>(p);
+    return LaunchDependent(UnaryKernel<4>, GridFor(p.count / 4), kThreads, stream, p);
   }
-  return cudaGetLastError();
+  return LaunchDependent(UnaryKernel<1>, GridFor(p.count), kThreads, stream, p);
 }
 
 cudaError_t LaunchUnaryBackward(const UnaryBackwardParams& p, cudaStream_t stream) {
@@ -265,11 +265,9 @@ cudaError_t LaunchUnaryBackward(const UnaryBackwardParams& p, cudaStream_t strea
 cudaError_t LaunchBinary(const BinaryParams& p, cudaStream_t stream) {
   if (p.count == 0) return cudaSuccess;
   if (!p.broadcast && p.count % 4 == 0 && Aligned16(p.a) && Aligned16(p.b) && Aligned16(p.y)) {
-    BinaryKernel<4><<<GridFor(p.count / 4), kThreads, 0, stream>>>(p);
-  } else {
-    BinaryKernel<1><<<GridFor(p.count), kThreads, 0, stream>>>(p);
+    return LaunchDependent(BinaryKernel<4>, GridFor(p.count / 4), kThreads, stream, p);
   }
-  return cudaGetLastError();
+  return LaunchDependent(BinaryKernel<1>, GridFor(p.count), kThreads, stream, p);
 }
 
 cudaError_t LaunchReduceSum(const ReduceSumParams& p, cudaStream_t stream) {

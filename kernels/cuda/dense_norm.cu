@@ -143,6 +143,7 @@ template <int kTeam, int kVec, typename Out>
 __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam, kNormMinBlocks<kTeam>)
     NormKernel(const NormParams p) {
   AllowDependents();
+  WaitForPrerequisites();
   __shared__ float shared[kBlockTeam / 32];
   int64_t base, w0, group_index;
   int tid;
@@ -164,6 +165,7 @@ template <int kTeam, int kItems, typename Out>
 __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
     NormHeldKernel(const NormParams p) {
   AllowDependents();
+  WaitForPrerequisites();
   __shared__ float shared[kBlockTeam / 32];
   int64_t base, w0, group_index;
   int tid;
@@ -324,16 +326,16 @@ bool Vectorizable(const NormParams& p) {
          (p.weight == nullptr || Aligned16(p.weight)) && (p.gate == nullptr || Aligned16(p.gate));
 }
 
-// kernel<<<...>>>(p) over `groups` groups with kTeam-thread teams.
+// kernel(p) over `groups` groups with kTeam-thread teams, launched as a
+// programmatic dependent (the kernels wait before they read).
 template <int kTeam>
 cudaError_t LaunchTeams(void (*kernel)(NormParams), const NormParams& p, int64_t groups,
                         cudaStream_t stream) {
   if constexpr (kTeam == 32) {
-    kernel<<<BlocksFor(groups, kWarpTeamBlock / 32), kWarpTeamBlock, 0, stream>>>(p);
-  } else {
-    kernel<<<static_cast<unsigned>(groups), kBlockTeam, 0, stream>>>(p);
+    return LaunchDependent(kernel, BlocksFor(groups, kWarpTeamBlock / 32), kWarpTeamBlock, stream,
+                           p);
   }
-  return cudaGetLastError();
+  return LaunchDependent(kernel, static_cast<unsigned>(groups), kBlockTeam, stream, p);
 }
 
 // NormHeldKernel when each thread's vectors of a group fit kMaxHeldVectors

@@ -11,11 +11,15 @@
 // starts as this one's blocks exit. Both are no-ops before sm_90.
 //
 // LaunchDependent launches a kernel that way (normally before sm_90). The
-// decode products (dense_small_gemm.cu) and the decode step (step.cu) use
-// it: on an H100 (GLA 1.3B, batch 1) the GEMVs gained about 2%, and on an
-// H200 the step's state loads before the wait gained 1–1.6%; launching the
-// norms and elementwise kernels the same way lost 2% (docs/benchmarks.md).
-// The kernels that precede them call AllowDependents.
+// decode products (dense_small_gemm.cu), the decode step (step.cu), the
+// forward norms (dense_norm.cu) and the unary and binary elementwise
+// kernels (dense_elementwise.cu) use it, and each of them calls
+// AllowDependents first, so a step's kernels chain without a launch gap: on
+// an H100 (GLA 1.3B, batch 1) the GEMVs gained about 2%, on an H200 the
+// step's state loads before the wait 1–1.6%, and the norms and elementwise
+// kernels as dependents 4–5% at batches 1 to 32 (GLA 1.3B; launched
+// plainly, each waited for its predecessor to finish and be flushed before
+// it started; docs/benchmarks.md).
 #pragma once
 
 #include <cuda_runtime.h>
