@@ -2,7 +2,8 @@
 // single pass over the state tile with 16-byte loads and stores.
 //   s ← diag(e^{lk}) s diag(e^{lv}) · e^{m_prev − m} + e^{lw − m} k vᵀ,   o = sᵀ q'
 // (m ≡ 0 without the stabilizer). One CTA per (sequence, head, 32 columns):
-// 8 threads × float4 cover a 128-byte row segment, 32 row groups stride over dk.
+// 8 threads × float4 cover a 128-byte row segment, the CTA's row groups
+// stride over dk (8 columns, 2 threads, in launches too small to fill the GPU).
 // A thread's rows wait in its registers (launches of up to a wave) or in its
 // own shared-memory slots, copied by cp.async and read back only by it, so
 // the staging needs no barrier (larger launches).
@@ -20,9 +21,7 @@ namespace lair::kernels::cuda {
 namespace {
 
 struct StepTraits {
-  static constexpr int kCols = 32;                  // dv columns per CTA
-  static constexpr int kVec = 4;                    // floats per 16-byte access
-  static constexpr int kColThreads = kCols / kVec;  // 8
+  static constexpr int kVec = 4;  // floats per 16-byte access
   // Instances by the key width and the launch's size: kThreads threads of
   // kUnroll rows each (kRowGroups · kUnroll rows, the dk the instance covers
   // in one pass), q/k/decays for up to kMaxKeys keys, the CTAs per SM the
@@ -46,11 +45,16 @@ struct StepTraits {
 #else
   static constexpr int kNarrowHeldMinBlocks = 5;
 #endif
-  template <int kThreadsN, int kUnrollN, int kMaxKeysN, int kMinBlocksN, bool kStagedN>
+  // kColsN dv columns per CTA: 32 (8 threads of a row segment) but where
+  // that leaves SMs idle (Few).
+  template <int kThreadsN, int kUnrollN, int kMaxKeysN, int kMinBlocksN, bool kStagedN,
+            int kColsN = 32>
   struct Shape {
     enum : int {
       kThreads = kThreadsN,
       kWarps = kThreadsN / 32,
+      kCols = kColsN,
+      kColThreads = kColsN / kVec,
       kRowGroups = kThreadsN / kColThreads,
       kUnroll = kUnrollN,
       kMaxKeys = kMaxKeysN,
@@ -67,7 +71,16 @@ struct StepTraits {
   using WidestHeld = Shape<256, 8, kMaxStepKeyDim, 4, false>;
   // Launches of up to this many CTAs (tiles) per SM hold their rows.
   static constexpr int kHeldMaxCtasPerSm = 4;
-  static_assert(32 % kColThreads == 0, "a warp holds whole row groups (the column sums)");
+  // Launches whose 8-column CTAs fit a wave of kFewMaxCtasPerSm per SM
+  // (their 71–96 registers allow 2–3) take 8 columns per CTA instead of 32:
+  // four times the CTAs, each a quarter of the rows' work after the wait.
+  // At B = 1 on an H200, GLA 1.3B's step (64 CTAs of 32 columns) and GSA
+  // 1.3B's two (8 and 64) gained 1% and 3% of the decode step; GLA at B = 2
+  // (512 CTAs of 8, two waves) lost 2.6%.
+  static constexpr int kFewCols = 8;
+  static constexpr int kFewMaxCtasPerSm = 2;
+  template <int kMaxKeysN>
+  using Few = Shape<256, kMaxKeysN / 128, kMaxKeysN, 1, false, kFewCols>;
 };
 
 // The thread's state rows a0 + u·kRowGroups at `base` (zeros past dk or
@@ -110,21 +123,22 @@ template <typename Shape>
 __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
     StepKernel(const ScanParams p) {
   AllowDependents();
-  using T = StepTraits;
   constexpr int kUnroll = Shape::kUnroll, kThreads = Shape::kThreads, kWarps = Shape::kWarps;
-  constexpr int kRowGroups = Shape::kRowGroups;
+  constexpr int kRowGroups = Shape::kRowGroups, kCols = Shape::kCols;
+  constexpr int kColThreads = Shape::kColThreads;
+  static_assert(32 % kColThreads == 0, "a warp holds whole row groups (the column sums)");
   __shared__ float4 staged[Shape::kStaged ? kUnroll : 1][kThreads];
   __shared__ float q[Shape::kMaxKeys], k[Shape::kMaxKeys], dl[Shape::kMaxKeys];
-  __shared__ alignas(16) float v[T::kCols], er[T::kCols];
-  __shared__ alignas(16) float red[kWarps][T::kCols];
+  __shared__ alignas(16) float v[kCols], er[kCols];
+  __shared__ alignas(16) float red[kWarps][kCols];
   __shared__ float scal[3];  // coefficient on s, weight on k vᵀ, q'ᵀn
 
   const int tid = threadIdx.x;
   const int h = blockIdx.y, seq = blockIdx.z;
-  const int e0 = blockIdx.x * T::kCols;
+  const int e0 = blockIdx.x * kCols;
   const int dk = p.dk;
-  const int cv = tid % T::kColThreads, rg = tid / T::kColThreads;
-  const int col = cv * T::kVec;
+  const int cv = tid % kColThreads, rg = tid / kColThreads;
+  const int col = cv * StepTraits::kVec;
   // The slots and the state come from before the previous kernel.
   const int slot = p.s_final.slot ? p.s_final.slot[seq] : seq;
   float* base =
@@ -155,7 +169,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
     k[a] = LoadElem(p.k.ptr, p.k.type, row * dk + a) * p.k_scale * wk;
     dl[a] = p.left_vector ? expf(GateAt(p.left, tok, 1, 0, h, a)) : coef;
   }
-  if (tid < T::kCols) {
+  if (tid < kCols) {
     const int64_t v_row = tok * (p.heads / p.v_head_share) + h / p.v_head_share;
     v[tid] = LoadElem(p.v.ptr, p.v.type, v_row * p.dv + e0 + tid);
     er[tid] = p.right.ptr ? expf(GateAt(p.right, tok, 1, 0, h / p.v_head_share, e0 + tid)) : 1.0f;
@@ -202,16 +216,16 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
   }
   // The column sums: over a warp's row groups by shuffles, then over the
   // warps (a chain of 8 adds where one of 32 had been the CTA's tail).
-  for (int lanes = T::kColThreads; lanes < 32; lanes <<= 1) {
+  for (int lanes = kColThreads; lanes < 32; lanes <<= 1) {
     acc.x += __shfl_xor_sync(0xffffffffu, acc.x, lanes);
     acc.y += __shfl_xor_sync(0xffffffffu, acc.y, lanes);
     acc.z += __shfl_xor_sync(0xffffffffu, acc.z, lanes);
     acc.w += __shfl_xor_sync(0xffffffffu, acc.w, lanes);
   }
-  if (tid % 32 < T::kColThreads) *reinterpret_cast<float4*>(&red[tid / 32][col]) = acc;
+  if (tid % 32 < kColThreads) *reinterpret_cast<float4*>(&red[tid / 32][col]) = acc;
   __syncthreads();
 
-  if (tid < T::kCols) {
+  if (tid < kCols) {
     float o = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) o += red[w][tid];
@@ -242,9 +256,7 @@ cudaError_t LaunchStepShape(const ScanParams& p, dim3 grid, cudaStream_t stream)
 // The held instance for a launch of at most kHeldMaxCtasPerSm CTAs per SM,
 // else the staged one.
 template <typename Held, typename Staged>
-cudaError_t LaunchShape(const ScanParams& p, dim3 grid, cudaStream_t stream) {
-  const int sms = CurrentDeviceSms();
-  if (sms == 0) return cudaGetLastError();
+cudaError_t LaunchShape(const ScanParams& p, dim3 grid, int sms, cudaStream_t stream) {
   const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
   if (ctas <= static_cast<int64_t>(sms) * StepTraits::kHeldMaxCtasPerSm)
     return LaunchStepShape<Held>(p, grid, stream);
@@ -254,20 +266,29 @@ cudaError_t LaunchShape(const ScanParams& p, dim3 grid, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t LaunchStep(const ScanParams& p, cudaStream_t stream) {
-  if (p.dk <= 0 || p.dk > kMaxStepKeyDim || p.dv % StepTraits::kCols != 0 || p.reverse ||
-      p.left.shift || p.right.shift || p.s_final.ptr == nullptr ||
+  if (p.dk <= 0 || p.dk > kMaxStepKeyDim || p.dv % StepTraits::NarrowHeld::kCols != 0 ||
+      p.reverse || p.left.shift || p.right.shift || p.s_final.ptr == nullptr ||
       (p.s_init.ptr != nullptr && p.s_init.ptr != p.s_final.ptr) || p.s_final.stride_b != 1 ||
       p.s_final.stride_a != p.dv || (p.left_vector && p.stabilize) || p.row_weight.ptr ||
       p.norm_dot) {
     return cudaErrorInvalidValue;
   }
   if (p.num_seqs == 0) return cudaSuccess;
-  const dim3 grid(p.dv / StepTraits::kCols, p.heads, p.num_seqs);
   using T = StepTraits;
+  const int sms = CurrentDeviceSms();
+  if (sms == 0) return cudaGetLastError();
+  const dim3 grid(p.dv / T::NarrowHeld::kCols, p.heads, p.num_seqs);
+  const dim3 few(p.dv / T::kFewCols, p.heads, p.num_seqs);
+  if (p.dv % T::kFewCols == 0 &&
+      static_cast<int64_t>(few.x) * few.y * few.z <= T::kFewMaxCtasPerSm * int64_t{sms}) {
+    if (p.dk <= 128) return LaunchStepShape<T::Few<128>>(p, few, stream);
+    if (p.dk <= 256) return LaunchStepShape<T::Few<256>>(p, few, stream);
+    return LaunchStepShape<T::Few<kMaxStepKeyDim>>(p, few, stream);
+  }
   if (p.dk <= T::NarrowHeld::kMaxKeys)
-    return LaunchShape<T::NarrowHeld, T::NarrowStaged>(p, grid, stream);
+    return LaunchShape<T::NarrowHeld, T::NarrowStaged>(p, grid, sms, stream);
   if (p.dk <= T::WideHeld::kMaxKeys)
-    return LaunchShape<T::WideHeld, T::WideStaged>(p, grid, stream);
+    return LaunchShape<T::WideHeld, T::WideStaged>(p, grid, sms, stream);
   return LaunchStepShape<T::WidestHeld>(p, grid, stream);
 }
 
