@@ -1,6 +1,6 @@
 // What the decode-sized product kernels (dense_small_gemm_*.cu) share: a
 // launch's group of products and the lookups of its members and weight
-// tiles, the epilogue, the mma and copy primitives, the tensor-core kernels'
+// tiles, the epilogue, the mma primitive, the tensor-core kernels'
 // cluster reduction, and the cut of a product into CTAs and k splits.
 // dense_small_gemm.cu routes a group to one of the launchers declared last.
 #pragma once
@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/dense_common.cuh"
 #include "kernels/cuda/dense_small_gemm.h"
 #include "kernels/cuda/dependent_launch.cuh"
@@ -193,14 +194,6 @@ inline constexpr int kMmaThreads = kMmaWarps * 32;
 inline constexpr int kMmaStepVectors = 4;  // 8-wide vectors per 32-k step
 inline constexpr int kMmaStepK = kMmaStepVectors * 8;
 inline constexpr int kMmaMaxSplits = 8;  // the portable cluster size
-
-// 16 bytes from global `src` to shared `dst` without registers; zeros when
-// `valid` is false (src must still be a valid address).
-__device__ __forceinline__ void CopyAsync16(void* dst, const void* src, bool valid) {
-  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(src),
-               "r"(valid ? 16 : 0));
-}
 
 template <typename T>
 __device__ __forceinline__ uint32_t PackPair(float lo, float hi) {

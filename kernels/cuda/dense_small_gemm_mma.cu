@@ -134,7 +134,7 @@ __device__ __forceinline__ void MultiplyGroup(float (&acc)[kTiles][kActTiles][4]
                                                            int64_t k0, int64_t k_end, int quads) {
   ForEachQuad(m, quads, [&](int r, int col) {
     const bool inside = k0 + col < k_end;
-    CopyAsync16(dst + r * stride + col, inside ? a + r * k + k0 + col : a, inside);
+    CpAsync16(dst + r * stride + col, inside ? a + r * k + k0 + col : a, inside);
   });
 }
 

@@ -108,8 +108,8 @@ __global__ void __launch_bounds__(kPipeThreads, 2)
       const int row = (static_cast<int>(threadIdx.x) + u * kPipeThreads) / kStageChunks;
       const int64_t col = k0 + copy_chunk * 8;
       const bool inside = weight_rows[u][0] != nullptr && col < k;
-      CopyAsync16(weights_of(slot) + Swizzled(row, copy_chunk),
-                  inside ? weight_rows[u][0] + col : g.w[0], inside);
+      CpAsync16(weights_of(slot) + Swizzled(row, copy_chunk),
+                inside ? weight_rows[u][0] + col : g.w[0], inside);
     }
   };
   // Activation copy u of this thread: quad i % kStageQuads of row
@@ -125,8 +125,8 @@ __global__ void __launch_bounds__(kPipeThreads, 2)
   const auto copy_activations = [&](int slot, int64_t k0) {
     for_each_act([&](int row, int quad) {
       const int64_t col = k0 + 4 * quad;
-      CopyAsync16(staged_of(slot) + row * kStageK + 4 * quad, col < k ? g.a + row * k + col : g.a,
-                  col < k);
+      CpAsync16(staged_of(slot) + row * kStageK + 4 * quad, col < k ? g.a + row * k + col : g.a,
+                col < k);
     });
   };
   const auto round_activations = [&](int slot) {

@@ -1,5 +1,6 @@
-// Device helpers shared by the CUDA mixer kernels: typed element access and
-// the per-token gate reader of scan.h's LogGate.
+// Device helpers shared by the CUDA mixer kernels: the walk of a copy
+// loop's pieces, typed element access and the per-token gate reader of
+// scan.h's LogGate.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,6 +11,26 @@
 #include "kernels/cuda/scan.h"
 
 namespace lair::kernels::cuda {
+
+// The pieces idx = start + n·step (n = 0, 1, ...) of a grid `width` pieces
+// wide, as (row, col): a chunk's copy loops walk them with the CTA's
+// threads. Advancing adds, where idx / width and idx % width would cost
+// an integer division per piece (widths like dk are not compile-time constants).
+struct GridWalk {
+  int row, col;
+  int width, row_step, col_step;
+  __device__ GridWalk(int start, int width, int step)
+      : row(start / width),
+        col(start % width),
+        width(width),
+        row_step(step / width),
+        col_step(step % width) {}
+  __device__ void Next() {
+    row += row_step;
+    col += col_step;
+    if (col >= width) col -= width, ++row;
+  }
+};
 
 __device__ __forceinline__ float LoadElem(const void* p, ElemType t, int64_t i) {
   switch (t) {

@@ -1,7 +1,7 @@
 // The warp-level tensor-core pieces the mma kernels share (scan_mma.cu,
 // scan_segments.cu): ldmatrix fragment loads, the bf16 m16n8k16 mma with fp32
-// accumulators, cp.async copies, and the 16-bit operand and output accesses
-// around them.
+// accumulators, and the 16-bit operand and output accesses around them
+// (with the cp.async copies of async_copy.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,13 +10,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/scan.h"
 
 namespace lair::kernels::cuda {
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // ldmatrix: four 8×8 bf16 matrices; lane l supplies the row address of matrix l / 8.
 __device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], const __nv_bfloat16* p) {
@@ -54,19 +51,6 @@ __device__ __forceinline__ uint32_t Scale2(uint32_t x, float f0, float f1) {
   v = __floats2bfloat162_rn(f.x * f0, f.y * f1);
   memcpy(&x, &v, 4);
   return x;
-}
-
-// 16 bytes global → shared without registers; zero-filled when !valid
-// (src must still be a mapped address).
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits until at most kPending of this thread's committed groups are in flight.
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
 // o[off], o[off + 1] (off even, so the pair is aligned).

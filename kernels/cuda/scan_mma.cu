@@ -150,26 +150,6 @@ struct MmaLayout {
 static_assert(MmaTile::kChunk * MmaTile::kLdA * 2 % 16 == 0 && MmaTile::kPad % 8 == 0,
               "16-byte aligned rows and regions");
 
-// The pieces idx = start + n·step (n = 0, 1, ...) of a grid `width` pieces
-// wide, as (row, col): a chunk's copy loops walk them with the CTA's
-// threads. Advancing adds, where idx / width and idx % width would cost
-// an integer division per piece (dk is not a compile-time constant).
-struct GridWalk {
-  int row, col;
-  int width, row_step, col_step;
-  __device__ GridWalk(int start, int width, int step)
-      : row(start / width),
-        col(start % width),
-        width(width),
-        row_step(step / width),
-        col_step(step % width) {}
-  __device__ void Next() {
-    row += row_step;
-    col += col_step;
-    if (col >= width) col -= width, ++row;
-  }
-};
-
 // An A fragment holds rows (g, g+8) × columns (2t, 2t+1, 2t+8, 2t+9) as
 // registers {g: 2t}, {g+8: 2t}, {g: 2t+8}, {g+8: 2t+8}.
 __device__ __forceinline__ void ScaleCols(uint32_t (&r)[4], const float (&f)[4]) {

@@ -323,9 +323,8 @@ __global__ void __launch_bounds__(kEntryThreads, kEntryMinBlocks)
       row_factor[i + 1] = p.q_scale * __expf(base + l0 + l1);
     }
     __syncthreads();
-    const int groups = lay.keys / 8;
-    for (int idx = tid; idx < C * groups; idx += kEntryThreads) {
-      const int i = idx / groups, a = 8 * (idx % groups);
+    for (GridWalk w(tid, lay.keys / 8, kEntryThreads); w.row < C; w.Next()) {
+      const int i = w.row, a = 8 * w.col;
       const bool live = i < lc && a < dk;
       *reinterpret_cast<uint4*>(qt + i * ldq + a) =
           live ? Scale8(Load8(p.q, q_at(i, a)), row_factor[i]) : make_uint4(0, 0, 0, 0);
