@@ -12,9 +12,9 @@
 // most of the bytes and no kernel just before the step writes it, so each
 // thread's first rows are in flight before the wait for the kernels that
 // write q, k, v and the gates (LaunchStep states the condition).
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/device_util.cuh"
-#include "kernels/cuda/mma_fragments.cuh"
 #include "kernels/cuda/scan.h"
 
 namespace lair::kernels::cuda {
