@@ -27,6 +27,8 @@
 #           MODEL_PRESETS shape (BENCH_ARGS adds flags, e.g. "--no-graphs"; MODEL_RUNS,
 #           ';'-separated, replaces the four default runs)
 #   profile one decode step's kernels under Nsight Compute (PROFILE_PRESET, PROFILE_BATCHES;
+#           PROFILE_CACHE=none keeps the caches warm between kernels, as in a replayed step;
+#           PROFILE_LIST=1 lists the step's kernels in order with their DRAM bytes;
 #           PROFILE_PREFILL=P adds a P-token prefill; PROFILE_KERNEL=REGEX adds Nsight's
 #           throughput, occupancy, launch, warp-state and memory sections for the first
 #           PROFILE_KERNEL_COUNT (default 6) decode launches of kernels matching REGEX)
@@ -187,12 +189,14 @@ if has profile && [ -x $LAIR ]; then
   $LAIR init --preset ${PROFILE_PRESET:-gla-1.3b} --dtype bf16 --out "$MODEL_DIR" >/dev/null 2>&1
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   for batch in ${PROFILE_BATCHES:-1 32}; do
-    timeout ${PROFILE_TIMEOUT:-150} "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+    timeout ${PROFILE_TIMEOUT:-150} "$NCU" --clock-control none --cache-control ${PROFILE_CACHE:-all} \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
       --print-units base $LAIR bench decode --model "$MODEL_DIR" --device cuda --dtype bf16 \
       --batch $batch --prompt-len 16 --gen-len 2 --warmup 1 --no-graphs \
       >"$OUT/profile_b$batch.csv" 2>"$OUT/profile.err"
     echo "batch $batch: ncu exit $?"
-    python3 scripts/ncu_step_table.py "$OUT/profile_b$batch.csv" --steps 3
+    python3 scripts/ncu_step_table.py "$OUT/profile_b$batch.csv" --steps 3 \
+      ${PROFILE_LIST:+--list}
   done
   if [ -n "${PROFILE_KERNEL:-}" ]; then  # why a kernel is slow: its sections, decode launches only
     for batch in ${PROFILE_BATCHES:-1 32}; do
@@ -208,7 +212,8 @@ if has profile && [ -x $LAIR ]; then
     done
   fi
   if [ -n "${PROFILE_PREFILL:-}" ]; then  # a prefill of PROFILE_PREFILL tokens, every kernel
-    timeout ${PROFILE_TIMEOUT:-150} "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+    timeout ${PROFILE_TIMEOUT:-150} "$NCU" --clock-control none --cache-control ${PROFILE_CACHE:-all} \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
       --print-units base $LAIR bench prefill --model "$MODEL_DIR" --device cuda --dtype bf16 \
       --batch 1 --prompt-len $PROFILE_PREFILL >"$OUT/profile_prefill.csv" 2>>"$OUT/profile.err"
     echo "prefill $PROFILE_PREFILL: ncu exit $?"
