@@ -84,7 +84,7 @@ struct NormArgs {
   NormGate gate_mode = NormGate::kNone;
   float eps = 1e-6f;
   int group_size = 0;
-  Tensor x;       // [R,C] F32
+  Tensor x;       // [R,C] F32; forward on the CUDA backend also BF16/F16 (a rounded output)
   Tensor weight;  // [C], or [group_size] shared by a row's groups (a per-head norm), F32;
                   // or undefined (no affine weight)
   Tensor gate;    // [R,C] F32 when gate_mode != kNone
@@ -154,7 +154,7 @@ struct Activation {
 // its x and y are not read), so a backend may form that input while it
 // loads the activations or rounds them for its tensor cores.
 struct LinearGroupArgs {
-  Tensor x;                         // [M,K] F32
+  Tensor x;  // [M,K] F32 (with input_norm, its x: 16 bits as NormArgs allows)
   std::span<const Tensor> weights;  // each [N_i,K] (dtypes as GemmArgs::b)
   std::span<const Tensor> biases;   // empty, or one per weight: [N_i] F32 or undefined
   // Written, each [M,N_i] F32, or BF16/F16 (without a residual) where the

@@ -105,9 +105,18 @@ std::string DTypeList(std::span<const DType> dtypes) {
   return list;
 }
 
-// The forward norm's inputs, shared by Norm and NormBackward.
-absl::StatusOr<int64_t> CheckNormInputs(std::string_view op, const NormArgs& args, Device device) {
-  LAIR_RETURN_IF_ERROR(CheckTensor(op, "x", args.x, device, DType::kF32, 2));
+bool SixteenBit(const Tensor& t) {
+  return t.defined() && (t.dtype() == DType::kBF16 || t.dtype() == DType::kF16);
+}
+
+// The forward norm's inputs, shared by Norm and NormBackward. x is F32, or
+// in the CUDA backend's forward also BF16/F16 (a product's or a scan's
+// rounded output).
+absl::StatusOr<int64_t> CheckNormInputs(std::string_view op, const NormArgs& args, Device device,
+                                        bool forward) {
+  const bool sixteen_bit_x = forward && device == Device::kCuda && SixteenBit(args.x);
+  LAIR_RETURN_IF_ERROR(
+      CheckTensor(op, "x", args.x, device, sixteen_bit_x ? args.x.dtype() : DType::kF32, 2));
   const int64_t cols = args.x.dim(1);
   const int64_t group = args.group_size == 0 ? cols : args.group_size;
   if (group <= 0 || cols % group != 0) {
@@ -179,9 +188,12 @@ int64_t DenseRows(const Tensor& t) {
 }
 
 absl::StatusOr<GemmDims> CheckGemmArgs(const GemmArgs& args, Device device,
-                                       std::span<const DType> weight_dtypes, bool sixteen_bit_c) {
+                                       std::span<const DType> weight_dtypes, bool sixteen_bit_c,
+                                       bool sixteen_bit_a) {
   constexpr std::string_view kOp = "Gemm";
-  LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "a", args.a, device, DType::kF32, 2));
+  LAIR_RETURN_IF_ERROR(
+      CheckTensor(kOp, "a", args.a, device,
+                  sixteen_bit_a && SixteenBit(args.a) ? args.a.dtype() : DType::kF32, 2));
   DType b_type = weight_dtypes.front();
   if (args.b.defined()) {
     b_type = args.b.dtype();
@@ -289,13 +301,13 @@ absl::StatusOr<int64_t> CheckSwiGluArgs(const SwiGluArgs& args, Device device) {
   if (!args.input_norm) return 0;
   NormArgs norm = *args.input_norm;
   norm.x = args.x;
-  return CheckNormInputs("SwiGlu input_norm", norm, device);
+  return CheckNormInputs("SwiGlu input_norm", norm, device, /*forward=*/true);
 }
 
 absl::StatusOr<int64_t> CheckInputNorm(const LinearGroupArgs& args, Device device) {
   NormArgs norm = *args.input_norm;
   norm.x = args.x;
-  return CheckNormInputs("LinearGroup input_norm", norm, device);
+  return CheckNormInputs("LinearGroup input_norm", norm, device, /*forward=*/true);
 }
 
 absl::Status CheckEmbeddingArgs(const EmbeddingArgs& args, Device device) {
@@ -316,7 +328,7 @@ absl::Status CheckEmbeddingBackwardArgs(const EmbeddingBackwardArgs& args, Devic
 
 absl::StatusOr<int64_t> CheckNormArgs(const NormArgs& args, Device device) {
   constexpr std::string_view kOp = "Norm";
-  LAIR_ASSIGN_OR_RETURN(int64_t group, CheckNormInputs(kOp, args, device));
+  LAIR_ASSIGN_OR_RETURN(int64_t group, CheckNormInputs(kOp, args, device, /*forward=*/true));
   LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "y", args.y, device, DType::kF32, 2));
   LAIR_RETURN_IF_ERROR(CheckShape(kOp, "y", args.y, args.x.shape()));
   return group;
@@ -325,7 +337,7 @@ absl::StatusOr<int64_t> CheckNormArgs(const NormArgs& args, Device device) {
 absl::StatusOr<int64_t> CheckNormBackwardArgs(const NormBackwardArgs& args, Device device) {
   constexpr std::string_view kOp = "NormBackward";
   const NormArgs& fwd = args.fwd;
-  LAIR_ASSIGN_OR_RETURN(int64_t group, CheckNormInputs(kOp, fwd, device));
+  LAIR_ASSIGN_OR_RETURN(int64_t group, CheckNormInputs(kOp, fwd, device, /*forward=*/false));
   LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "d_y", args.d_y, device, DType::kF32, 2));
   LAIR_RETURN_IF_ERROR(CheckShape(kOp, "d_y", args.d_y, fwd.x.shape()));
   LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "dx", args.dx, device, DType::kF32, 2));

@@ -31,13 +31,14 @@ int64_t DenseRows(const Tensor& t);
 // Gemm's sizes: op(a) is [m,k], op(b) [k,n], c [m,n]. `weight_dtypes` are
 // the dtypes the backend multiplies b in; c is F32, or also BF16/F16 with
 // `sixteen_bit_c` (a linear group's rounded output, LinearWeight in
-// models/graph.h).
+// models/graph.h); a is F32, or also BF16/F16 with `sixteen_bit_a` (the
+// input of a linear group's input norm, which the products read formed).
 struct GemmDims {
   int64_t m = 0, n = 0, k = 0;
 };
 absl::StatusOr<GemmDims> CheckGemmArgs(const GemmArgs& args, Device device,
                                        std::span<const DType> weight_dtypes,
-                                       bool sixteen_bit_c = false);
+                                       bool sixteen_bit_c = false, bool sixteen_bit_a = false);
 
 // One member of a linear group: its product, the activation applied to it
 // and the residual added last.

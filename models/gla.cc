@@ -48,6 +48,7 @@ class GlaMixer : public Mixer {
     DecayInputs in;
     in.kind = kernels::DecayKind::kVector;
     in.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_k_dim));
+    in.sixteen_bit_o_ok = true;  // read only by the output norm, in o_proj
     in.q = SplitHeads(g, qkv[0], config_.num_heads);
     LAIR_ASSIGN_OR_RETURN(in.k,
                           RepeatKvHeads(g, SplitHeads(g, qkv[1], config_.num_kv_heads), groups));

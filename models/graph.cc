@@ -588,7 +588,9 @@ absl::StatusOr<Var> Graph::Decay(const kernels::SequenceBatch& batch, const Deca
   args.g = in.g.t;
   args.gk = in.gk.t;
   args.state = state;
-  LAIR_ASSIGN_OR_RETURN(args.o, New(in.v.shape()));
+  const bool rounded = !record_ && in.sixteen_bit_o_ok;
+  LAIR_ASSIGN_OR_RETURN(
+      args.o, New(in.v.shape(), rounded ? backend_->ProductOutputDType(in.v.dim(0)) : DType::kF32));
   LAIR_RETURN_IF_ERROR(backend_->DecayForward(batch, args, form));
   Var out{args.o, NewGrad({&in.q, &in.k, &in.v, &in.g, &in.gk})};
   if (out.grad >= 0) {

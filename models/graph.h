@@ -96,6 +96,11 @@ struct DecayInputs {
   Tensor log_gamma;  // [H], kConstant (a constant, no gradient)
   Var g;             // [N,H], kScalar
   Var gk;            // [N,H,K], kVector
+  // Only a norm reads the output (an output product's input norm), so it
+  // may be written in 16 bits where the backend rounds product outputs
+  // (ProductOutputDType): half the bytes for the scan to write and the norm
+  // to read.
+  bool sixteen_bit_o_ok = false;
 };
 
 struct GsaInputs {

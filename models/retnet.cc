@@ -35,6 +35,7 @@ class RetentionMixer : public Mixer {
     in.kind = kernels::DecayKind::kConstant;
     in.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_k_dim));
     in.log_gamma = log_gamma_;
+    in.sixteen_bit_o_ok = true;  // read only by the output norm, in o_proj
     LAIR_ASSIGN_OR_RETURN(in.q, g.Rotary(q, ctx.positions, config_.head_k_dim, 10000.0f));
     LAIR_ASSIGN_OR_RETURN(k, g.Rotary(k, ctx.positions, config_.head_k_dim, 10000.0f));
     LAIR_ASSIGN_OR_RETURN(in.k, RepeatKvHeads(g, k, groups));

@@ -72,7 +72,9 @@ class ScratchLayout {
 // GEMM (dense_gemm.cu): row-major c[m,n] = alpha·op(a)·op(b) + beta·c + bias.
 struct GemmCall {
   int64_t m = 0, n = 0, k = 0;
-  const float* a = nullptr;  // [m,k], or [k,m] when trans_a
+  // [m,k], or [k,m] when trans_a; null in a RunGroup with a_norm whose x is
+  // 16-bit (the products read the norm, which RunGroup forms)
+  const float* a = nullptr;
   bool trans_a = false;
   const void* b = nullptr;  // [n,k] when trans_b, else [k,n]
   DType b_type = DType::kF32;
@@ -234,7 +236,8 @@ struct NormParams {
   NormGate gate_mode = NormGate::kNone;
   float eps = 0.0f;
   int64_t rows = 0, cols = 0, group = 0;
-  const float* x = nullptr;
+  const void* x = nullptr;        // [rows, cols] of x_type
+  DType x_type = DType::kF32;     // kF32, or forward kBF16 / kF16 (a product's 16-bit output)
   const float* weight = nullptr;  // [cols], [group] when shared_weight, or null
   bool shared_weight = false;     // one weight for every group of a row (a per-head norm)
   const float* gate = nullptr;    // [rows, cols] when gated

@@ -63,17 +63,54 @@ __device__ __forceinline__ bool FindGroup(const NormParams& p, int64_t* base, in
   return true;
 }
 
+// kVec elements of 16-bit T at offset `at` of `base`, as floats (kVec = 4:
+// one 8-byte load, `base + at` 8-byte aligned).
+template <int kVec, typename T>
+__device__ __forceinline__ void LoadSixteenBit(const void* base, int64_t at, float (&v)[kVec]) {
+  const T* p = static_cast<const T*>(base) + at;
+  if constexpr (kVec == 4) {
+    const float4 f = UnpackFour<T>(*reinterpret_cast<const uint2*>(p));
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] = static_cast<float>(p[i]);
+  }
+}
+
+// x, kVec elements at offset `at`, as floats.
+template <int kVec>
+__device__ __forceinline__ void LoadX(const NormParams& p, int64_t at, float (&x)[kVec]) {
+  switch (p.x_type) {
+    case DType::kBF16:
+      LoadSixteenBit<kVec, __nv_bfloat16>(p.x, at, x);
+      break;
+    case DType::kF16:
+      LoadSixteenBit<kVec, __half>(p.x, at, x);
+      break;
+    default:
+      LoadVec<kVec>(static_cast<const float*>(p.x) + at, x);
+  }
+}
+
+__device__ __forceinline__ float XAt(const NormParams& p, int64_t at) {
+  float x[1];
+  LoadX<1>(p, at, x);
+  return x[0];
+}
+
 // u = x·silu(gate) (kBefore), silu(x) (kSiluInput) or x, kVec elements at offset `at`.
 template <int kVec>
 __device__ __forceinline__ void LoadU(const NormParams& p, int64_t at, float (&u)[kVec]) {
-  LoadVec<kVec>(p.x + at, u);
-  if (p.gate_mode != NormGate::kBefore && p.gate_mode != NormGate::kSiluInput) return;
-  // silu(x) = x·σ(x): the gate is x itself, through its sigmoid.
-  const bool own = p.gate_mode == NormGate::kSiluInput;
-  float g[kVec];
-  LoadVec<kVec>((own ? p.x : p.gate) + at, g);
+  LoadX<kVec>(p, at, u);
+  if (p.gate_mode == NormGate::kSiluInput) {  // silu(x) = x·σ(x)
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) u[e] *= own ? Sigmoid(g[e]) : Silu(g[e]);
+    for (int e = 0; e < kVec; ++e) u[e] *= Sigmoid(u[e]);
+  } else if (p.gate_mode == NormGate::kBefore) {
+    float g[kVec];
+    LoadVec<kVec>(p.gate + at, g);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) u[e] *= Silu(g[e]);
+  }
 }
 
 // μ and r of the group at `base` (every team thread gets them).
@@ -267,7 +304,7 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
     for (int e = 0; e < kVec; ++e) du[e] = stats.y * (du[e] - mean_g - xhat[e] * mean_gx);
     if (p.gate_mode == NormGate::kBefore) {
       float x[kVec], g[kVec], dg[kVec];
-      LoadVec<kVec>(p.x + base + i, x);
+      LoadX<kVec>(p, base + i, x);
       LoadVec<kVec>(p.gate + base + i, g);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
@@ -277,7 +314,7 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
       if (b.d_gate) StoreVec<kVec>(b.d_gate + base + i, dg);
     } else if (p.gate_mode == NormGate::kSiluInput) {
       float x[kVec];
-      LoadVec<kVec>(p.x + base + i, x);
+      LoadX<kVec>(p, base + i, x);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) du[e] *= SiluGrad(x[e]);
     }
@@ -306,7 +343,7 @@ __global__ void __launch_bounds__(kColumnThreads) NormWeightGradKernel(const Nor
   for (int64_t r = lo; r < hi; ++r) {
     for (int64_t col = c; col < p.cols; col += columns) {
       const int64_t at = r * p.cols + col;
-      float u = p.x[at], dz = b.d_y[at];
+      float u = XAt(p, at), dz = b.d_y[at];
       if (p.gate_mode == NormGate::kBefore) u *= Silu(p.gate[at]);
       if (p.gate_mode == NormGate::kSiluInput) u = Silu(u);
       if (p.gate_mode == NormGate::kAfter) dz *= Silu(p.gate[at]);

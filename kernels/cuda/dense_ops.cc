@@ -62,7 +62,8 @@ dense::NormParams NormLaunch(const NormArgs& args, int64_t group) {
   p.rows = args.x.dim(0);
   p.cols = args.x.dim(1);
   p.group = group;
-  p.x = args.x.f32();
+  p.x = args.x.raw();
+  p.x_type = args.x.dtype();
   p.weight = args.weight.defined() ? args.weight.f32() : nullptr;
   p.shared_weight = args.weight.defined() && args.weight.dim(0) != p.cols;
   p.gate = NormHasGate(args.gate_mode) ? args.gate.f32() : nullptr;
@@ -223,16 +224,19 @@ absl::Status CudaDenseOps::TakeIndexFault() {
 
 namespace {
 
-// `sixteen_bit_c`: c may be BF16/F16 (GemmCall::c16).
-absl::StatusOr<dense::GemmCall> CheckedGemmCall(const GemmArgs& args, bool sixteen_bit_c = false) {
+// `sixteen_bit_c`: c may be BF16/F16 (GemmCall::c16). `a_formed`: the
+// product reads a's input norm, formed by GemmRunner::RunGroup, so a may be
+// BF16/F16 too (then GemmCall::a is left null).
+absl::StatusOr<dense::GemmCall> CheckedGemmCall(const GemmArgs& args, bool sixteen_bit_c = false,
+                                                bool a_formed = false) {
   constexpr DType kWeightDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
   LAIR_ASSIGN_OR_RETURN(GemmDims dims,
-                        CheckGemmArgs(args, Device::kCuda, kWeightDTypes, sixteen_bit_c));
+                        CheckGemmArgs(args, Device::kCuda, kWeightDTypes, sixteen_bit_c, a_formed));
   dense::GemmCall call;
   call.m = dims.m;
   call.n = dims.n;
   call.k = dims.k;
-  call.a = args.a.f32();
+  call.a = args.a.dtype() == DType::kF32 ? args.a.f32() : nullptr;
   call.trans_a = args.trans_a;
   call.b = args.b.raw();
   call.b_type = args.b.dtype();
@@ -261,7 +265,8 @@ absl::Status CudaDenseOps::LinearGroup(const LinearGroupArgs& args) {
                         LinearGroupProducts(args, Device::kCuda));
   std::vector<dense::GemmCall> calls;
   for (const LinearProduct& product : products) {
-    LAIR_ASSIGN_OR_RETURN(dense::GemmCall call, CheckedGemmCall(product.gemm, true));
+    LAIR_ASSIGN_OR_RETURN(dense::GemmCall call,
+                          CheckedGemmCall(product.gemm, true, args.input_norm.has_value()));
     call.act = product.activation;
     call.residual = product.residual.defined() ? product.residual.f32() : nullptr;
     call.a_gate = args.silu_gate.defined() ? args.silu_gate.f32() : nullptr;

@@ -331,6 +331,56 @@ TEST_F(CudaStepTest, FastProductsAreExactOnRoundedActivations) {
   }
 }
 
+// A norm (and a linear group's input norm) reads x in 16 bits on the CUDA
+// backend's forward (a scan's rounded output), exactly as it reads the same
+// values in fp32: per-head norms with a gate after them (GLA's and RetNet's
+// output stage) and a row norm of silu(x) (GSA's), through the GEMV (1 and 2
+// rows), the tensor-core kernels (24) and cuBLASLt (65).
+TEST_F(CudaStepTest, NormsReadSixteenBitInputs) {
+  const int64_t k = 512, n = 200;
+  struct NormCase {
+    NormGate gate;
+    int group_size;
+  };
+  for (DType type : {DType::kBF16, DType::kF16}) {
+    for (int64_t m : {1, 2, 24, 65}) {
+      for (const NormCase& nc :
+           {NormCase{NormGate::kAfter, 128}, NormCase{NormGate::kSiluInput, 0}}) {
+        const std::string what = absl::StrCat(std::string(DTypeName(type)), " m=", m, " gate ",
+                                              static_cast<int>(nc.gate), " group ", nc.group_size);
+        const Tensor x16 = Up(Rand({m, k}), type);
+        const Tensor x32 = Up(Down(x16).ToF32());
+        NormArgs norm;
+        norm.gate_mode = nc.gate;
+        norm.eps = 1e-5f;
+        norm.group_size = nc.group_size;
+        norm.weight = Up(Rand({nc.group_size == 0 ? k : nc.group_size}));
+        if (NormHasGate(nc.gate)) norm.gate = Up(Rand({m, k}));
+        std::vector<Tensor> outs;
+        for (const Tensor& x : {x16, x32}) {
+          NormArgs direct = norm;
+          direct.x = x;
+          direct.y = Up(Tensor::Zeros(DType::kF32, {m, k}));
+          ASSERT_TRUE(gpu_->Norm(direct).ok()) << what;
+          outs.push_back(Down(direct.y));
+        }
+        EXPECT_EQ(RelativeError(outs[0], outs[1]), 0.0) << what << " norm";
+        const Tensor w = Up(Rand({n, k}), DType::kBF16);
+        std::vector<Tensor> products;
+        for (const Tensor& x : {x16, x32}) {
+          const Tensor out = Up(Tensor::Zeros(DType::kF32, {m, n}));
+          LinearGroupArgs args{x, {&w, 1}, {}, {&out, 1}};
+          args.input_norm = norm;
+          const absl::Status st = gpu_->LinearGroup(args);
+          ASSERT_TRUE(st.ok()) << what << ": " << st;
+          products.push_back(Down(out));
+        }
+        EXPECT_EQ(RelativeError(products[0], products[1]), 0.0) << what << " product";
+      }
+    }
+  }
+}
+
 // The decode GEMV splits the rows of a product of few rows across up to
 // four warps each (whole chunks of 1024 k; the last warps of a row may have
 // none): exact against the CPU on the bf16 weights at one, two and four
