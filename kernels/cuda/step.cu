@@ -74,9 +74,9 @@ struct StepTraits {
   // Launches whose 8-column CTAs fit a wave of kFewMaxCtasPerSm per SM
   // (their 71–96 registers allow 2–3) take 8 columns per CTA instead of 32:
   // four times the CTAs, each a quarter of the rows' work after the wait.
-  // At B = 1 on an H200, GLA 1.3B's step (64 CTAs of 32 columns) and GSA
-  // 1.3B's two (8 and 64) gained 1% and 3% of the decode step; GLA at B = 2
-  // (512 CTAs of 8, two waves) lost 2.6%.
+  // At B = 1 on an H200, GSA 1.3B's two steps (8 and 64 CTAs of 32
+  // columns) gained 3% of the decode step, GLA 1.3B's (64) stayed within
+  // noise; GLA at B = 2 (512 CTAs of 8, two waves) lost 2.6%.
   static constexpr int kFewCols = 8;
   static constexpr int kFewMaxCtasPerSm = 2;
   template <int kMaxKeysN>
@@ -279,10 +279,11 @@ cudaError_t LaunchStep(const ScanParams& p, cudaStream_t stream) {
   if (sms == 0) return cudaGetLastError();
   const dim3 grid(p.dv / T::NarrowHeld::kCols, p.heads, p.num_seqs);
   const dim3 few(p.dv / T::kFewCols, p.heads, p.num_seqs);
-  if (p.dv % T::kFewCols == 0 &&
-      static_cast<int64_t>(few.x) * few.y * few.z <= T::kFewMaxCtasPerSm * int64_t{sms}) {
-    if (p.dk <= 128) return LaunchStepShape<T::Few<128>>(p, few, stream);
-    if (p.dk <= 256) return LaunchStepShape<T::Few<256>>(p, few, stream);
+  if (static_cast<int64_t>(few.x) * few.y * few.z <= T::kFewMaxCtasPerSm * int64_t{sms}) {
+    if (p.dk <= T::NarrowHeld::kMaxKeys)
+      return LaunchStepShape<T::Few<T::NarrowHeld::kMaxKeys>>(p, few, stream);
+    if (p.dk <= T::WideHeld::kMaxKeys)
+      return LaunchStepShape<T::Few<T::WideHeld::kMaxKeys>>(p, few, stream);
     return LaunchStepShape<T::Few<kMaxStepKeyDim>>(p, few, stream);
   }
   if (p.dk <= T::NarrowHeld::kMaxKeys)

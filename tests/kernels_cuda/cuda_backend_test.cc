@@ -410,27 +410,30 @@ TEST_F(CudaVsCpu, MlstmBackwardRejectsWideHeads) {
   EXPECT_NE(std::string(st.message()).find("value_dim"), std::string::npos) << st;
 }
 
-// A step over 600 sequences, a launch of several waves whose rows
-// kernels/cuda/step.cu stages in shared memory: key widths of the narrow
-// instance (64) and of the wide one (200, 256); pooled and zero initial
-// states.
+// Steps over 64 sequences (a launch of under a wave, whose rows
+// kernels/cuda/step.cu holds in registers: a step of three sequences takes
+// its 8-column CTAs instead) and over 600 (several waves, rows staged in
+// shared memory): key widths of the narrow instances (64) and of the wide
+// ones (200, 256); pooled and zero initial states.
 TEST_F(CudaVsCpu, DecayStepOverManySequences) {
-  MakeBatch(std::vector<int>(600, 1));
   const int H = 2, V = 64;
-  for (int K : {64, 200, 256}) {
-    for (DecayKind kind : {DecayKind::kScalar, DecayKind::kVector, DecayKind::kLeftRight}) {
-      for (bool zero_init : {false, true}) {
-        batch_.zero_initial_state = zero_init;
-        const std::string what = "K=" + std::to_string(K) + " kind " +
-                                 std::to_string(static_cast<int>(kind)) +
-                                 (zero_init ? " from zero" : " pooled");
-        DecayPair pair = MakeDecayPair(kind, DType::kBF16, H, K, V, 0.125f);
-        DecayForwardArgs &c = pair.cpu, &d = pair.gpu;
-        ASSERT_TRUE(cpu_->DecayForward(batch_, c, MixerForm::kChunked).ok());
-        const absl::Status st = gpu_->DecayForward(batch_, d, MixerForm::kRecurrent);
-        ASSERT_TRUE(st.ok()) << what << ": " << st;
-        Expect(d.o, c.o, kBf16Tol, what + " o");
-        Expect(d.state, c.state, kBf16Tol, what + " final state");
+  for (int sequences : {64, 600}) {
+    MakeBatch(std::vector<int>(sequences, 1));
+    for (int K : {64, 200, 256}) {
+      for (DecayKind kind : {DecayKind::kScalar, DecayKind::kVector, DecayKind::kLeftRight}) {
+        for (bool zero_init : {false, true}) {
+          batch_.zero_initial_state = zero_init;
+          const std::string what =
+              std::to_string(sequences) + " sequences, K=" + std::to_string(K) + " kind " +
+              std::to_string(static_cast<int>(kind)) + (zero_init ? " from zero" : " pooled");
+          DecayPair pair = MakeDecayPair(kind, DType::kBF16, H, K, V, 0.125f);
+          DecayForwardArgs &c = pair.cpu, &d = pair.gpu;
+          ASSERT_TRUE(cpu_->DecayForward(batch_, c, MixerForm::kChunked).ok());
+          const absl::Status st = gpu_->DecayForward(batch_, d, MixerForm::kRecurrent);
+          ASSERT_TRUE(st.ok()) << what << ": " << st;
+          Expect(d.o, c.o, kBf16Tol, what + " o");
+          Expect(d.state, c.state, kBf16Tol, what + " final state");
+        }
       }
     }
   }
