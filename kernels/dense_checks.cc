@@ -105,9 +105,7 @@ std::string DTypeList(std::span<const DType> dtypes) {
   return list;
 }
 
-bool SixteenBit(const Tensor& t) {
-  return t.defined() && (t.dtype() == DType::kBF16 || t.dtype() == DType::kF16);
-}
+bool SixteenBit(const Tensor& t) { return t.defined() && IsSixteenBitFloat(t.dtype()); }
 
 // The forward norm's inputs, shared by Norm and NormBackward. x is F32, or
 // in the CUDA backend's forward also BF16/F16 (a product's or a scan's
@@ -204,8 +202,7 @@ absl::StatusOr<GemmDims> CheckGemmArgs(const GemmArgs& args, Device device,
     }
   }
   LAIR_RETURN_IF_ERROR(CheckTensor(kOp, "b", args.b, device, b_type, 2));
-  const bool rounded_c = sixteen_bit_c && args.c.defined() &&
-                         (args.c.dtype() == DType::kBF16 || args.c.dtype() == DType::kF16);
+  const bool rounded_c = sixteen_bit_c && SixteenBit(args.c);
   LAIR_RETURN_IF_ERROR(
       CheckTensor(kOp, "c", args.c, device, rounded_c ? args.c.dtype() : DType::kF32, 2));
   GemmDims dims;

@@ -61,8 +61,7 @@ absl::Status CheckTensor(const Tensor& t, std::string_view name, const Shape& sh
   LAIR_RETURN_IF_ERROR(ExpectShape(t, shape, name));
   if (t.device() != Device::kCpu) return Invalid(name, "not in host memory");
   const DType d = t.dtype();
-  const bool ok =
-      d == DType::kF32 || (floats == Floats::kAny && (d == DType::kBF16 || d == DType::kF16));
+  const bool ok = d == DType::kF32 || (floats == Floats::kAny && IsSixteenBitFloat(d));
   if (!ok) {
     return Invalid(
         name, absl::StrCat("dtype ", std::string(DTypeName(d)), " not supported here (expected ",

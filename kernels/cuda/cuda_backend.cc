@@ -219,7 +219,7 @@ LogGate Gate(const Tensor& t, int token_stride, int head_stride) {
 }
 
 // bf16 or f16: an operand the tensor-core scans take as it is.
-bool SixteenBit(const Tensor& t) { return t.dtype() == DType::kBF16 || t.dtype() == DType::kF16; }
+bool SixteenBit(const Tensor& t) { return IsSixteenBitFloat(t.dtype()); }
 
 LogGate Shifted(LogGate g) {
   g.shift = true;

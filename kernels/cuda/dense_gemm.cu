@@ -738,7 +738,7 @@ absl::Status GemmRunner::RunGroup(std::span<const GemmCall> group, GemmPrecision
   for (const GemmCall& g : group) {
     shared_narrow &= g.a == first.a && g.a_gate == first.a_gate && g.m == first.m &&
                      g.k == first.k && !g.trans_a && g.b_type == first.b_type && g.n > 0 &&
-                     (g.b_type == DType::kBF16 || g.b_type == DType::kF16);
+                     IsSixteenBitFloat(g.b_type);
   }
   // Gated or normalized activations: the rounding pass forms silu(a_gate) ∘
   // a or the norm as it reads a (a prefill's SwiGLU and block norms cost no
@@ -777,9 +777,9 @@ absl::Status GemmRunner::RunGroup(std::span<const GemmCall> group, GemmPrecision
 bool GemmRunner::TakesSwiGlu(std::span<const GemmCall, 3> calls, GemmPrecision precision) {
   const GemmCall &gate = calls[0], &up = calls[1], &down = calls[2];
   const DType type = gate.b_type;
-  return precision == GemmPrecision::kFast && (type == DType::kBF16 || type == DType::kF16) &&
-         up.b_type == type && down.b_type == type && gate.m > 0 && gate.k > 0 && gate.n > 0 &&
-         gate.n % 4 == 0 && up.n == gate.n && down.k == gate.n &&
+  return precision == GemmPrecision::kFast && IsSixteenBitFloat(type) && up.b_type == type &&
+         down.b_type == type && gate.m > 0 && gate.k > 0 && gate.n > 0 && gate.n % 4 == 0 &&
+         up.n == gate.n && down.k == gate.n &&
          SmallProductFor(calls.first<2>(), precision) == SmallProduct::kNone &&
          SmallProductFor(calls.last<1>(), precision) == SmallProduct::kNone;
 }
