@@ -253,7 +253,7 @@ struct Plan {
 }  // namespace
 
 struct GemmRunner::Impl {
-  explicit Impl(cudaStream_t s) : stream(s), scratch(s), formed(s), outputs(s) {}
+  explicit Impl(cudaStream_t s) : stream(s), scratch(s), formed(s), gated(s), outputs(s) {}
   ~Impl() {
     if (workspace) cudaFreeAsync(workspace, stream);
     if (handle) cublasLtDestroy(handle);
@@ -704,6 +704,7 @@ struct GemmRunner::Impl {
   void* workspace = nullptr;
   DeviceScratch scratch;  // narrowed activations or widened weight blocks
   DeviceScratch formed;   // silu(a_gate) ∘ a or a's norm, for products that do not form it
+  DeviceScratch gated;    // silu(gate) ∘ up from a paired GEMV, for the down product
   DeviceScratch outputs;  // fp32 outputs of the calls that write 16 bits after a pass
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
   std::map<PlanKey, cublasLtMatmulAlgo_t> tuned;  // Tune's choices by Plan::tune_key
@@ -777,16 +778,37 @@ absl::Status GemmRunner::RunGroup(std::span<const GemmCall> group, GemmPrecision
 bool GemmRunner::TakesSwiGlu(std::span<const GemmCall, 3> calls, GemmPrecision precision) {
   const GemmCall &gate = calls[0], &up = calls[1], &down = calls[2];
   const DType type = gate.b_type;
-  return precision == GemmPrecision::kFast && IsSixteenBitFloat(type) && up.b_type == type &&
-         down.b_type == type && gate.m > 0 && gate.k > 0 && gate.n > 0 && gate.n % 4 == 0 &&
-         up.n == gate.n && down.k == gate.n &&
+  if (!IsSixteenBitFloat(type) || up.b_type != type || down.b_type != type || gate.m <= 0 ||
+      gate.k <= 0 || gate.n <= 0 || up.n != gate.n || down.k != gate.n) {
+    return false;
+  }
+  if (TakesSiluPair(calls.first<2>(), precision)) return true;
+  return precision == GemmPrecision::kFast && gate.n % 4 == 0 &&
          SmallProductFor(calls.first<2>(), precision) == SmallProduct::kNone &&
          SmallProductFor(calls.last<1>(), precision) == SmallProduct::kNone;
 }
 
-absl::Status GemmRunner::RunSwiGlu(std::span<const GemmCall, 3> calls, const NormParams* a_norm) {
-  return calls[0].b_type == DType::kBF16 ? impl_->RunSwiGluIn<__nv_bfloat16>(calls, a_norm)
-                                         : impl_->RunSwiGluIn<__half>(calls, a_norm);
+absl::Status GemmRunner::RunSwiGlu(std::span<const GemmCall, 3> calls, GemmPrecision precision,
+                                   const NormParams* a_norm) {
+  Impl& im = *impl_;
+  if (!TakesSiluPair(calls.first<2>(), precision)) {
+    return calls[0].b_type == DType::kBF16 ? im.RunSwiGluIn<__nv_bfloat16>(calls, a_norm)
+                                           : im.RunSwiGluIn<__half>(calls, a_norm);
+  }
+  std::vector<GemmCall> gate_up(calls.begin(), calls.begin() + 2);
+  if (a_norm) {
+    LAIR_ASSIGN_OR_RETURN(gate_up, im.FormNormed(gate_up, *a_norm));
+  }
+  const GemmCall& gate = gate_up.front();
+  LAIR_ASSIGN_OR_RETURN(char* buffer,
+                        im.gated.Get(static_cast<size_t>(gate.m * gate.n) * sizeof(float)));
+  float* hidden = reinterpret_cast<float*>(buffer);
+  LAIR_RETURN_IF_ERROR(
+      CudaStatus(LaunchSiluPair(std::span<const GemmCall, 2>(gate_up.data(), 2), hidden, im.stream),
+                 "silu pair"));
+  GemmCall down = calls[2];
+  down.a = hidden;
+  return RunGroup({&down, 1}, precision);
 }
 
 absl::Status GemmRunner::RunOne(const GemmCall& g, GemmPrecision precision) {

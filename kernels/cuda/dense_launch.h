@@ -112,13 +112,18 @@ class GemmRunner {
   absl::Status RunGroup(std::span<const GemmCall> group, GemmPrecision precision,
                         const NormParams* a_norm = nullptr);
   // A SwiGLU MLP's gate, up and down calls (16-bit weights of one type; the
-  // down call's a unset): gate and up read a (normalized first with a_norm)
-  // rounded to the weights' type and write their [m, f] outputs in that
-  // type, which the down product reads as silu(gate) ∘ up formed in place.
-  // REQUIRES: TakesSwiGlu(calls, GemmPrecision::kFast).
-  absl::Status RunSwiGlu(std::span<const GemmCall, 3> calls, const NormParams* a_norm);
-  // Whether RunSwiGlu takes the calls: fast precision and rows that no
-  // decode kernel takes (SmallProductFor).
+  // down call's a unset), reading a normalized first with a_norm. Rows the
+  // decode GEMV takes: gate and up in one launch that writes silu(gate) ∘ up
+  // (LaunchSiluPair), which the down product reads. Prefill rows (fast
+  // precision): gate and up read a rounded to the weights' type and write
+  // their [m, f] outputs in that type, which the down product reads as
+  // silu(gate) ∘ up formed in place.
+  // REQUIRES: TakesSwiGlu(calls, precision).
+  absl::Status RunSwiGlu(std::span<const GemmCall, 3> calls, GemmPrecision precision,
+                         const NormParams* a_norm);
+  // Whether RunSwiGlu takes the calls: the GEMV takes gate and up as a pair
+  // (TakesSiluPair), or fast precision and rows that no decode kernel takes
+  // (SmallProductFor).
   static bool TakesSwiGlu(std::span<const GemmCall, 3> calls, GemmPrecision precision);
 
  private:

@@ -321,14 +321,15 @@ absl::Status CudaDenseOps::SwiGlu(const SwiGluArgs& args) {
   LAIR_ASSIGN_OR_RETURN(const auto calls, SwiGluCalls(args));
   if (!dense::GemmRunner::TakesSwiGlu(calls, precision_)) {
     return absl::InvalidArgumentError(
-        "SwiGlu: the 16-bit path needs fast precision and rows past the decode kernels'");
+        "SwiGlu: the fused path needs gate and up products the decode GEMV takes, or fast "
+        "precision and rows past the decode kernels'");
   }
-  if (!args.input_norm) return gemm_->RunSwiGlu(calls, nullptr);
+  if (!args.input_norm) return gemm_->RunSwiGlu(calls, precision_, nullptr);
   NormArgs norm = *args.input_norm;
   norm.x = args.x;
   LAIR_ASSIGN_OR_RETURN(int64_t group, CheckSwiGluArgs(args, Device::kCuda));
   const dense::NormParams norm_launch = NormLaunch(norm, group);
-  return gemm_->RunSwiGlu(calls, &norm_launch);
+  return gemm_->RunSwiGlu(calls, precision_, &norm_launch);
 }
 
 absl::Status CudaDenseOps::Embedding(const EmbeddingArgs& args) {

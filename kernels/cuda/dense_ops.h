@@ -87,9 +87,10 @@ class CudaDenseOps {
   // Backend::ProductOutputDType: BF16 for the rows that cuBLASLt takes on
   // the fast path, after rounding its activations to bf16.
   DType ProductOutputDType(int64_t rows) const;
-  // A SwiGLU MLP with its [M, F] intermediates in 16 bits: where TakesSwiGlu
-  // (fast precision, 16-bit weights of one type, rows past the decode
-  // kernels'); the backend runs the others as two LinearGroups.
+  // A SwiGLU MLP where TakesSwiGlu (16-bit weights of one type): decode rows
+  // through one GEMV for gate and up that writes silu(gate) ∘ up; prefill
+  // rows (fast precision) with their [M, F] intermediates in 16 bits. The
+  // backend runs the others as two LinearGroups.
   bool TakesSwiGlu(const SwiGluArgs& args) const;
   absl::Status SwiGlu(const SwiGluArgs& args);
   absl::Status Embedding(const EmbeddingArgs& args);

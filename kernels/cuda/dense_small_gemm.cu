@@ -119,6 +119,15 @@ cudaError_t LaunchGroup(SmallProduct kind, std::span<const GemmCall> calls, cuda
   return g.m > kWideRows ? LaunchPipeMma(g, stream) : LaunchMma(g, stream);
 }
 
+template <typename T>
+cudaError_t LaunchPair(std::span<const GemmCall, 2> gate_up, float* out, cudaStream_t stream) {
+  SmallGroup<T> g = GroupOf<T>(gate_up);
+  g.silu_pair = true;
+  g.c[0] = out;
+  g.c[1] = nullptr;
+  return LaunchGemv(g, stream);
+}
+
 }  // namespace
 }  // namespace small_product
 
@@ -157,6 +166,24 @@ cudaError_t LaunchSmallProduct(SmallProduct kind, std::span<const GemmCall> call
   return calls.front().b_type == DType::kBF16
              ? small_product::LaunchGroup<__nv_bfloat16>(kind, calls, stream)
              : small_product::LaunchGroup<__half>(kind, calls, stream);
+}
+
+bool TakesSiluPair(std::span<const GemmCall, 2> gate_up, GemmPrecision precision) {
+  if (SmallProductFor(gate_up, precision) != SmallProduct::kGemv) return false;
+  const GemmCall& gate = gate_up[0];
+  for (const GemmCall& g : gate_up) {
+    if (g.n != gate.n || g.bias || !g.act.identity() || g.residual || g.c16 || g.a_gate ||
+        g.alpha != 1.0f || g.beta != 0.0f) {
+      return false;
+    }
+  }
+  return true;
+}
+
+cudaError_t LaunchSiluPair(std::span<const GemmCall, 2> gate_up, float* out, cudaStream_t stream) {
+  return gate_up[0].b_type == DType::kBF16
+             ? small_product::LaunchPair<__nv_bfloat16>(gate_up, out, stream)
+             : small_product::LaunchPair<__half>(gate_up, out, stream);
 }
 
 }  // namespace lair::kernels::cuda::dense

@@ -42,4 +42,11 @@ SmallProduct SmallProductFor(std::span<const GemmCall> calls, GemmPrecision prec
 cudaError_t LaunchSmallProduct(SmallProduct kind, std::span<const GemmCall> calls,
                                cudaStream_t stream);
 
+// Whether LaunchSiluPair takes SwiGLU's gate and up products: the GEMV takes
+// them (SmallProductFor), of equal n, without bias, activation, residual or
+// 16-bit output, alpha 1 and beta 0.
+bool TakesSiluPair(std::span<const GemmCall, 2> gate_up, GemmPrecision precision);
+// out [m, n] ← silu(gate) ∘ up in one GEMV launch (the calls' own c unused).
+cudaError_t LaunchSiluPair(std::span<const GemmCall, 2> gate_up, float* out, cudaStream_t stream);
+
 }  // namespace lair::kernels::cuda::dense

@@ -46,6 +46,11 @@ struct SmallGroup {
   float* c[kMembers] = {};               // [m, n_i]
   Activation act[kMembers] = {};         // applied to each output
   const float* residual[kMembers] = {};  // [m, n_i] or null, added last
+  // SwiGLU's gate and up products (members 0 and 1, of equal n, without
+  // bias, activation or residual; alpha 1, beta 0): c[0] ← silu(gate) ∘ up,
+  // formed in the epilogue (the GEMV only), so that no pass of its own
+  // stands between them and the down product.
+  bool silu_pair = false;
 };
 
 // values[index] by constant indices: a dynamic index into a kernel parameter

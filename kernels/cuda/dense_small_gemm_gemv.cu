@@ -58,15 +58,58 @@ __device__ __forceinline__ void AccumulateChunk(const uint4 (&chunk)[kGemvUnroll
   }
 }
 
+// A CTA's rows: kGemvWarps / kSplits of them, consecutive; with kPair
+// (SmallGroup::silu_pair) the first half gate rows j, the second the up rows
+// of the same j, so that one CTA holds both factors of its outputs.
+template <int kSplits, bool kPair>
+struct GemvRows {
+  static constexpr int kPerCta = kGemvWarps / kSplits;
+  static constexpr int kOutputsPerCta = kPair ? kPerCta / 2 : kPerCta;
+  static_assert(!kPair || kPerCta % 2 == 0, "a paired CTA holds gate and up rows alike");
+};
+
+// c[0][r, j] ← silu(gate) ∘ up for the CTA's outputs j, from every warp's
+// sums in `sums` (warp w holds local row w / kSplits); split rows add their
+// warps' sums in the unpaired kernel's order.
+template <typename T, int kRows, int kSplits>
+__device__ __forceinline__ void StoreSiluPairs(const SmallGroup<T>& g,
+                                               const float (&sums)[kGemvWarps][kRows]) {
+  constexpr int kHalf = GemvRows<kSplits, true>::kOutputsPerCta;
+  const int64_t n = g.first_row[1];
+  for (int t = threadIdx.x; t < kHalf * kRows; t += kGemvWarps * 32) {
+    const int i = t / kRows, r = t % kRows;
+    const int64_t j = blockIdx.x * static_cast<int64_t>(kHalf) + i;
+    if (j >= n) continue;
+    float gate = 0.0f, up = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kSplits; ++p) {
+      gate += sums[i * kSplits + p][r];
+      up += sums[(i + kHalf) * kSplits + p][r];
+    }
+    g.c[0][r * n + j] = Silu(gate) * up;
+  }
+}
+
 // Launched as a dependent (dependent_launch.cuh): the first weight chunk is
 // in flight before the wait for the kernel that writes the activations.
-template <typename T, int kRows, int kSplits>
+template <typename T, int kRows, int kSplits, bool kPair>
 __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const SmallGroup<T> g) {
   AllowDependents();
+  using Rows = GemvRows<kSplits, kPair>;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps / kSplits) + warp / kSplits;
+  const int local = warp / kSplits;
+  int64_t row = blockIdx.x * static_cast<int64_t>(Rows::kPerCta) + local;
   // Past the last row a warp still meets its CTA at the partial sums.
-  const bool valid = row < g.first_row[g.count];
+  bool valid;
+  if constexpr (kPair) {
+    const int64_t n = g.first_row[1];
+    const int64_t j =
+        blockIdx.x * static_cast<int64_t>(Rows::kOutputsPerCta) + local % Rows::kOutputsPerCta;
+    valid = j < n;
+    row = local < Rows::kOutputsPerCta ? j : j + n;
+  } else {
+    valid = row < g.first_row[g.count];
+  }
   // The member and its row, read from the parameters by constant indices
   // here rather than through MemberOf and Select: a reference to `g` makes
   // the compiler pick one parameter address and load through it, which
@@ -101,6 +144,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const SmallGroup<T
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) sum[r] = WarpSum(sum[r]);
+  if constexpr (kPair) {
+    __shared__ float sums[kGemvWarps][kRows];
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) sums[warp][r] = sum[r];
+    }
+    __syncthreads();
+    StoreSiluPairs<T, kRows, kSplits>(g, sums);
+    return;
+  }
   if constexpr (kSplits > 1) {
     __shared__ float partial[kGemvWarps][kRows];
     if (lane == 0) {
@@ -146,12 +199,19 @@ int SplitsFor(int64_t rows, int64_t k) {
   return splits;
 }
 
+template <typename T, int kRows, int kSplits, bool kPair>
+cudaError_t LaunchGemvShape(const SmallGroup<T>& g, cudaStream_t stream) {
+  using Rows = GemvRows<kSplits, kPair>;
+  const int64_t outputs = kPair ? g.first_row[1] : g.first_row[g.count];
+  const int64_t ctas = (outputs + Rows::kOutputsPerCta - 1) / Rows::kOutputsPerCta;
+  return LaunchDependent(GemvKernel<T, kRows, kSplits, kPair>, dim3(static_cast<unsigned>(ctas)),
+                         dim3(kGemvWarps * 32), stream, g);
+}
+
 template <typename T, int kRows, int kSplits>
 cudaError_t LaunchGemvSplits(const SmallGroup<T>& g, cudaStream_t stream) {
-  const int64_t rows = g.first_row[g.count], rows_per_cta = kGemvWarps / kSplits;
-  return LaunchDependent(GemvKernel<T, kRows, kSplits>,
-                         dim3(static_cast<unsigned>((rows + rows_per_cta - 1) / rows_per_cta)),
-                         dim3(kGemvWarps * 32), stream, g);
+  return g.silu_pair ? LaunchGemvShape<T, kRows, kSplits, true>(g, stream)
+                     : LaunchGemvShape<T, kRows, kSplits, false>(g, stream);
 }
 
 // Rows are split at up to kGemvFastMaxRows activation rows (the fast path's

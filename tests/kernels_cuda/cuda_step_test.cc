@@ -465,58 +465,68 @@ TEST_F(CudaStepTest, LinearGroupWritesSixteenBitOutputs) {
 }
 
 // A SwiGLU MLP (with an input norm and a residual) against the two linear
-// groups it stands for, run by the same backend: the same kernels up to 32
-// rows (equal), and from 33 rows on cuBLASLt with the gate and up outputs
+// groups it stands for, run by the same backend: at 1 and 2 rows the GEMV
+// forms silu(gate) ∘ up in its epilogue, up to 32 rows the same kernels run
+// (all equal), and from 33 rows on cuBLASLt with the gate and up outputs
 // rounded to bf16 (within the bf16 tolerance). Also against the CPU in fp32.
+// The second shape splits the GEMV's rows over warps and leaves its last
+// CTA part of a pair of rows.
 TEST_F(CudaStepTest, SwiGluMatchesItsLinearGroups) {
-  const int64_t k = 256, f = 344, k2 = 192;
-  for (int64_t m : {1, 20, 33, 100}) {
-    for (bool normed : {false, true}) {
-      const std::string what = absl::StrCat("m=", m, normed ? " normed" : "");
-      const Tensor x = Rand({m, k}), residual = Rand({m, k2});
-      const Tensor wg = Rand({f, k}), wu = Rand({f, k}), wd = Rand({k2, f});
-      std::optional<NormArgs> norm;
-      if (normed) {
-        norm.emplace().eps = 1e-5f;
-        norm->weight = Rand({k});
+  struct Case {
+    int64_t k, f;
+    std::vector<int64_t> rows;
+  };
+  const int64_t k2 = 192;
+  for (const Case& shape : {Case{256, 344, {1, 2, 20, 33, 100}}, Case{2048, 339, {1, 2, 3}}}) {
+    const int64_t k = shape.k, f = shape.f;
+    for (int64_t m : shape.rows) {
+      for (bool normed : {false, true}) {
+        const std::string what = absl::StrCat("k=", k, " f=", f, " m=", m, normed ? " normed" : "");
+        const Tensor x = Rand({m, k}), residual = Rand({m, k2});
+        const Tensor wg = Rand({f, k}), wu = Rand({f, k}), wd = Rand({k2, f});
+        std::optional<NormArgs> norm;
+        if (normed) {
+          norm.emplace().eps = 1e-5f;
+          norm->weight = Rand({k});
+        }
+        SwiGluArgs args;
+        args.x = Up(x);
+        args.w_gate = Up(wg, DType::kBF16);
+        args.w_up = Up(wu, DType::kBF16);
+        args.w_down = Up(wd, DType::kBF16);
+        args.residual = Up(residual);
+        args.out = Up(Rand({m, k2}));  // overwritten whole
+        std::optional<NormArgs> gpu_norm = norm;
+        if (gpu_norm && gpu_norm->weight.defined()) gpu_norm->weight = Up(norm->weight);
+        args.input_norm = gpu_norm;
+        const absl::Status st = gpu_->SwiGlu(args);
+        ASSERT_TRUE(st.ok()) << what << ": " << st;
+
+        const Tensor gate = Up(Tensor::Zeros(DType::kF32, {m, f}));
+        const Tensor up = Up(Tensor::Zeros(DType::kF32, {m, f}));
+        const Tensor gate_up[] = {args.w_gate, args.w_up}, projections[] = {gate, up};
+        LinearGroupArgs first{args.x, gate_up, {}, projections};
+        first.input_norm = gpu_norm;
+        ASSERT_TRUE(gpu_->LinearGroup(first).ok()) << what;
+        const Tensor grouped = Up(Tensor::Zeros(DType::kF32, {m, k2}));
+        const Tensor residuals[] = {args.residual};
+        LinearGroupArgs down{up, {&args.w_down, 1}, {}, {&grouped, 1}, {}, residuals};
+        down.silu_gate = gate;
+        ASSERT_TRUE(gpu_->LinearGroup(down).ok()) << what;
+        const double err = RelativeError(Down(args.out), Down(grouped));
+        EXPECT_LE(err, m > 32 ? kBf16Tol : 0.0) << what;
+
+        SwiGluArgs exact;
+        exact.x = x;
+        exact.w_gate = wg;
+        exact.w_up = wu;
+        exact.w_down = wd;
+        exact.residual = residual;
+        exact.out = Tensor::Zeros(DType::kF32, {m, k2});
+        exact.input_norm = norm;
+        ASSERT_TRUE(cpu_->SwiGlu(exact).ok()) << what;
+        EXPECT_LE(RelativeError(Down(args.out), exact.out), kBf16Tol) << what << " vs CPU";
       }
-      SwiGluArgs args;
-      args.x = Up(x);
-      args.w_gate = Up(wg, DType::kBF16);
-      args.w_up = Up(wu, DType::kBF16);
-      args.w_down = Up(wd, DType::kBF16);
-      args.residual = Up(residual);
-      args.out = Up(Rand({m, k2}));  // overwritten whole
-      std::optional<NormArgs> gpu_norm = norm;
-      if (gpu_norm && gpu_norm->weight.defined()) gpu_norm->weight = Up(norm->weight);
-      args.input_norm = gpu_norm;
-      const absl::Status st = gpu_->SwiGlu(args);
-      ASSERT_TRUE(st.ok()) << what << ": " << st;
-
-      const Tensor gate = Up(Tensor::Zeros(DType::kF32, {m, f}));
-      const Tensor up = Up(Tensor::Zeros(DType::kF32, {m, f}));
-      const Tensor gate_up[] = {args.w_gate, args.w_up}, projections[] = {gate, up};
-      LinearGroupArgs first{args.x, gate_up, {}, projections};
-      first.input_norm = gpu_norm;
-      ASSERT_TRUE(gpu_->LinearGroup(first).ok()) << what;
-      const Tensor grouped = Up(Tensor::Zeros(DType::kF32, {m, k2}));
-      const Tensor residuals[] = {args.residual};
-      LinearGroupArgs down{up, {&args.w_down, 1}, {}, {&grouped, 1}, {}, residuals};
-      down.silu_gate = gate;
-      ASSERT_TRUE(gpu_->LinearGroup(down).ok()) << what;
-      const double err = RelativeError(Down(args.out), Down(grouped));
-      EXPECT_LE(err, m > 32 ? kBf16Tol : 0.0) << what;
-
-      SwiGluArgs exact;
-      exact.x = x;
-      exact.w_gate = wg;
-      exact.w_up = wu;
-      exact.w_down = wd;
-      exact.residual = residual;
-      exact.out = Tensor::Zeros(DType::kF32, {m, k2});
-      exact.input_norm = norm;
-      ASSERT_TRUE(cpu_->SwiGlu(exact).ok()) << what;
-      EXPECT_LE(RelativeError(Down(args.out), exact.out), kBf16Tol) << what << " vs CPU";
     }
   }
 }
