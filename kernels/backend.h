@@ -117,6 +117,12 @@ class Backend {
   // --- Mixers (see kernels/mixer.h for the math and layouts) ---------------
   virtual absl::Status DecayForward(const SequenceBatch& batch, const DecayForwardArgs& args,
                                     MixerForm form) = 0;
+  // Whether DecayForward takes `args` with its gate as gk_low_rank (gk
+  // unset) for this batch and form; the caller forms gk where not.
+  virtual bool FormsLowRankGate(const SequenceBatch& /*batch*/, const DecayForwardArgs& /*args*/,
+                                MixerForm /*form*/) const {
+    return false;
+  }
   virtual absl::Status DecayBackward(const SequenceBatch& batch, const DecayBackwardArgs& args) = 0;
   virtual absl::Status GsaForward(const SequenceBatch& batch, const GsaForwardArgs& args,
                                   MixerForm form) = 0;

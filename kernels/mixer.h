@@ -48,19 +48,32 @@ enum class DecayKind {
   kLeftRight,  // lk = gk[t,h,:], lv = gv[t,h,:]        (the unified form)
 };
 
+// A vector decay's log gates formed from a low-rank input (GLA's gk_proj.1):
+//   gk[t, h, a] = scale · log σ(z[t] · weight[h·K + a] + bias[h·K + a]),
+// which a backend may compute where it reads them instead of storing gk
+// (Backend::FormsLowRankGate: the CUDA decode step).
+struct LowRankGate {
+  Tensor z;       // [N, R] F32
+  Tensor weight;  // [H·K, R] BF16/F16
+  Tensor bias;    // [H·K] F32, or undefined (zero)
+  float scale = 1.0f;
+  bool defined() const { return z.defined(); }
+};
+
 struct DecayForwardArgs {
   DecayKind kind = DecayKind::kNone;
   int heads = 0, key_dim = 0, value_dim = 0;
-  float scale = 1.0f;   // applied to q
-  int chunk_size = 64;  // chunked form only
-  Tensor q, k, v;       // [N,H,K], [N,H,K], [N,H,V]; F32 (CPU) or F32/BF16/F16 (CUDA)
-  Tensor log_gamma;     // [H]       F32, kConstant
-  Tensor g;             // [N,H]     F32, kScalar (≤ 0)
-  Tensor gk;            // [N,H,K]   F32, kVector and kLeftRight (≤ 0; kLeftRight may
-                        //           leave it undefined: no key-side decay)
-  Tensor gv;            // [N,H,V]   F32, kLeftRight (≤ 0)
-  Tensor o;             // out [N,H,V], same dtype as v
-  Tensor state;         // in/out pool [num_slots,H,K,V] F32
+  float scale = 1.0f;       // applied to q
+  int chunk_size = 64;      // chunked form only
+  Tensor q, k, v;           // [N,H,K], [N,H,K], [N,H,V]; F32 (CPU) or F32/BF16/F16 (CUDA)
+  Tensor log_gamma;         // [H]       F32, kConstant
+  Tensor g;                 // [N,H]     F32, kScalar (≤ 0)
+  Tensor gk;                // [N,H,K]   F32, kVector and kLeftRight (≤ 0; kLeftRight may
+                            //           leave it undefined: no key-side decay)
+  Tensor gv;                // [N,H,V]   F32, kLeftRight (≤ 0)
+  LowRankGate gk_low_rank;  // kVector, in place of gk where FormsLowRankGate (forward only)
+  Tensor o;                 // out [N,H,V], same dtype as v
+  Tensor state;             // in/out pool [num_slots,H,K,V] F32
 };
 
 // Gradients of L = <o, do> + <final state, dht> for the same inputs. The

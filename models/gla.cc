@@ -41,10 +41,10 @@ class GlaMixer : public Mixer {
     LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv,
                           qkv_.Forward(g, x, ctx, 1, also, {feature, feature, {}},
                                        /*to_mixer=*/groups == 1));
-    // gk = logsigmoid(gk_proj.1(·)) / gate_logit_normalizer, the activation in the product.
-    const LinearWeight gk1{
-        gk1_, gk1_bias_, {UnaryOp::kLogSigmoid, 1.0f / config_.gate_logit_normalizer}};
-    LAIR_ASSIGN_OR_RETURN(Var gk, g.Linear(qkv[3], gk1));
+    // gk = logsigmoid(gk_proj.1(·)) / gate_logit_normalizer: formed by the
+    // decay op (the CUDA decode step reads gk_proj.1's weights itself), or
+    // with grouped heads in the product, then repeated.
+    const float gate_scale = 1.0f / config_.gate_logit_normalizer;
     DecayInputs in;
     in.kind = kernels::DecayKind::kVector;
     in.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_k_dim));
@@ -54,7 +54,14 @@ class GlaMixer : public Mixer {
                           RepeatKvHeads(g, SplitHeads(g, qkv[1], config_.num_kv_heads), groups));
     LAIR_ASSIGN_OR_RETURN(in.v,
                           RepeatKvHeads(g, SplitHeads(g, qkv[2], config_.num_kv_heads), groups));
-    LAIR_ASSIGN_OR_RETURN(in.gk, RepeatKvHeads(g, SplitHeads(g, gk, config_.num_kv_heads), groups));
+    if (groups == 1) {
+      in.gk_low_rank = LowRankDecayGate{qkv[3], gk1_, gk1_bias_, gate_scale};
+    } else {
+      const LinearWeight gk1{gk1_, gk1_bias_, {UnaryOp::kLogSigmoid, gate_scale}};
+      LAIR_ASSIGN_OR_RETURN(Var gk, g.Linear(qkv[3], gk1));
+      LAIR_ASSIGN_OR_RETURN(in.gk,
+                            RepeatKvHeads(g, SplitHeads(g, gk, config_.num_kv_heads), groups));
+    }
     LAIR_ASSIGN_OR_RETURN(Var o, g.Decay(ctx.batch, in, ctx.State(0), ctx.form));
     return g.Linear(output_.Input(g, qkv.size() > 4 ? qkv[4] : Var{}, o), {o_}, x.x);
   }

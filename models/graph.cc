@@ -573,8 +573,9 @@ absl::StatusOr<Var> Graph::Attention(const kernels::SequenceBatch& batch, const 
   return out;
 }
 
-absl::StatusOr<Var> Graph::Decay(const kernels::SequenceBatch& batch, const DecayInputs& in,
+absl::StatusOr<Var> Graph::Decay(const kernels::SequenceBatch& batch, const DecayInputs& given,
                                  const Tensor& state, kernels::MixerForm form) {
+  DecayInputs in = given;
   kernels::DecayForwardArgs args;
   args.kind = in.kind;
   args.heads = static_cast<int>(in.q.dim(1));
@@ -586,8 +587,19 @@ absl::StatusOr<Var> Graph::Decay(const kernels::SequenceBatch& batch, const Deca
   args.v = in.v.t;
   args.log_gamma = in.log_gamma;
   args.g = in.g.t;
-  args.gk = in.gk.t;
   args.state = state;
+  if (in.gk_low_rank) {
+    const LowRankDecayGate& gate = *in.gk_low_rank;
+    args.gk_low_rank = {As2d(gate.z.t), (*params_)[gate.weight],
+                        gate.bias >= 0 ? (*params_)[gate.bias] : Tensor(), gate.scale};
+    if (record_ || !backend_->FormsLowRankGate(batch, args, form)) {
+      args.gk_low_rank = {};
+      const LinearWeight weight{gate.weight, gate.bias, {UnaryOp::kLogSigmoid, gate.scale}};
+      LAIR_ASSIGN_OR_RETURN(Var gk, Linear(gate.z, weight));
+      in.gk = Reshape(gk, {gk.dim(0), args.heads, args.key_dim});
+    }
+  }
+  args.gk = in.gk.t;
   const bool rounded = !record_ && in.sixteen_bit_o_ok;
   LAIR_ASSIGN_OR_RETURN(
       args.o, New(in.v.shape(), rounded ? backend_->ProductOutputDType(in.v.dim(0)) : DType::kF32));

@@ -89,6 +89,15 @@ struct LinearInput {
   }
 };
 
+// A vector decay's gate from a low-rank input, gk = scale · log σ(z ·
+// weightᵀ + bias) as [N, H, K] (GLA's gk_proj.1 with its normalizer).
+struct LowRankDecayGate {
+  Var z;            // [N, R]
+  int weight = -1;  // parameter [H·K, R]
+  int bias = -1;    // parameter [H·K], or -1: none
+  float scale = 1.0f;
+};
+
 struct DecayInputs {
   kernels::DecayKind kind = kernels::DecayKind::kNone;
   float scale = 1.0f;
@@ -96,6 +105,10 @@ struct DecayInputs {
   Tensor log_gamma;  // [H], kConstant (a constant, no gradient)
   Var g;             // [N,H], kScalar
   Var gk;            // [N,H,K], kVector
+  // kVector: in place of gk. The backend forms it where it reads it, as
+  // the CUDA decode step does (Backend::FormsLowRankGate), which saves a
+  // launch between the projections and the step; else a Linear forms gk.
+  std::optional<LowRankDecayGate> gk_low_rank;
   // Only a norm reads the output (an output product's input norm), so it
   // may be written in 16 bits where the backend rounds product outputs
   // (ProductOutputDType): half the bytes for the scan to write and the norm

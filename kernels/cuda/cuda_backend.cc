@@ -390,8 +390,34 @@ class CudaBackend : public Backend {
     return arena_.epoch() + staging_.epoch + cuda::CudaDenseOps::ScratchEpoch();
   }
 
+  // The decode step forms a low-rank gate in its prologue (step.cu): one
+  // token per sequence, as Run takes the step, and keys it takes whole. Only
+  // launches that hold their rows (at most a wave): each CTA forms its
+  // head's whole gate, so the larger launches repeat that work many times
+  // over (GLA 1.3B, H100: B = 1 and 2 gained 1.7% and 2.0% a step, B = 32
+  // lost 1.9%).
+  bool FormsLowRankGate(const SequenceBatch& batch, const DecayForwardArgs& a,
+                        MixerForm form) const override {
+    const LowRankGate& g = a.gk_low_rank;
+    if (form == MixerForm::kChunked || a.kind != DecayKind::kVector || !g.defined() ||
+        a.value_dim % 32 != 0 || a.key_dim > cuda::kMaxStepKeyDim ||
+        !cuda::StepHoldsRows(a.value_dim, a.heads, batch.num_seqs, sm_count_) ||
+        !IsSixteenBitFloat(g.weight.dtype()) || g.weight.rank() != 2 || g.weight.dim(1) % 8 != 0 ||
+        g.weight.dim(1) > cuda::kMaxLowRank || batch.cu_seqlens.size() < 2) {
+      return false;
+    }
+    for (size_t i = 1; i < batch.cu_seqlens.size(); ++i) {
+      if (batch.cu_seqlens[i] - batch.cu_seqlens[i - 1] != 1) return false;
+    }
+    return true;
+  }
+
   absl::Status DecayForward(const SequenceBatch& batch, const DecayForwardArgs& a,
                             MixerForm form) override {
+    if (a.gk_low_rank.defined() && !FormsLowRankGate(batch, a, form))
+      return absl::InvalidArgumentError(
+          "a low-rank decay gate needs a vector decay's decode step (one token per sequence, "
+          "16-bit weights of rank a multiple of 8 up to 64)");
     LAIR_ASSIGN_OR_RETURN(DeviceBatch db, CheckDecay(batch, a));
     LAIR_RETURN_IF_ERROR(CheckTensor(a.o, {db.tokens, a.heads, a.value_dim}, "o", false));
     ScanParams p = DecayScan(db, batch, a);
@@ -405,6 +431,8 @@ class CudaBackend : public Backend {
 
   absl::Status DecayBackward(const SequenceBatch& batch, const DecayBackwardArgs& b) override {
     const DecayForwardArgs& a = b.fwd;
+    if (a.gk_low_rank.defined())
+      return absl::InvalidArgumentError("the decay backward takes gk, not a low-rank gate");
     LAIR_ASSIGN_OR_RETURN(DeviceBatch db, CheckDecay(batch, a));
     const int64_t n = db.tokens;
     const int H = a.heads, K = a.key_dim, V = a.value_dim, S = batch.num_seqs;
@@ -1212,6 +1240,16 @@ class CudaBackend : public Backend {
         if (!a.gk.defined()) break;  // no key-side decay
         [[fallthrough]];
       case DecayKind::kVector:
+        if (a.gk_low_rank.defined()) {
+          const LowRankGate& g = a.gk_low_rank;
+          const int64_t rank = g.weight.rank() == 2 ? g.weight.dim(1) : 0;
+          LAIR_RETURN_IF_ERROR(CheckTensor(g.z, {n, rank}, "gk_low_rank.z", true));
+          LAIR_RETURN_IF_ERROR(
+              CheckTensor(g.weight, {int64_t{H} * K, rank}, "gk_low_rank.weight", false));
+          if (g.bias.defined())
+            LAIR_RETURN_IF_ERROR(CheckTensor(g.bias, {int64_t{H} * K}, "gk_low_rank.bias", true));
+          break;
+        }
         LAIR_RETURN_IF_ERROR(CheckTensor(a.gk, {n, H, K}, "gk", true));
         break;
       case DecayKind::kNone:
@@ -1296,6 +1334,14 @@ class CudaBackend : public Backend {
     p.v = Op(a.v);
     p.left = LeftGate(a);
     p.left_vector = a.kind == DecayKind::kVector || a.kind == DecayKind::kLeftRight;
+    if (const LowRankGate& g = a.gk_low_rank; g.defined()) {
+      p.left_low_rank.z = g.z.f32();
+      p.left_low_rank.w = g.weight.raw();
+      p.left_low_rank.w_type = Elem(g.weight.dtype());
+      p.left_low_rank.bias = g.bias.defined() ? g.bias.f32() : nullptr;
+      p.left_low_rank.rank = static_cast<int>(g.weight.dim(1));
+      p.left_low_rank.scale = g.scale;
+    }
     if (a.kind == DecayKind::kLeftRight) p.right = Gate(a.gv, a.heads * a.value_dim, a.value_dim);
     return p;
   }

@@ -44,6 +44,19 @@ struct LogGate {
   bool shift = false;
 };
 
+// The left log decay of the decode step formed from a low-rank input
+// (kernels/mixer.h LowRankGate): key a of head h at token t is
+//   scale · log σ(bias[h·dk + a] + Σ_r z[t, r] · w[h·dk + a, r]).
+struct LowRankLeft {
+  const float* z = nullptr;  // [N, rank]; null: not formed
+  const void* w = nullptr;   // [H·dk, rank] of w_type (16-bit)
+  ElemType w_type = ElemType::kBF16;
+  const float* bias = nullptr;  // [H·dk] or null
+  int rank = 0;                 // a multiple of 8, at most kMaxLowRank
+  float scale = 1.0f;
+};
+constexpr int kMaxLowRank = 64;
+
 // A pool of fp32 state tiles [., H, dk, dv] (viewed from the scan).
 struct StateRef {
   float* ptr = nullptr;            // null: zero initial state / final not wanted
@@ -65,11 +78,12 @@ struct ScanParams {
   bool reverse = false;                 // iterate from the last token to the first
   Operand q, k, v;
   float q_scale = 1.0f, k_scale = 1.0f;
-  LogGate left;              // on the dk side
-  bool left_vector = false;  // left.ptr is [N,H,dk] (else one value per token)
-  LogGate right;             // on the dv side, [N,H,dv] or null
-  LogGate key_weight;        // log w_t per token (mLSTM input gate) or null
-  bool stabilize = false;    // mLSTM max stabilizer m (needs m_init/m_final)
+  LogGate left;               // on the dk side
+  bool left_vector = false;   // left.ptr is [N,H,dk] (else one value per token)
+  LowRankLeft left_low_rank;  // the step's vector left decay in place of left (LaunchStep only)
+  LogGate right;              // on the dv side, [N,H,dv] or null
+  LogGate key_weight;         // log w_t per token (mLSTM input gate) or null
+  bool stabilize = false;     // mLSTM max stabilizer m (needs m_init/m_final)
   // log r_t per token or null: output row t is scaled by e^{r_t + m_t}, m_t the
   // stabilizer (0 without it). Scalar decays on the tensor-core path only (the
   // mLSTM exp backward's reverse scans: the input gate of the row's token).
@@ -117,6 +131,10 @@ cudaError_t LaunchStep(const ScanParams& p, cudaStream_t stream);
 // The widest key dim LaunchStep takes (its token operands sit in shared
 // memory; the state streams through in row groups, so any width works).
 constexpr int kMaxStepKeyDim = 1024;
+// Whether LaunchStep's launch for these sizes holds its rows in registers:
+// at most a wave, bound by latency rather than by the state's bytes (on a
+// device of `sms` multiprocessors).
+bool StepHoldsRows(int dv, int heads, int num_seqs, int sms);
 
 // --- Elementwise helpers ----------------------------------------------------
 // dst[i] = (T) src[i] between element types.

@@ -12,6 +12,12 @@
 // most of the bytes and no kernel just before the step writes it, so each
 // thread's first rows are in flight before the wait for the kernels that
 // write q, k, v and the gates (LaunchStep states the condition).
+//
+// A vector decay may come as a low-rank gate (ScanParams::left_low_rank,
+// GLA's gk_proj.1): every CTA forms its head's gates from the token's rank-R
+// input, its weight rows prefetched into L2 during the wait, which spares
+// the decode step the launch of that small product between the projections
+// and the step.
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/device_util.cuh"
@@ -119,6 +125,42 @@ struct StateRows {
   }
 };
 
+// L2 prefetches of head h's rows of the low-rank gate's weights (one block
+// of dk · rank 16-bit values), by 128-byte lines: the weights come from
+// before the step, so they load during the wait.
+template <int kThreads>
+__device__ __forceinline__ void PrefetchLowRankRows(const LowRankLeft& g, int h, int dk) {
+  const int bytes = dk * g.rank * 2;
+  const char* block = static_cast<const char*>(g.w) + static_cast<int64_t>(h) * bytes;
+  for (int at = threadIdx.x * 128; at < bytes; at += kThreads * 128) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(block + at));
+  }
+}
+
+// The low-rank gate's logit of weight row `row` at token `tok`: the sum
+// over r in order, then the bias. Four weights at a time (eight spilled the
+// register-budgeted instances).
+__device__ __forceinline__ float LowRankLogit(const LowRankLeft& g, int64_t tok, int64_t row) {
+  const float* z = g.z + tok * g.rank;
+  const char* w = static_cast<const char*>(g.w) + row * g.rank * 2;
+  float y = 0.0f;
+#pragma unroll 1
+  for (int r = 0; r < g.rank; r += 4) {
+    const uint2 packed = *reinterpret_cast<const uint2*>(w + r * 2);
+    const float4 zr = *reinterpret_cast<const float4*>(z + r);
+    float2 lo, hi;
+    if (g.w_type == ElemType::kF16) {
+      lo = __half22float2(*reinterpret_cast<const __half2*>(&packed.x));
+      hi = __half22float2(*reinterpret_cast<const __half2*>(&packed.y));
+    } else {
+      lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed.x));
+      hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed.y));
+    }
+    y += zr.x * lo.x + zr.y * lo.y + zr.z * hi.x + zr.w * hi.y;
+  }
+  return g.bias ? y + g.bias[row] : y;
+}
+
 template <typename Shape>
 __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
     StepKernel(const ScanParams p) {
@@ -147,6 +189,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
   StateRows<Shape> rows;
   rows.staged = staged;
   rows.Load(base, p.dv, rg, dk, zero_init);
+  if (p.left_low_rank.z) PrefetchLowRankRows<kThreads>(p.left_low_rank, h, dk);
   WaitForPrerequisites();
   // One token per sequence (LaunchStep's contract), so sequence seq's token
   // is token seq: no load of cu_seqlens stands between the wait and the
@@ -167,7 +210,15 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
   for (int a = tid; a < dk; a += kThreads) {
     q[a] = LoadElem(p.q.ptr, p.q.type, row * dk + a) * p.q_scale;
     k[a] = LoadElem(p.k.ptr, p.k.type, row * dk + a) * p.k_scale * wk;
-    dl[a] = p.left_vector ? expf(GateAt(p.left, tok, 1, 0, h, a)) : coef;
+    if (!p.left_low_rank.z) dl[a] = p.left_vector ? expf(GateAt(p.left, tok, 1, 0, h, a)) : coef;
+  }
+  if (p.left_low_rank.z) {
+    // The logits first, then the decays: one pass with both spilled the
+    // register-budgeted held instances.
+    for (int a = tid; a < dk; a += kThreads)
+      dl[a] = LowRankLogit(p.left_low_rank, tok, static_cast<int64_t>(h) * dk + a);
+    for (int a = tid; a < dk; a += kThreads)
+      dl[a] = expf(p.left_low_rank.scale * LogSigmoid(dl[a]));
   }
   if (tid < kCols) {
     const int64_t v_row = tok * (p.heads / p.v_head_share) + h / p.v_head_share;
@@ -257,13 +308,16 @@ cudaError_t LaunchStepShape(const ScanParams& p, dim3 grid, cudaStream_t stream)
 // else the staged one.
 template <typename Held, typename Staged>
 cudaError_t LaunchShape(const ScanParams& p, dim3 grid, int sms, cudaStream_t stream) {
-  const int64_t ctas = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-  if (ctas <= static_cast<int64_t>(sms) * StepTraits::kHeldMaxCtasPerSm)
-    return LaunchStepShape<Held>(p, grid, stream);
+  if (StepHoldsRows(p.dv, p.heads, p.num_seqs, sms)) return LaunchStepShape<Held>(p, grid, stream);
   return LaunchStepShape<Staged>(p, grid, stream);
 }
 
 }  // namespace
+
+bool StepHoldsRows(int dv, int heads, int num_seqs, int sms) {
+  const int64_t ctas = static_cast<int64_t>(dv / StepTraits::NarrowHeld::kCols) * heads * num_seqs;
+  return ctas <= static_cast<int64_t>(sms) * StepTraits::kHeldMaxCtasPerSm;
+}
 
 cudaError_t LaunchStep(const ScanParams& p, cudaStream_t stream) {
   if (p.dk <= 0 || p.dk > kMaxStepKeyDim || p.dv % StepTraits::NarrowHeld::kCols != 0 ||
@@ -271,6 +325,13 @@ cudaError_t LaunchStep(const ScanParams& p, cudaStream_t stream) {
       (p.s_init.ptr != nullptr && p.s_init.ptr != p.s_final.ptr) || p.s_final.stride_b != 1 ||
       p.s_final.stride_a != p.dv || (p.left_vector && p.stabilize) || p.row_weight.ptr ||
       p.norm_dot) {
+    return cudaErrorInvalidValue;
+  }
+  const LowRankLeft& low_rank = p.left_low_rank;
+  if (low_rank.z && (!p.left_vector || low_rank.rank <= 0 || low_rank.rank % 8 != 0 ||
+                     low_rank.rank > kMaxLowRank || low_rank.w_type == ElemType::kF32 ||
+                     reinterpret_cast<uintptr_t>(low_rank.w) % 16 != 0 ||
+                     reinterpret_cast<uintptr_t>(low_rank.z) % 16 != 0)) {
     return cudaErrorInvalidValue;
   }
   if (p.num_seqs == 0) return cudaSuccess;

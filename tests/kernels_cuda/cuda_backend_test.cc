@@ -439,6 +439,74 @@ TEST_F(CudaVsCpu, DecayStepOverManySequences) {
   }
 }
 
+// GLA's gate from its low-rank input, gk = scale · log σ(z · wᵀ + bias),
+// formed by the decode step itself (FormsLowRankGate): against the CPU's
+// step on gk formed on the host from the same 16-bit weights, for launches
+// of 8-column CTAs (one sequence) and of held rows (64 sequences, on GPUs
+// of 64 SMs or more), ranks 16 and 32, with and without a bias. Launches
+// that stage their rows (600 sequences), batches with a longer sequence and
+// the chunked form are refused.
+TEST_F(CudaVsCpu, DecayStepFormsLowRankGate) {
+  const int H = 2, V = 64;
+  for (int sequences : {1, 64, 600}) {
+    MakeBatch(std::vector<int>(sequences, 1));
+    const int64_t n = sequences;
+    for (int K : {64, 256}) {
+      for (int rank : {16, 32}) {
+        for (bool bias : {false, true}) {
+          const std::string what = std::to_string(sequences) +
+                                   " sequences, K=" + std::to_string(K) + " rank " +
+                                   std::to_string(rank) + (bias ? " bias" : "");
+          DecayPair pair = MakeDecayPair(DecayKind::kVector, DType::kBF16, H, K, V, 0.125f);
+          DecayForwardArgs &c = pair.cpu, &d = pair.gpu;
+          const Tensor z = Rand({n, rank}, -1, 1), w = Rand({int64_t{H} * K, rank}, -1, 1);
+          const Tensor b = Rand({int64_t{H} * K}, -1, 1);
+          const Tensor w_rounded = Cpu(w, DType::kBF16);
+          const float scale = 1.0f / 16.0f;
+          for (int64_t t = 0; t < n; ++t) {
+            for (int64_t row = 0; row < int64_t{H} * K; ++row) {
+              double y = bias ? b.f32()[row] : 0.0;
+              for (int r = 0; r < rank; ++r)
+                y += double{z.f32()[t * rank + r]} * w_rounded.f32()[row * rank + r];
+              const double log_sigmoid = std::min(y, 0.0) - std::log1p(std::exp(-std::abs(y)));
+              c.gk.f32()[t * H * K + row] = static_cast<float>(scale * log_sigmoid);
+            }
+          }
+          d.gk = Tensor();
+          d.gk_low_rank = {Gpu(z, DType::kF32), Gpu(w, DType::kBF16),
+                           bias ? Gpu(b, DType::kF32) : Tensor(), scale};
+          EXPECT_FALSE(gpu_->FormsLowRankGate(batch_, d, MixerForm::kChunked)) << what;
+          const bool forms = gpu_->FormsLowRankGate(batch_, d, MixerForm::kAuto);
+          if (sequences == 1) {
+            ASSERT_TRUE(forms) << what;
+          }
+          if (sequences == 600) {
+            EXPECT_FALSE(forms) << what;
+          }
+          if (!forms) {
+            EXPECT_EQ(gpu_->DecayForward(batch_, d, MixerForm::kAuto).code(),
+                      absl::StatusCode::kInvalidArgument)
+                << what;
+            continue;
+          }
+          ASSERT_TRUE(cpu_->DecayForward(batch_, c, MixerForm::kRecurrent).ok());
+          const absl::Status st = gpu_->DecayForward(batch_, d, MixerForm::kAuto);
+          ASSERT_TRUE(st.ok()) << what << ": " << st;
+          Expect(d.o, c.o, kBf16Tol, what + " o");
+          Expect(d.state, c.state, kF32Tol, what + " final state");
+        }
+      }
+    }
+  }
+  MakeBatch({1, 2});
+  DecayPair pair = MakeDecayPair(DecayKind::kVector, DType::kBF16, H, 64, V, 0.125f);
+  pair.gpu.gk_low_rank = {Gpu(Rand({3, 16}, -1, 1), DType::kF32),
+                          Gpu(Rand({H * 64, 16}, -1, 1), DType::kBF16), Tensor(), 1.0f};
+  EXPECT_FALSE(gpu_->FormsLowRankGate(batch_, pair.gpu, MixerForm::kAuto));
+  EXPECT_EQ(gpu_->DecayForward(batch_, pair.gpu, MixerForm::kAuto).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // Keys wider than one scan tile (GSA 1.3B's 512) run in row blocks whose
 // partial outputs add: every decay kind, chunked and the one-token step (of
 // three sequences, and of 300: a launch of several waves), f32 and bf16,
