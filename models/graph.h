@@ -56,8 +56,8 @@ struct LinearWeight {
 // What linear layers multiply, formed from x: x itself, Norm(x) or
 // silu(gate)·x (Graph::Form). A block's products take their input this way,
 // so the mixer sees the residual stream x beside its norm. (Forming the input
-// inside the decode GEMV, staged in shared memory or per element, measured
-// slower on an H100 than this separate pass: docs/benchmarks.md.)
+// inside the decode GEMV, staged in shared memory, per element or as a row
+// norm's scale, measured slower than this separate pass: docs/benchmarks.md.)
 struct LinearInput {
   enum class Kind { kX, kNorm, kSiluMul };
   Var x;  // [N, K]
