@@ -87,7 +87,7 @@ struct NormArgs {
   Tensor x;       // [R,C] F32; forward on the CUDA backend also BF16/F16 (a rounded output)
   Tensor weight;  // [C], or [group_size] shared by a row's groups (a per-head norm), F32;
                   // or undefined (no affine weight)
-  Tensor gate;    // [R,C] F32 when gate_mode != kNone
+  Tensor gate;    // [R,C] F32 when gate_mode != kNone; kAfter's forward on CUDA also BF16
   Tensor y;       // written [R,C] F32
 };
 

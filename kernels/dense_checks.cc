@@ -130,7 +130,11 @@ absl::StatusOr<int64_t> CheckNormInputs(std::string_view op, const NormArgs& arg
     }
   }
   if (NormHasGate(args.gate_mode)) {
-    LAIR_RETURN_IF_ERROR(CheckTensor(op, "gate", args.gate, device, DType::kF32, 2));
+    const bool sixteen_bit_gate = forward && device == Device::kCuda &&
+                                  args.gate_mode == NormGate::kAfter &&
+                                  args.gate.dtype() == DType::kBF16;
+    LAIR_RETURN_IF_ERROR(CheckTensor(op, "gate", args.gate, device,
+                                     sixteen_bit_gate ? args.gate.dtype() : DType::kF32, 2));
     LAIR_RETURN_IF_ERROR(CheckShape(op, "gate", args.gate, args.x.shape()));
   }
   return group;

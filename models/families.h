@@ -118,8 +118,11 @@ struct HeadOutputGate {
                    config.base.norm_eps);
   }
   // The projections of the layer input Forward needs: g_proj, when gated.
+  // Only the norm's gate reads it, so it may come in 16 bits (half the
+  // bytes for the product to write and the norm to read).
   std::vector<LinearWeight> Projections() const {
-    return gate >= 0 ? std::vector<LinearWeight>{{gate}} : std::vector<LinearWeight>{};
+    if (gate < 0) return {};
+    return {{gate, -1, {}, /*sixteen_bit_ok=*/true}};
   }
   // The input of o_proj: o [N, H, head_v_dim] as [N, H·head_v_dim] under the
   // per-head norm, gated by gate_proj = g_proj(x) [N, H·head_v_dim] when

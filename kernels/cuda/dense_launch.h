@@ -245,7 +245,8 @@ struct NormParams {
   DType x_type = DType::kF32;     // kF32, or forward kBF16 / kF16 (a product's 16-bit output)
   const float* weight = nullptr;  // [cols], [group] when shared_weight, or null
   bool shared_weight = false;     // one weight for every group of a row (a per-head norm)
-  const float* gate = nullptr;    // [rows, cols] when gated
+  const void* gate = nullptr;     // [rows, cols] of gate_type when gated
+  DType gate_type = DType::kF32;  // kF32, or kAfter's forward kBF16 (a product's output)
   void* y = nullptr;              // [rows, cols] of y_type
   DType y_type = DType::kF32;     // kF32, or kBF16 / kF16 (a product's rounded operand)
 };

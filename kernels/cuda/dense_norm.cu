@@ -77,18 +77,36 @@ __device__ __forceinline__ void LoadSixteenBit(const void* base, int64_t at, flo
   }
 }
 
+// kVec elements at offset `at` of `base`, of `type` (F32, BF16 or F16), as floats.
+template <int kVec>
+__device__ __forceinline__ void LoadAsFloat(const void* base, DType type, int64_t at,
+                                            float (&v)[kVec]) {
+  switch (type) {
+    case DType::kBF16:
+      LoadSixteenBit<kVec, __nv_bfloat16>(base, at, v);
+      break;
+    case DType::kF16:
+      LoadSixteenBit<kVec, __half>(base, at, v);
+      break;
+    default:
+      LoadVec<kVec>(static_cast<const float*>(base) + at, v);
+  }
+}
+
 // x, kVec elements at offset `at`, as floats.
 template <int kVec>
 __device__ __forceinline__ void LoadX(const NormParams& p, int64_t at, float (&x)[kVec]) {
-  switch (p.x_type) {
-    case DType::kBF16:
-      LoadSixteenBit<kVec, __nv_bfloat16>(p.x, at, x);
-      break;
-    case DType::kF16:
-      LoadSixteenBit<kVec, __half>(p.x, at, x);
-      break;
-    default:
-      LoadVec<kVec>(static_cast<const float*>(p.x) + at, x);
+  LoadAsFloat<kVec>(p.x, p.x_type, at, x);
+}
+// The gate after the norm (kAfter), F32 or BF16, likewise. A 16-bit gate is
+// a product's output, which the fast path writes in bf16 alone: F16 as a
+// third case spilled the held kernels' reciprocal.
+template <int kVec>
+__device__ __forceinline__ void LoadGate(const NormParams& p, int64_t at, float (&g)[kVec]) {
+  if (p.gate_type == DType::kBF16) {
+    LoadSixteenBit<kVec, __nv_bfloat16>(p.gate, at, g);
+  } else {
+    LoadVec<kVec>(static_cast<const float*>(p.gate) + at, g);
   }
 }
 
@@ -96,6 +114,11 @@ __device__ __forceinline__ float XAt(const NormParams& p, int64_t at) {
   float x[1];
   LoadX<1>(p, at, x);
   return x[0];
+}
+// The gate where only fp32 comes: before the norm (kBefore) and in the
+// backward (CheckNormInputs).
+__device__ __forceinline__ const float* FloatGate(const NormParams& p) {
+  return static_cast<const float*>(p.gate);
 }
 
 // u = x·silu(gate) (kBefore), silu(x) (kSiluInput) or x, kVec elements at offset `at`.
@@ -107,7 +130,7 @@ __device__ __forceinline__ void LoadU(const NormParams& p, int64_t at, float (&u
     for (int e = 0; e < kVec; ++e) u[e] *= Sigmoid(u[e]);
   } else if (p.gate_mode == NormGate::kBefore) {
     float g[kVec];
-    LoadVec<kVec>(p.gate + at, g);
+    LoadVec<kVec>(FloatGate(p) + at, g);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) u[e] *= Silu(g[e]);
   }
@@ -169,7 +192,7 @@ __device__ __forceinline__ void StoreNormed(const NormParams& p, int64_t base, i
   for (int e = 0; e < kVec; ++e) y[e] = (u[e] - stats.x) * stats.y * w[e];
   if (p.gate_mode == NormGate::kAfter) {
     float g[kVec];
-    LoadVec<kVec>(p.gate + base + i, g);
+    LoadGate<kVec>(p, base + i, g);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) y[e] *= Silu(g[e]);
   }
@@ -259,7 +282,7 @@ __device__ __forceinline__ void BackwardTerms(const NormBackwardParams& b, int64
   for (int e = 0; e < kVec; ++e) xhat[e] = (xhat[e] - stats.x) * stats.y;
   if (p.gate_mode == NormGate::kAfter) {
     float g[kVec], dg[kVec];
-    LoadVec<kVec>(p.gate + at, g);
+    LoadVec<kVec>(FloatGate(p) + at, g);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
       dg[e] = dy[e] * xhat[e] * w[e] * SiluGrad(g[e]);
@@ -305,7 +328,7 @@ __global__ void __launch_bounds__(kTeam == 32 ? kWarpTeamBlock : kBlockTeam)
     if (p.gate_mode == NormGate::kBefore) {
       float x[kVec], g[kVec], dg[kVec];
       LoadX<kVec>(p, base + i, x);
-      LoadVec<kVec>(p.gate + base + i, g);
+      LoadVec<kVec>(FloatGate(p) + base + i, g);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         dg[e] = du[e] * x[e] * SiluGrad(g[e]);
@@ -344,9 +367,9 @@ __global__ void __launch_bounds__(kColumnThreads) NormWeightGradKernel(const Nor
     for (int64_t col = c; col < p.cols; col += columns) {
       const int64_t at = r * p.cols + col;
       float u = XAt(p, at), dz = b.d_y[at];
-      if (p.gate_mode == NormGate::kBefore) u *= Silu(p.gate[at]);
+      if (p.gate_mode == NormGate::kBefore) u *= Silu(FloatGate(p)[at]);
       if (p.gate_mode == NormGate::kSiluInput) u = Silu(u);
-      if (p.gate_mode == NormGate::kAfter) dz *= Silu(p.gate[at]);
+      if (p.gate_mode == NormGate::kAfter) dz *= Silu(FloatGate(p)[at]);
       const float2 st = b.stats[r * per_row + col / p.group];
       sum += static_cast<double>(dz) * ((u - st.x) * st.y);
     }

@@ -66,7 +66,10 @@ dense::NormParams NormLaunch(const NormArgs& args, int64_t group) {
   p.x_type = args.x.dtype();
   p.weight = args.weight.defined() ? args.weight.f32() : nullptr;
   p.shared_weight = args.weight.defined() && args.weight.dim(0) != p.cols;
-  p.gate = NormHasGate(args.gate_mode) ? args.gate.f32() : nullptr;
+  if (NormHasGate(args.gate_mode)) {
+    p.gate = args.gate.raw();
+    p.gate_type = args.gate.dtype();
+  }
   return p;
 }
 

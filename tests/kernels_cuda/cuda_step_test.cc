@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -331,11 +332,12 @@ TEST_F(CudaStepTest, FastProductsAreExactOnRoundedActivations) {
   }
 }
 
-// A norm (and a linear group's input norm) reads x in 16 bits on the CUDA
-// backend's forward (a scan's rounded output), exactly as it reads the same
-// values in fp32: per-head norms with a gate after them (GLA's and RetNet's
-// output stage) and a row norm of silu(x) (GSA's), through the GEMV (1 and 2
-// rows), the tensor-core kernels (24) and cuBLASLt (65).
+// A norm (and a linear group's input norm) reads x in 16 bits, and its gate
+// after it in bf16, on the CUDA backend's forward (a scan's rounded output,
+// a gate product's), exactly as it reads the same values in fp32: per-head
+// norms with a gate after them (GLA's and RetNet's output stage) and a row
+// norm of silu(x) (GSA's), through the GEMV (1 and 2 rows), the tensor-core
+// kernels (24) and cuBLASLt (65).
 TEST_F(CudaStepTest, NormsReadSixteenBitInputs) {
   const int64_t k = 512, n = 200;
   struct NormCase {
@@ -350,31 +352,32 @@ TEST_F(CudaStepTest, NormsReadSixteenBitInputs) {
                                               static_cast<int>(nc.gate), " group ", nc.group_size);
         const Tensor x16 = Up(Rand({m, k}), type);
         const Tensor x32 = Up(Down(x16).ToF32());
+        const Tensor gate16 = Up(Rand({m, k}), DType::kBF16);  // a product's output
+        const Tensor gate32 = Up(Down(gate16).ToF32());
         NormArgs norm;
         norm.gate_mode = nc.gate;
         norm.eps = 1e-5f;
         norm.group_size = nc.group_size;
         norm.weight = Up(Rand({nc.group_size == 0 ? k : nc.group_size}));
-        if (NormHasGate(nc.gate)) norm.gate = Up(Rand({m, k}));
-        std::vector<Tensor> outs;
-        for (const Tensor& x : {x16, x32}) {
+        const Tensor w = Up(Rand({n, k}), DType::kBF16);
+        // The inputs in 16 bits, then the same values in fp32.
+        const std::pair<Tensor, Tensor> inputs[] = {{x16, gate16}, {x32, gate32}};
+        std::vector<Tensor> outs, products;
+        for (const auto& [x, gate] : inputs) {
           NormArgs direct = norm;
           direct.x = x;
+          if (NormHasGate(nc.gate)) direct.gate = gate;
           direct.y = Up(Tensor::Zeros(DType::kF32, {m, k}));
           ASSERT_TRUE(gpu_->Norm(direct).ok()) << what;
           outs.push_back(Down(direct.y));
-        }
-        EXPECT_EQ(RelativeError(outs[0], outs[1]), 0.0) << what << " norm";
-        const Tensor w = Up(Rand({n, k}), DType::kBF16);
-        std::vector<Tensor> products;
-        for (const Tensor& x : {x16, x32}) {
           const Tensor out = Up(Tensor::Zeros(DType::kF32, {m, n}));
           LinearGroupArgs args{x, {&w, 1}, {}, {&out, 1}};
-          args.input_norm = norm;
+          args.input_norm = direct;
           const absl::Status st = gpu_->LinearGroup(args);
           ASSERT_TRUE(st.ok()) << what << ": " << st;
           products.push_back(Down(out));
         }
+        EXPECT_EQ(RelativeError(outs[0], outs[1]), 0.0) << what << " norm";
         EXPECT_EQ(RelativeError(products[0], products[1]), 0.0) << what << " product";
       }
     }
