@@ -399,17 +399,11 @@ class CudaBackend : public Backend {
   bool FormsLowRankGate(const SequenceBatch& batch, const DecayForwardArgs& a,
                         MixerForm form) const override {
     const LowRankGate& g = a.gk_low_rank;
-    if (form == MixerForm::kChunked || a.kind != DecayKind::kVector || !g.defined() ||
-        a.value_dim % 32 != 0 || a.key_dim > cuda::kMaxStepKeyDim ||
-        !cuda::StepHoldsRows(a.value_dim, a.heads, batch.num_seqs, sm_count_) ||
-        !IsSixteenBitFloat(g.weight.dtype()) || g.weight.rank() != 2 || g.weight.dim(1) % 8 != 0 ||
-        g.weight.dim(1) > cuda::kMaxLowRank || batch.cu_seqlens.size() < 2) {
-      return false;
-    }
-    for (size_t i = 1; i < batch.cu_seqlens.size(); ++i) {
-      if (batch.cu_seqlens[i] - batch.cu_seqlens[i - 1] != 1) return false;
-    }
-    return true;
+    return g.defined() && a.kind == DecayKind::kVector && batch.num_seqs > 0 &&
+           TakesStep(batch, a.value_dim, form) && a.key_dim <= cuda::kMaxStepKeyDim &&
+           cuda::StepHoldsRows(a.value_dim, a.heads, batch.num_seqs, sm_count_) &&
+           IsSixteenBitFloat(g.weight.dtype()) && g.weight.rank() == 2 &&
+           g.weight.dim(1) % 8 == 0 && g.weight.dim(1) <= cuda::kMaxLowRank;
   }
 
   absl::Status DecayForward(const SequenceBatch& batch, const DecayForwardArgs& a,
@@ -1398,10 +1392,19 @@ class CudaBackend : public Backend {
   // Temporaries are freed in stream order when their last handle goes, and
   // the next allocation may reuse them at once: every one lives in `keep`
   // until the launches that read it are queued.
+  // Whether Run takes the one-token step (LaunchStep) for `batch`: one token
+  // per sequence, any form but the chunked one, dv a multiple of 32.
+  static bool TakesStep(const SequenceBatch& batch, int dv, MixerForm form) {
+    if (form == MixerForm::kChunked || dv % 32 != 0) return false;
+    for (size_t i = 1; i < batch.cu_seqlens.size(); ++i) {
+      if (batch.cu_seqlens[i] - batch.cu_seqlens[i - 1] != 1) return false;
+    }
+    return true;
+  }
+
   absl::Status Run(ScanParams p, const DeviceBatch& db, const SequenceBatch& batch, MixerForm form,
                    std::string_view what) {
-    const bool one_token = db.tokens == batch.num_seqs && db.max_len <= 1;
-    const bool step = form != MixerForm::kChunked && one_token && p.dv % 32 == 0;
+    const bool step = TakesStep(batch, p.dv, form);
     std::vector<Tensor> keep;
     if (!step && tensor_core_scans_) LAIR_RETURN_IF_ERROR(RoundForTensorCores(p, db.tokens, keep));
     if (!step && Segmented(p, db)) return RunSegmented(p, db, batch, keep, what);

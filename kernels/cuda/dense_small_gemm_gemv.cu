@@ -75,11 +75,11 @@ template <typename T, int kRows, int kSplits>
 __device__ __forceinline__ void StoreSiluPairs(const SmallGroup<T>& g,
                                                const float (&sums)[kGemvWarps][kRows]) {
   constexpr int kHalf = GemvRows<kSplits, true>::kOutputsPerCta;
+  static_assert(kHalf * kRows <= kGemvWarps * 32, "a thread per output");
   const int64_t n = g.first_row[1];
-  for (int t = threadIdx.x; t < kHalf * kRows; t += kGemvWarps * 32) {
-    const int i = t / kRows, r = t % kRows;
-    const int64_t j = blockIdx.x * static_cast<int64_t>(kHalf) + i;
-    if (j >= n) continue;
+  const int i = threadIdx.x / kRows, r = threadIdx.x % kRows;
+  const int64_t j = blockIdx.x * static_cast<int64_t>(kHalf) + i;
+  if (i < kHalf && j < n) {
     float gate = 0.0f, up = 0.0f;
 #pragma unroll
     for (int p = 0; p < kSplits; ++p) {
@@ -144,23 +144,18 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const SmallGroup<T
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) sum[r] = WarpSum(sum[r]);
-  if constexpr (kPair) {
-    __shared__ float sums[kGemvWarps][kRows];
-    if (lane == 0) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) sums[warp][r] = sum[r];
-    }
-    __syncthreads();
-    StoreSiluPairs<T, kRows, kSplits>(g, sums);
-    return;
-  }
-  if constexpr (kSplits > 1) {
+  // Paired or split rows meet in shared memory.
+  if constexpr (kPair || kSplits > 1) {
     __shared__ float partial[kGemvWarps][kRows];
     if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) partial[warp][r] = sum[r];
     }
     __syncthreads();
+    if constexpr (kPair) {
+      StoreSiluPairs<T, kRows, kSplits>(g, partial);
+      return;
+    }
     if (warp % kSplits != 0) return;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
