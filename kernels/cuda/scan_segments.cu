@@ -15,7 +15,7 @@ constexpr int kSumFeatures = 32;  // features per block of the decay sums (one p
 constexpr int kSumRows = 8;       // token lanes per feature
 constexpr int kSumTokens = kSegmentChunk / kSumRows;  // tokens a lane sums
 constexpr int kCarryThreads = 256;
-constexpr int kCarryBatch = 8;  // segments whose loads a carry thread issues at once
+constexpr int kCarryBatch = 8;  // segments (the carry) or chunks (the sums) loaded at once
 
 // One thread lays the segments out: each sequence's tokens cut into spans
 // of `span` (its last one shorter). Few sequences take this schedule.
@@ -49,7 +49,8 @@ __device__ __forceinline__ float GateLog(const LogGate& g, int64_t token, int h,
   return g.fn == GateFn::kLogSigmoid ? LogSigmoid(x) : x;
 }
 
-// The decay sums of chunk c of segment g, head h: [features].
+// The decay sums of chunk c of segment g, head h: [features]; after
+// SegmentDecaySumsKernel, those of the segment's chunks before c.
 __device__ __forceinline__ float* ChunkSums(const SegmentParams& p, int g, int c, int h) {
   const int chunks = p.span / kSegmentChunk;
   return p.decay_sums +
@@ -64,8 +65,9 @@ __device__ __forceinline__ float* SegmentSums(const SegmentParams& p, int g, int
 }
 
 // decay_sums[g, c, h, f] = Σ_{t ∈ chunk c of g} of feature f's log decay
-// (DecayFeatures; 0 for a chunk past the segment's end); grid (features / 32,
-// H, segments · chunks per segment).
+// (DecayFeatures; 0 for a chunk past the segment's end), until
+// SegmentDecaySumsKernel turns them into the sums before each chunk; grid
+// (features / 32, H, segments · chunks per segment).
 __global__ void ChunkDecaySumsKernel(const SegmentParams p) {
   __shared__ float part[kSumRows][kSumFeatures + 1];
   const DecayFeatures features(p);
@@ -99,15 +101,27 @@ __global__ void ChunkDecaySumsKernel(const SegmentParams p) {
 }
 
 // SegmentSums = Σ of the segment's ChunkSums, a thread per (segment, head,
-// feature).
+// feature), summed in chunk order; each ChunkSums entry becomes the sum of
+// the chunks before it (what the entry term starts a chunk's decays from).
 __global__ void SegmentDecaySumsKernel(const SegmentParams p) {
   const int width = DecayFeatures(p).width();
   const int64_t i = blockIdx.x * static_cast<int64_t>(kCarryThreads) + threadIdx.x;
   if (i >= static_cast<int64_t>(p.segments) * p.heads * width) return;
   const int f = i % width, h = (i / width) % p.heads,
             g = i / (static_cast<int64_t>(width) * p.heads);
+  const int chunks = p.span / kSegmentChunk;
   float sum = 0.0f;
-  for (int c = 0; c < p.span / kSegmentChunk; ++c) sum += ChunkSums(p, g, c, h)[f];
+  for (int c0 = 0; c0 < chunks; c0 += kCarryBatch) {
+    float own[kCarryBatch];  // every load of a batch issued before its stores
+#pragma unroll
+    for (int j = 0; j < kCarryBatch; ++j) own[j] = ChunkSums(p, g, min(c0 + j, chunks - 1), h)[f];
+#pragma unroll
+    for (int j = 0; j < kCarryBatch; ++j) {
+      if (c0 + j >= chunks) break;
+      ChunkSums(p, g, c0 + j, h)[f] = sum;
+      sum += own[j];
+    }
+  }
   SegmentSums(p, g, h)[f] = sum;
 }
 
@@ -161,15 +175,24 @@ __global__ void CarryKernel(const SegmentParams p) {
 // with zeros), then walks the dv tiles of 64 columns, each a product over
 // pieces of S_g of up to 256 keys (a whole tile at GLA's and GSA's widths),
 // copied in by cp.async one piece ahead. Warp w holds rows 16(w mod 4).. and
-// columns 32⌊w / 4⌋.. of a tile; the epilogue scales by R, adds the key
-// blocks' local outputs (loaded before the piece's wait, so that their
-// latency overlaps it) and stores o.
+// columns 32⌊w / 4⌋.. of a tile. The epilogue stages the tile in fp32 in the
+// piece's buffer, now read, and then every thread takes 4 consecutive
+// columns of a row at a time: it scales by R, adds the key blocks' local
+// outputs (loaded before the piece's wait, so that their latency overlaps
+// it) and stores o, each warp reading and writing whole rows.
 constexpr int kEntryWarps = 8;
 constexpr int kEntryThreads = 32 * kEntryWarps;
 constexpr int kEntryCols = 64;   // dv columns per tile
 constexpr int kEntryKeys = 256;  // most rows of S per piece
-constexpr int kRowBatch = 16;    // rows of gates and q a thread loads at once
+// A vector decay's Q̃: a thread takes 8 keys of kGroupRows rows, and the
+// kRowGroups threads of the chunk's rows of those keys are consecutive lanes
+// (a whole warp). Four rows a thread spilled at 128 registers.
+constexpr int kGroupRows = 2;
+constexpr int kRowGroups = kSegmentChunk / kGroupRows;
+constexpr int kOutVec = 4;  // consecutive outputs a thread stores at a time
+constexpr int kOutSteps = kSegmentChunk * kEntryCols / (kEntryThreads * kOutVec);
 constexpr int kEarlyCopies = 2;  // local-output parts loaded ahead of the product
+static_assert(kRowGroups <= 32 && 32 % kRowGroups == 0, "a key octet's row groups share a warp");
 // Two CTAs per multiprocessor where 128 registers a thread hold the kernel
 // without spilling (sm_90; sm_80's code needs more).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -182,21 +205,27 @@ constexpr int kEntryMinBlocks = 2;
 constexpr int kEntryPad = 8;
 constexpr int kLdPiece = kEntryCols + kEntryPad;
 constexpr int kLdRight = kEntryCols + 1;
+// The fp32 staging of a tile: a row stride ≡ 8 words (mod 32) puts the four
+// rows of a half warp's accumulator pairs in distinct banks.
+constexpr int kLdStage = kEntryCols + 8;
 
 // Byte offsets of the entry kernel's dynamic shared memory (16-byte
-// aligned): Q̃, bf16 [C][ldq], at 0; the S pieces, bf16
-// [2][piece_keys][kLdPiece]; q_scale · L_t per row, fp32 [C]; and for a right
-// decay R_t of a tile, fp32 [C][kLdRight].
+// aligned): Q̃, bf16 [C][ldq], at 0; two piece buffers, each an S piece,
+// bf16 [piece_keys][kLdPiece], or a staged tile, fp32 [C][kLdStage];
+// q_scale · L_t per row, fp32 [C]; and for a right decay R_t of a tile, fp32
+// [C][kLdRight].
 struct EntryLayout {
   int keys = 0, ldq = 0, piece_keys = 0;  // keys padded to 16; Q̃'s row stride; a piece's rows
-  int pieces = 0, row_factors = 0, right_factors = 0, bytes = 0;
+  int pieces = 0, piece_bytes = 0, row_factors = 0, right_factors = 0, bytes = 0;
   __host__ __device__ EntryLayout(int dk, bool right) {
     constexpr int C = kSegmentChunk;
     keys = (dk + 15) / 16 * 16;
     ldq = keys + kEntryPad;
     piece_keys = keys < kEntryKeys ? keys : kEntryKeys;
     pieces = C * ldq * 2;
-    row_factors = pieces + 2 * piece_keys * kLdPiece * 2;
+    piece_bytes = piece_keys * kLdPiece * 2;
+    if (piece_bytes < C * kLdStage * 4) piece_bytes = C * kLdStage * 4;
+    row_factors = pieces + 2 * piece_bytes;
     right_factors = row_factors + C * 4;
     bytes = right_factors + (right ? C * kLdRight * 4 : 0);
   }
@@ -207,22 +236,68 @@ __device__ __forceinline__ uint4 Scale8(uint4 x, float f) {
   return make_uint4(Scale2(x.x, f, f), Scale2(x.y, f, f), Scale2(x.z, f, f), Scale2(x.w, f, f));
 }
 
-// A pair of o^loc's parts as raw bits (an fp32 pair, or a 16-bit pair in
-// .x), so that the load's wait comes where PartPair reads it.
-__device__ __forceinline__ uint2 PartBits(const SegmentParams& p, int64_t off) {
-  if (p.local_type == ElemType::kF32)
-    return *reinterpret_cast<const uint2*>(static_cast<const float*>(p.local_out) + off);
-  return make_uint2(
-      *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p.local_out) + off), 0u);
+// The eight 16-bit values of x (bf16, else f16) in fp32.
+__device__ __forceinline__ void Widen8Bits(uint4 x, bool is_bf16, float (&out)[8]) {
+  const uint32_t words[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const auto lo = static_cast<unsigned short>(words[i] & 0xffffu);
+    const auto hi = static_cast<unsigned short>(words[i] >> 16);
+    out[2 * i] =
+        is_bf16 ? __bfloat162float(__ushort_as_bfloat16(lo)) : __half2float(__ushort_as_half(lo));
+    out[2 * i + 1] =
+        is_bf16 ? __bfloat162float(__ushort_as_bfloat16(hi)) : __half2float(__ushort_as_half(hi));
+  }
 }
-__device__ __forceinline__ float2 PartPair(ElemType type, uint2 bits) {
-  if (type == ElemType::kF32) return make_float2(__uint_as_float(bits.x), __uint_as_float(bits.y));
-  const auto lo = static_cast<unsigned short>(bits.x & 0xffffu);
-  const auto hi = static_cast<unsigned short>(bits.x >> 16);
-  if (type == ElemType::kBF16)
-    return make_float2(__bfloat162float(__ushort_as_bfloat16(lo)),
-                       __bfloat162float(__ushort_as_bfloat16(hi)));
-  return make_float2(__half2float(__ushort_as_half(lo)), __half2float(__ushort_as_half(hi)));
+
+// Features a..a + 7 of a gate at packed token `token` (GateLog's, eight at
+// once): two 16-byte loads where the gate's rows allow them.
+__device__ __forceinline__ void GateLogs8(const LogGate& g, bool vector_loads, int64_t token, int h,
+                                          int a, float (&out)[8]) {
+  const float* x = g.ptr + token * g.token_stride + static_cast<int64_t>(h) * g.head_stride + a;
+  if (vector_loads) {
+    const float4 lo = *reinterpret_cast<const float4*>(x);
+    const float4 hi = *reinterpret_cast<const float4*>(x + 4);
+    out[0] = lo.x, out[1] = lo.y, out[2] = lo.z, out[3] = lo.w;
+    out[4] = hi.x, out[5] = hi.y, out[6] = hi.z, out[7] = hi.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = x[k];
+  }
+  if (g.fn == GateFn::kLogSigmoid) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = LogSigmoid(out[k]);
+  }
+}
+
+// kOutVec parts of o^loc as raw bits (fp32: a uint4; 16-bit: .x and .y), so
+// that the load's wait comes where PartsAdd reads them.
+__device__ __forceinline__ uint4 PartBits(const SegmentParams& p, int64_t off) {
+  if (p.local_type == ElemType::kF32)
+    return *reinterpret_cast<const uint4*>(static_cast<const float*>(p.local_out) + off);
+  const uint2 bits =
+      *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.local_out) + off);
+  return make_uint4(bits.x, bits.y, 0u, 0u);
+}
+__device__ __forceinline__ void PartsAdd(ElemType type, uint4 bits, float (&x)[kOutVec]) {
+  if (type == ElemType::kF32) {
+    x[0] += __uint_as_float(bits.x), x[1] += __uint_as_float(bits.y);
+    x[2] += __uint_as_float(bits.z), x[3] += __uint_as_float(bits.w);
+    return;
+  }
+  const uint32_t words[2] = {bits.x, bits.y};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const auto lo = static_cast<unsigned short>(words[i] & 0xffffu);
+    const auto hi = static_cast<unsigned short>(words[i] >> 16);
+    if (type == ElemType::kBF16) {
+      x[2 * i] += __bfloat162float(__ushort_as_bfloat16(lo));
+      x[2 * i + 1] += __bfloat162float(__ushort_as_bfloat16(hi));
+    } else {
+      x[2 * i] += __half2float(__ushort_as_half(lo));
+      x[2 * i + 1] += __half2float(__ushort_as_half(hi));
+    }
+  }
 }
 
 __global__ void __launch_bounds__(kEntryThreads, kEntryMinBlocks)
@@ -232,7 +307,6 @@ __global__ void __launch_bounds__(kEntryThreads, kEntryMinBlocks)
   const bool right = p.right.ptr != nullptr;
   const EntryLayout lay(p.dk, right);
   bf16* qt = reinterpret_cast<bf16*>(smem);
-  bf16* pieces = reinterpret_cast<bf16*>(smem + lay.pieces);
   float* row_factor = reinterpret_cast<float*>(smem + lay.row_factors);
   float* right_factor = reinterpret_cast<float*>(smem + lay.right_factors);
 
@@ -245,12 +319,9 @@ __global__ void __launch_bounds__(kEntryThreads, kEntryMinBlocks)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int dk = p.dk, dv = p.dv, ldq = lay.ldq;
   const DecayFeatures features(p);
-  // Σ of feature f's log decays over the segment's chunks before this one.
-  auto before_chunk = [&](int f) {
-    float sum = 0.0f;
-    for (int k = 0; k < c; ++k) sum += ChunkSums(p, g, k, h)[f];
-    return sum;
-  };
+  // Feature f's log decays summed over the segment's chunks before this one
+  // (SegmentDecaySumsKernel).
+  const float* before_chunk = ChunkSums(p, g, c, h);
   auto q_at = [&](int i, int a) { return ((tok0 + i) * p.heads + h) * dk + a; };
 
   // S_g's pieces: piece n is keys piece_keys·(n mod key_pieces).. of tile
@@ -259,10 +330,10 @@ __global__ void __launch_bounds__(kEntryThreads, kEntryMinBlocks)
   const int num_pieces = key_pieces * ((dv + kEntryCols - 1) / kEntryCols);
   const bf16* state =
       static_cast<const bf16*>(p.entering) + (static_cast<int64_t>(g) * p.heads + h) * dk * dv;
-  auto buffer = [&](int n) { return pieces + (n & 1) * lay.piece_keys * kLdPiece; };
+  auto buffer = [&](int n) { return smem + lay.pieces + (n & 1) * lay.piece_bytes; };
   auto issue = [&](int n) {
     const int a0 = lay.piece_keys * (n % key_pieces), e0 = kEntryCols * (n / key_pieces);
-    bf16* dst = buffer(n);
+    bf16* dst = reinterpret_cast<bf16*>(buffer(n));
     for (int idx = tid; idx < lay.piece_keys * (kEntryCols / 8); idx += kEntryThreads) {
       const int r = idx / (kEntryCols / 8), col = 8 * (idx % (kEntryCols / 8));
       const bool live = a0 + r < dk && e0 + col < dv;
@@ -273,37 +344,66 @@ __global__ void __launch_bounds__(kEntryThreads, kEntryMinBlocks)
   };
   issue(0);
 
-  // 1. Q̃ = q' ⊙ L, while the first piece is in flight. A vector decay walks
-  //    its key down the chunk, loading kRowBatch rows at once (rows past the
-  //    chunk read its last one, and are dropped); otherwise warp 0 scans the
-  //    rows' decays and every row is q scaled by one factor.
+  // 1. Q̃ = q' ⊙ L, while the first piece is in flight. A vector decay: work
+  //    item w takes keys 8⌊w / kRowGroups⌋.. of the kGroupRows rows of group
+  //    w mod kRowGroups (rows past the chunk read its last one, and count
+  //    zero); the groups of an octet, consecutive lanes, scan their sums to
+  //    learn where each starts. Otherwise warp 0 scans the rows' decays and
+  //    every row is q scaled by one factor.
   if (p.left.ptr && p.left_vector) {
-    const uint16_t* q_bits = static_cast<const uint16_t*>(p.q.ptr);
     const bool q_bf16 = p.q.type == ElemType::kBF16;
-    for (int a = tid; a < lay.keys; a += kEntryThreads) {
-      const bool key = a < dk;
-      float cum = key ? before_chunk(a) : 0.0f;
-      for (int i0 = 0; i0 < C; i0 += kRowBatch) {
-        float gate[kRowBatch];
-        uint16_t bits[kRowBatch];
+    const bool vector_loads = reinterpret_cast<uintptr_t>(p.left.ptr) % 16 == 0 &&
+                              p.left.token_stride % 4 == 0 && p.left.head_stride % 4 == 0;
+    const int items = (lay.keys / 8 * kRowGroups + 31) / 32 * 32;  // whole warps: the shuffles
+    for (int w = tid; w < items; w += kEntryThreads) {
+      const int a = 8 * (w / kRowGroups), group = w % kRowGroups, i0 = kGroupRows * group;
+      const bool key = a < dk;  // dk % 16 == 0: an octet is all keys or all padding
+      float gate[kGroupRows][8];
+      uint4 q_bits[kGroupRows];
 #pragma unroll
-        for (int j = 0; j < kRowBatch; ++j) {
-          const int i = min(i0 + j, lc - 1);
-          gate[j] = key ? GateLog(p.left, tok0 + i, h, a) : 0.0f;
-          bits[j] = key ? q_bits[q_at(i, a)] : uint16_t{0};
+      for (int r = 0; r < kGroupRows; ++r) {
+        const int i = min(i0 + r, lc - 1);
+        if (key) {
+          GateLogs8(p.left, vector_loads, tok0 + i, h, a, gate[r]);
+          q_bits[r] =
+              *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q.ptr) + q_at(i, a));
         }
+      }
+      float start[8];  // the group's sums, then the chunk's log decay before its rows
 #pragma unroll
-        for (int j = 0; j < kRowBatch; ++j) {
-          const int i = i0 + j;
-          float x = 0.0f;
-          if (key && i < lc) {
-            cum += gate[j];
-            const float q = q_bf16 ? __bfloat162float(__ushort_as_bfloat16(bits[j]))
-                                   : __half2float(__ushort_as_half(bits[j]));
-            x = p.q_scale * q * __expf(cum);
-          }
-          qt[i * ldq + a] = __float2bfloat16_rn(x);
+      for (int k = 0; k < 8; ++k) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int r = 0; r < kGroupRows; ++r) {
+          if (!key || i0 + r >= lc) gate[r][k] = 0.0f;
+          sum += gate[r][k];
         }
+        // Inclusive scan over the octet's groups, then shifted by one lane.
+#pragma unroll
+        for (int d = 1; d < kRowGroups; d *= 2) {
+          const float up = __shfl_up_sync(0xffffffffu, sum, d, kRowGroups);
+          if (group >= d) sum += up;
+        }
+        const float before = __shfl_up_sync(0xffffffffu, sum, 1, kRowGroups);
+        start[k] = (key ? before_chunk[a + k] : 0.0f) + (group > 0 ? before : 0.0f);
+      }
+      if (!key) continue;
+#pragma unroll
+      for (int r = 0; r < kGroupRows; ++r) {
+        float q[8];
+        Widen8Bits(q_bits[r], q_bf16, q);
+        __nv_bfloat162 out[4];
+#pragma unroll
+        for (int k = 0; k < 8; k += 2) {
+          start[k] += gate[r][k], start[k + 1] += gate[r][k + 1];
+          const bool live = i0 + r < lc;
+          out[k / 2] =
+              __floats2bfloat162_rn(live ? p.q_scale * q[k] * __expf(start[k]) : 0.0f,
+                                    live ? p.q_scale * q[k + 1] * __expf(start[k + 1]) : 0.0f);
+        }
+        uint4 packed;
+        memcpy(&packed, out, 16);
+        *reinterpret_cast<uint4*>(qt + (i0 + r) * ldq + a) = packed;
       }
     }
   } else {
@@ -318,7 +418,7 @@ __global__ void __launch_bounds__(kEntryThreads, kEntryMinBlocks)
         const float up = __shfl_up_sync(0xffffffffu, pair_sum, d);
         if (lane >= d) pair_sum += up;
       }
-      const float base = pair_sum - l0 - l1 + (p.left.ptr ? before_chunk(0) : 0.0f);
+      const float base = pair_sum - l0 - l1 + (p.left.ptr ? before_chunk[0] : 0.0f);
       row_factor[i] = p.q_scale * __expf(base + l0);
       row_factor[i + 1] = p.q_scale * __expf(base + l0 + l1);
     }
@@ -335,28 +435,31 @@ __global__ void __launch_bounds__(kEntryThreads, kEntryMinBlocks)
   const int mb = warp % 4, ntb = 4 * (warp / 4), gr = lane / 4, t4 = lane % 4;
   const int copies = p.copies;
   float acc[4][4];
-  uint2 early[kEarlyCopies][2][4];  // the tile's first local-output parts (PartBits)
-  // o row (half) and column (j) of this thread's accumulator pair, and
-  // whether it is live.
-  auto out_row = [&](int half) { return 16 * mb + gr + 8 * half; };
-  auto out_col = [&](int j) { return 8 * (ntb + j) + 2 * t4; };
+  // The epilogue's outputs of this thread: step s is row out_row(s), columns
+  // out_col.. + kOutVec − 1 of the tile (a warp's steps whole rows).
+  auto out_row = [&](int step) { return (step * kEntryThreads + tid) / (kEntryCols / kOutVec); };
+  const int out_col = kOutVec * (tid % (kEntryCols / kOutVec));
+  uint4 early[kOutSteps][kEarlyCopies];  // the tile's first local-output parts (PartBits)
   for (int n = 0; n < num_pieces; ++n) {
     const int kp = n % key_pieces, e0 = kEntryCols * (n / key_pieces);
-    if (kp == key_pieces - 1) {
+    const bool last_piece = kp == key_pieces - 1;
+    // Columns past dv (dv % 16 == 0, so a thread's four are all in or out).
+    const bool col_live = e0 + out_col < dv;
+    if (last_piece) {
 #pragma unroll
-      for (int copy = 0; copy < kEarlyCopies; ++copy)
+      for (int step = 0; step < kOutSteps; ++step) {
+        const int i = min(out_row(step), lc - 1);
+        const int e = col_live ? e0 + out_col : 0;
 #pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int i = min(out_row(half), lc - 1), e = min(e0 + out_col(j), dv - 2);
-            early[copy][half][j] =
-                copy < copies ? PartBits(p, (((tok0 + i) * p.heads + h) * copies + copy) * dv + e)
-                              : make_uint2(0u, 0u);
-          }
+        for (int copy = 0; copy < kEarlyCopies; ++copy) {
+          early[step][copy] =
+              copy < copies ? PartBits(p, (((tok0 + i) * p.heads + h) * copies + copy) * dv + e)
+                            : make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
     }
     CpAsyncWait<0>();
-    __syncthreads();  // piece n landed, Q̃ written, piece n − 1 and R read by every warp
+    __syncthreads();  // piece n landed, Q̃ written, buffer n − 1 and R read by every warp
     if (n + 1 < num_pieces) issue(n + 1);
     if (right && kp == 0) {
       // R_t of this tile's columns: every thread copies in gate entries, then
@@ -369,7 +472,7 @@ __global__ void __launch_bounds__(kEntryThreads, kEntryMinBlocks)
       }
       __syncthreads();
       for (int e = tid; e < kEntryCols; e += kEntryThreads) {
-        float cum = e0 + e < dv ? before_chunk(features.left + e0 + e) : 0.0f;
+        float cum = e0 + e < dv ? before_chunk[features.left + e0 + e] : 0.0f;
         for (int i = 0; i < C; ++i) {
           cum += right_factor[i * kLdRight + e];
           right_factor[i * kLdRight + e] = __expf(cum);
@@ -381,7 +484,7 @@ __global__ void __launch_bounds__(kEntryThreads, kEntryMinBlocks)
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     }
-    const bf16* piece = buffer(n);
+    const bf16* piece = reinterpret_cast<const bf16*>(buffer(n));
     const int a0 = lay.piece_keys * kp, rows = min(lay.piece_keys, lay.keys - a0);
 #pragma unroll 4
     for (int k0 = 0; k0 < rows; k0 += 16) {
@@ -395,32 +498,37 @@ __global__ void __launch_bounds__(kEntryThreads, kEntryMinBlocks)
         Mma(acc[j + 1], fa, fb[2], fb[3]);
       }
     }
-    if (kp != key_pieces - 1) continue;
-      // acc[j] holds rows out_row(0), out_row(1), columns out_col(j) (+ 1).
+    if (!last_piece) continue;
+    // The tile through buffer n, which every warp has read: acc[j] holds rows
+    // 16·mb + gr (+ 8), columns 8·(ntb + j) + 2·t4 (+ 1).
+    float* stage = reinterpret_cast<float*>(buffer(n));
+    __syncthreads();
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = out_row(half);
-      if (i >= lc) continue;
-      const int64_t row = (tok0 + i) * p.heads + h;
+    for (int half = 0; half < 2; ++half)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int e = out_col(j);
-        if (e0 + e >= dv) continue;
-        float x = acc[j][2 * half], y = acc[j][2 * half + 1];
-        if (right) x *= right_factor[i * kLdRight + e], y *= right_factor[i * kLdRight + e + 1];
-#pragma unroll
-        for (int copy = 0; copy < kEarlyCopies; ++copy) {
-          const float2 part = PartPair(p.local_type, early[copy][half][j]);
-          x += part.x, y += part.y;
-        }
-        for (int copy = kEarlyCopies; copy < copies; ++copy) {
-          const float2 part =
-              PartPair(p.local_type, PartBits(p, (row * copies + copy) * dv + e0 + e));
-          x += part.x, y += part.y;
-        }
-        const int64_t out = row * dv + e0 + e;
-        StorePair(p.o, p.o_type, out, x, y);
+        *reinterpret_cast<float2*>(stage + (16 * mb + gr + 8 * half) * kLdStage + 8 * (ntb + j) +
+                                   2 * t4) = make_float2(acc[j][2 * half], acc[j][2 * half + 1]);
       }
+    __syncthreads();
+#pragma unroll
+    for (int step = 0; step < kOutSteps; ++step) {
+      const int i = out_row(step);
+      if (i >= lc || !col_live) continue;
+      const float4 staged = *reinterpret_cast<const float4*>(stage + i * kLdStage + out_col);
+      float x[kOutVec] = {staged.x, staged.y, staged.z, staged.w};
+      if (right) {
+#pragma unroll
+        for (int v = 0; v < kOutVec; ++v) x[v] *= right_factor[i * kLdRight + out_col + v];
+      }
+      const int64_t row = (tok0 + i) * p.heads + h;
+#pragma unroll
+      for (int copy = 0; copy < kEarlyCopies; ++copy) PartsAdd(p.local_type, early[step][copy], x);
+      for (int copy = kEarlyCopies; copy < copies; ++copy)
+        PartsAdd(p.local_type, PartBits(p, (row * copies + copy) * dv + e0 + out_col), x);
+      const int64_t out = row * dv + e0 + out_col;
+      StorePair(p.o, p.o_type, out, x[0], x[1]);
+      StorePair(p.o, p.o_type, out + 2, x[2], x[3]);
     }
   }
 }
