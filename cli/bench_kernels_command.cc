@@ -246,18 +246,21 @@ absl::Status Run(const BenchKernelsFlags& f) {
       a.heads = H, a.key_dim = D, a.value_dim = D;
       a.q = q, a.k = k, a.v = v, a.i = ig, a.f = fg, a.h = o;
       a.state_c = state, a.state_n = cn, a.state_m = cm;
-      kernels::MlstmBackwardArgs b;
-      b.fwd = a;
-      b.d_h = d_o, b.dq = dq, b.dk = dk, b.dv = dv, b.di = di, b.df = df;
-      auto fwd = [&] { return backend.MlstmForward(sb, a, kernels::MixerForm::kChunked); };
       const std::string name = exp_gate ? "mlstm_exp" : "mlstm_sig";
       if (!f.Wants(f.ops, name)) continue;
+      // A training forward keeps q'·n for its backward (MlstmForwardArgs::norm_dot).
+      kernels::MlstmBackwardArgs b;
+      b.fwd = a;
+      LAIR_ASSIGN_OR_RETURN(b.fwd.norm_dot, backend.Allocate(DType::kF32, {n, H}));
+      b.d_h = d_o, b.dq = dq, b.dk = dk, b.dv = dv, b.di = di, b.df = df;
+      auto fwd = [&] { return backend.MlstmForward(sb, a, kernels::MixerForm::kChunked); };
       if (f.Wants(f.modes, "fwd")) PrintTime(name + at + " fwd", Time(backend, f.reps, 1, fwd));
       if (f.Wants(f.modes, "fwdbwd"))
-        PrintTime(name + at + " fwdbwd", Time(backend, f.reps, 1, [&] {
-                    LAIR_RETURN_IF_ERROR(fwd());
-                    return backend.MlstmBackward(sb, b);
-                  }));
+        PrintTime(
+            name + at + " fwdbwd", Time(backend, f.reps, 1, [&] {
+              LAIR_RETURN_IF_ERROR(backend.MlstmForward(sb, b.fwd, kernels::MixerForm::kChunked));
+              return backend.MlstmBackward(sb, b);
+            }));
     }
   }
 

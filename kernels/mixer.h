@@ -130,6 +130,11 @@ struct MlstmForwardArgs {
   Tensor q, k, v;  // [N,H,K], [N,H,K], [N,H,V]; q' = q / sqrt(K) inside
   Tensor i, f;     // [N,H] gate pre-activations
   Tensor h;        // out [N,H,V]
+  // out [N,H] F32, or undefined: each token's q'ᵀn as the normalized kinds'
+  // den took it (kExp, kSigNorm). A training forward keeps it with h: a
+  // backward whose fwd carries it reads both as the forward left them
+  // instead of running the forward again.
+  Tensor norm_dot;
   Tensor state_c;  // in/out pool [num_slots,H,K,V] F32
   Tensor state_n;  // in/out pool [num_slots,H,K]   F32
   Tensor state_m;  // in/out pool [num_slots,H]     F32, kExp only

@@ -696,6 +696,10 @@ absl::StatusOr<Var> Graph::Mlstm(const kernels::SequenceBatch& batch, const Mlst
   args.state_n = state_n;
   args.state_m = state_m;
   LAIR_ASSIGN_OR_RETURN(args.h, New(in.v.shape()));
+  if (record_ && args.kind != kernels::MlstmKind::kSig) {
+    // Kept for the backward, which then does not run the forward again.
+    LAIR_ASSIGN_OR_RETURN(args.norm_dot, New({in.q.dim(0), args.heads}));
+  }
   LAIR_RETURN_IF_ERROR(backend_->MlstmForward(batch, args, form));
   Var out{args.h, NewGrad({&in.q, &in.k, &in.v, &in.i, &in.f})};
   if (out.grad >= 0) {

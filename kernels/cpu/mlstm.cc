@@ -71,6 +71,11 @@ absl::Status CheckForwardArgs(const SequenceBatch& batch, const MlstmForwardArgs
   if (args.kind == MlstmKind::kExp) {
     LAIR_RETURN_IF_ERROR(CheckTensor(args.state_m, prefix + "state_m", {slots, h}, Floats::kF32));
   }
+  if (args.norm_dot.defined()) {
+    if (args.kind == MlstmKind::kSig)
+      return absl::InvalidArgumentError(prefix + "norm_dot: the sig kind has no normalizer");
+    LAIR_RETURN_IF_ERROR(CheckTensor(args.norm_dot, prefix + "norm_dot", {n, h}, Floats::kF32));
+  }
   return CheckSequenceBatch(batch, n, slots, /*distinct_slots=*/true);
 }
 
@@ -158,8 +163,8 @@ float Denominator(const Dims& d, float qn, float m) {
   return 1.0f;
 }
 
-// h = C_tᵀq' / den_t for one token.
-void ReadOut(const Dims& d, const float* q, const float* c, const float* n, float m, float* h) {
+// h = C_tᵀq' / den_t for one token; returns q'ᵀn_t.
+float ReadOut(const Dims& d, const float* q, const float* c, const float* n, float m, float* h) {
   std::fill(h, h + d.value_dim, 0.0f);
   float qn = 0.0f;
   for (int64_t r = 0; r < d.key_dim; ++r) {
@@ -170,14 +175,18 @@ void ReadOut(const Dims& d, const float* q, const float* c, const float* n, floa
   }
   const float inv = 1.0f / Denominator(d, qn, m);
   for (int64_t col = 0; col < d.value_dim; ++col) h[col] *= inv;
+  return qn;
 }
 
-void RecurrentForward(const Dims& d, const HeadInputs& in, float* h, float* c, float* n, float* m) {
+// norm_dot (row stride heads) takes q'ᵀn_t of every token, where not null.
+void RecurrentForward(const Dims& d, const HeadInputs& in, float* h, float* norm_dot, float* c,
+                      float* n, float* m) {
   for (int64_t t = 0; t < in.len; ++t) {
     const StepGates gates = GatesOf(d.kind, in.i[t * d.heads], in.f[t * d.heads], *m);
     UpdateState(d, gates, in.k + t * d.ldk(), in.v + t * d.ldv(), c, n);
     *m = gates.m;
-    ReadOut(d, in.q + t * d.ldk(), c, n, *m, h + t * d.ldv());
+    const float qn = ReadOut(d, in.q + t * d.ldk(), c, n, *m, h + t * d.ldv());
+    if (norm_dot) norm_dot[t * d.heads] = qn;
   }
 }
 
@@ -194,7 +203,8 @@ struct ChunkScratch {
         k_bar(chunk * key_dim) {}
 };
 
-void ChunkedForward(const Dims& d, const HeadInputs& in, float* h, float* c, float* n, float* m) {
+void ChunkedForward(const Dims& d, const HeadInputs& in, float* h, float* norm_dot, float* c,
+                    float* n, float* m) {
   const int64_t chunk = std::min(d.chunk, in.len);
   ChunkScratch x(chunk, d.key_dim);
   const bool stabilized = d.kind == MlstmKind::kExp;
@@ -251,6 +261,7 @@ void ChunkedForward(const Dims& d, const HeadInputs& in, float* h, float* c, flo
       float qn = 0.0f;
       for (int64_t col = 0; col < kd; ++col) qn += x.q_bar[r * kd + col] * n[col];
       for (int64_t j = 0; j <= r; ++j) qn += x.s[r * len + j];
+      if (norm_dot) norm_dot[(t0 + r) * d.heads] = qn;
       const float inv = 1.0f / Denominator(d, qn, x.m_comb[r]);
       for (int64_t col = 0; col < vd; ++col) out[r * ldv + col] *= inv;
     }
@@ -402,10 +413,13 @@ absl::Status MlstmForwardCpu(const SequenceBatch& batch, const MlstmForwardArgs&
     }
     const HeadInputs in = InputsOf(d, batch, args, seq, head);
     float* h = args.h.f32() + int64_t{batch.cu_seqlens[seq]} * d.ldv() + head * d.value_dim;
+    float* norm_dot = args.norm_dot.defined()
+                          ? args.norm_dot.f32() + int64_t{batch.cu_seqlens[seq]} * d.heads + head
+                          : nullptr;
     if (recurrent) {
-      RecurrentForward(d, in, h, c, n, m);
+      RecurrentForward(d, in, h, norm_dot, c, n, m);
     } else {
-      ChunkedForward(d, in, h, c, n, m);
+      ChunkedForward(d, in, h, norm_dot, c, n, m);
     }
   });
   return absl::OkStatus();

@@ -793,6 +793,10 @@ class CudaBackend : public Backend {
     if (exp_gate) p.m_final = a.state_m.f32();
     p.o = a.h.raw();
     p.o_type = Elem(a.h.dtype());
+    if (a.norm_dot.defined()) {
+      p.norm_dot = a.norm_dot.f32();
+      form = MixerForm::kChunked;  // the chunked scans write it; the one-token step does not
+    }
     return Run(p, db, batch, form, "mlstm forward");
   }
 
@@ -906,11 +910,12 @@ class CudaBackend : public Backend {
       sp.stabilize = true;
       return sp;
     };
-    // The forward again, h and q'·n as the forward computes them (the branch
-    // of den's max must be the forward's).
-    LAIR_ASSIGN_OR_RETURN(Tensor h_out, Uninitialized(DType::kF32, {n, H, V}));
-    LAIR_ASSIGN_OR_RETURN(Tensor norm_dot, Uninitialized(DType::kF32, {n, H}));
-    {
+    // h and q'·n as the forward took them (the branch of den's max must be
+    // the forward's): kept by a training forward, else the forward again.
+    Tensor h_out = a.h, norm_dot = a.norm_dot;
+    if (!norm_dot.defined()) {
+      LAIR_ASSIGN_OR_RETURN(h_out, Uninitialized(DType::kF32, {n, H, V}));
+      LAIR_ASSIGN_OR_RETURN(norm_dot, Uninitialized(DType::kF32, {n, H}));
       ScanParams sp = scan(K, V);
       sp.q = Op(a.q), sp.q_scale = q_scale, sp.k = Op(a.k), sp.v = Op(a.v);
       sp.left = forget, sp.key_weight = input;
@@ -923,7 +928,7 @@ class CudaBackend : public Backend {
     LAIR_ASSIGN_OR_RETURN(Tensor d_norm, Uninitialized(DType::kBF16, {n, H, kNormCols}));
     LAIR_ASSIGN_OR_RETURN(Tensor neg_m, Uninitialized(DType::kF32, {n, H}));
     LAIR_RETURN_IF_ERROR(CudaStatus(
-        cuda::LaunchMlstmExpCotangent(p, h_out.f32(), norm_dot.f32(), d_num.raw(), d_norm.raw(),
+        cuda::LaunchMlstmExpCotangent(p, Op(h_out), norm_dot.f32(), d_num.raw(), d_norm.raw(),
                                       kNormCols, ElemType::kBF16, neg_m.f32(), s()),
         "mlstm backward cotangent"));
     // The reverse scans start from a zero state whose stabilizer is −∞.
@@ -1024,28 +1029,31 @@ class CudaBackend : public Backend {
         LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(b.d_n0.raw(), 0, b.d_n0.nbytes(), s()),
                                         "mlstm backward d_n0"));
     } else {
-      // The forward again for h and q'·n as the forward computes them (the
-      // branch of den's max must be the forward's), then their cotangents:
-      // dh/den on the values, and q'·n's on two columns of ones (in two
-      // parts). The values' products are the decay backward; the ones' are
-      // two narrow scans that add their dq and dk onto its, before the decay
-      // gradient.
+      // h and q'·n as the forward took them (the branch of den's max must
+      // be the forward's): kept by a training forward, else the forward
+      // again. Then their cotangents: dh/den on the values, and q'·n's on
+      // two columns of ones (in two parts). The values' products are the
+      // decay backward; the ones' are two narrow scans that add their dq and
+      // dk onto its, before the decay gradient.
       constexpr int kNormCols = 16;
-      LAIR_ASSIGN_OR_RETURN(Tensor h_out, Uninitialized(DType::kF32, {n, H, V}));
-      LAIR_ASSIGN_OR_RETURN(Tensor norm_dot, Uninitialized(DType::kF32, {n, H}));
-      ScanParams sp = Base(db, batch, H, K, V);
-      sp.q = Op(a.q), sp.q_scale = d.fwd.scale, sp.k = Op(k_scaled), sp.v = Op(a.v);
-      sp.left = Gate(lf, H, 1);
-      sp.norm = cuda::NormKind::kSigNorm, sp.eps = a.eps;
-      sp.o = h_out.raw();
-      sp.norm_dot = norm_dot.f32();
-      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward forward"));
+      Tensor h_out = a.h, norm_dot = a.norm_dot;
+      if (!norm_dot.defined()) {
+        LAIR_ASSIGN_OR_RETURN(h_out, Uninitialized(DType::kF32, {n, H, V}));
+        LAIR_ASSIGN_OR_RETURN(norm_dot, Uninitialized(DType::kF32, {n, H}));
+        ScanParams sp = Base(db, batch, H, K, V);
+        sp.q = Op(a.q), sp.q_scale = d.fwd.scale, sp.k = Op(k_scaled), sp.v = Op(a.v);
+        sp.left = Gate(lf, H, 1);
+        sp.norm = cuda::NormKind::kSigNorm, sp.eps = a.eps;
+        sp.o = h_out.raw();
+        sp.norm_dot = norm_dot.f32();
+        LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward forward"));
+      }
       LAIR_ASSIGN_OR_RETURN(Tensor d_num, Uninitialized(b.d_h.dtype(), {n, H, V}));
       LAIR_ASSIGN_OR_RETURN(Tensor d_norm, Uninitialized(b.d_h.dtype(), {n, H, kNormCols}));
       LAIR_ASSIGN_OR_RETURN(Tensor ones, Uninitialized(b.d_h.dtype(), {n, H, kNormCols}));
       LAIR_RETURN_IF_ERROR(
-          CudaStatus(cuda::LaunchMlstmSigNormCotangent(h_out.f32(), norm_dot.f32(), Op(b.d_h),
-                                                       n * H, V, a.eps, d_num.raw(), d_norm.raw(),
+          CudaStatus(cuda::LaunchMlstmSigNormCotangent(Op(h_out), norm_dot.f32(), Op(b.d_h), n * H,
+                                                       V, a.eps, d_num.raw(), d_norm.raw(),
                                                        kNormCols, Elem(d_num.dtype()), s()),
                      "mlstm backward cotangent"));
       LAIR_RETURN_IF_ERROR(CudaStatus(
@@ -1290,6 +1298,12 @@ class CudaBackend : public Backend {
     LAIR_RETURN_IF_ERROR(CheckTensor(a.state_n, {slots, H, K}, "state_n", true));
     if (a.kind == MlstmKind::kExp)
       LAIR_RETURN_IF_ERROR(CheckTensor(a.state_m, {slots, H}, "state_m", true));
+    if (a.norm_dot.defined()) {  // with h, what the backward reads back
+      if (a.kind == MlstmKind::kSig)
+        return absl::InvalidArgumentError("norm_dot: the sig kind has no normalizer");
+      LAIR_RETURN_IF_ERROR(CheckTensor(a.norm_dot, {n, H}, "norm_dot", true));
+      LAIR_RETURN_IF_ERROR(CheckTensor(a.h, {n, H, V}, "h", false));
+    }
     return db;
   }
 

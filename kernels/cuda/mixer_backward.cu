@@ -72,14 +72,14 @@ struct RowNorm {
   float dh_h, den;
 };
 __device__ __forceinline__ RowNorm StoreNormCotangents(int64_t r, int V, float qn, float lower,
-                                                       float eps, Operand dh, const float* h_out,
+                                                       float eps, Operand dh, Operand h_out,
                                                        void* d_num, void* d_norm, int norm_cols,
                                                        ElemType type, int lane) {
   const float den = fmaxf(fabsf(qn), lower) + eps;
   float dh_h = 0.0f;
   for (int c = lane; c < V; c += 32) {
     const float g = LoadElem(dh.ptr, dh.type, r * V + c);
-    dh_h += g * h_out[r * V + c];
+    dh_h += g * LoadElem(h_out.ptr, h_out.type, r * V + c);
     StoreElem(d_num, type, r * V + c, g / den);
   }
   for (int off = 16; off > 0; off >>= 1) dh_h += __shfl_xor_sync(0xffffffffu, dh_h, off);
@@ -90,7 +90,7 @@ __device__ __forceinline__ RowNorm StoreNormCotangents(int64_t r, int V, float q
   return {dh_h, den};
 }
 
-__global__ void MlstmSigNormCotangentKernel(const float* h_out, const float* norm_dot, Operand dh,
+__global__ void MlstmSigNormCotangentKernel(Operand h_out, const float* norm_dot, Operand dh,
                                             int64_t rows, int V, float eps, void* d_num,
                                             void* d_norm, int norm_cols, ElemType type) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
@@ -771,7 +771,7 @@ constexpr int kTokenWarps = kThreads / 32;
 
 // The normalized output's cotangents (StoreNormCotangents, lower = e^{−m}),
 // −m as the reverse scans' key weight, and the explicit dm = −(dh·h)·eps/den.
-__global__ void MlstmExpCotangentKernel(const MlstmBackwardParams p, const float* h_out,
+__global__ void MlstmExpCotangentKernel(const MlstmBackwardParams p, Operand h_out,
                                         const float* norm_dot, void* d_num, void* d_norm,
                                         int norm_cols, ElemType type, float* neg_m) {
   const int seq = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32;
@@ -883,7 +883,7 @@ cudaError_t LaunchMlstmSigKeys(Operand k, const float* i, const float* f, int64_
   return cudaGetLastError();
 }
 
-cudaError_t LaunchMlstmSigNormCotangent(const float* h_out, const float* norm_dot, Operand dh,
+cudaError_t LaunchMlstmSigNormCotangent(Operand h_out, const float* norm_dot, Operand dh,
                                         int64_t rows, int V, float eps, void* d_num, void* d_norm,
                                         int norm_cols, ElemType type, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
@@ -910,7 +910,7 @@ cudaError_t LaunchMlstmStabilizers(const MlstmBackwardParams& p, cudaStream_t st
   return Launch(MlstmGatesKernel, TaskGrid(p), 32 * kTaskWarps, 0, stream, p);
 }
 
-cudaError_t LaunchMlstmExpCotangent(const MlstmBackwardParams& p, const float* h_out,
+cudaError_t LaunchMlstmExpCotangent(const MlstmBackwardParams& p, Operand h_out,
                                     const float* norm_dot, void* d_num, void* d_norm, int norm_cols,
                                     ElemType type, float* neg_m, cudaStream_t stream) {
   if (p.num_seqs * p.heads == 0 || p.max_len == 0) return cudaSuccess;

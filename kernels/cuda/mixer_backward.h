@@ -69,13 +69,14 @@ struct MlstmBackwardParams {
 cudaError_t LaunchMlstmSigKeys(Operand k, const float* i, const float* f, int64_t rows, int K,
                                void* k_scaled, ElemType k_scaled_type, float* lf,
                                cudaStream_t stream);
-// The normalized kind's cotangents: from the forward's h (fp32 [rows, V]) and
+// The normalized kind's cotangents: from the forward's h ([rows, V], any
+// float type) and
 // q'·n (norm_dot, ScanParams::norm_dot: the max's branch as the forward took
 // it) and dh, with den = max(|q'·n|, 1) + eps and
 // x = −(dh·h)/den·sign(q'·n)·[|q'·n| ≥ 1]: dh/den into d_num [rows, V] and
 // [x_hi | x − x_hi | 0 …] into d_norm [rows, norm_cols], x_hi = x rounded to
 // `type` (against two columns of ones, q'·n's values).
-cudaError_t LaunchMlstmSigNormCotangent(const float* h_out, const float* norm_dot, Operand dh,
+cudaError_t LaunchMlstmSigNormCotangent(Operand h_out, const float* norm_dot, Operand dh,
                                         int64_t rows, int V, float eps, void* d_num, void* d_norm,
                                         int norm_cols, ElemType type, cudaStream_t stream);
 // From the scans' dk' (fp32) and decay gradient dg: dk = σ(i)·dk',
@@ -88,7 +89,7 @@ cudaError_t LaunchMlstmSigGateGrads(Operand k_scaled, const float* dk_scaled, co
 // mLSTM kernel's per-token steps around its scans, in a scratch of
 // MlstmTokenScratchFloats(p) (no chunk states):
 //   LaunchMlstmStabilizers   m_t of every token (p.m_init or 0 entering);
-//   LaunchMlstmExpCotangent  from the forward's h (fp32 [N,H,V]), its q'·n
+//   LaunchMlstmExpCotangent  from the forward's h ([N,H,V], any float type), its q'·n
 //     (norm_dot [N,H], ScanParams::norm_dot: the max's branch as the forward
 //     took it) and p.dh, with den = max(|q'·n|, e^{−m}) + eps and
 //     x = −(dh·h)/den·sign(q'·n): dh/den into d_num [N,H,V], [x_hi | x − x_hi |
@@ -98,7 +99,7 @@ cudaError_t LaunchMlstmSigGateGrads(Operand k_scaled, const float* dk_scaled, co
 //     p.dk_out, then di, df from q·dq − k·dk and the m chain (no state cotangents).
 int64_t MlstmTokenScratchFloats(const MlstmBackwardParams& p);
 cudaError_t LaunchMlstmStabilizers(const MlstmBackwardParams& p, cudaStream_t stream);
-cudaError_t LaunchMlstmExpCotangent(const MlstmBackwardParams& p, const float* h_out,
+cudaError_t LaunchMlstmExpCotangent(const MlstmBackwardParams& p, Operand h_out,
                                     const float* norm_dot, void* d_num, void* d_norm, int norm_cols,
                                     ElemType type, float* neg_m, cudaStream_t stream);
 cudaError_t LaunchMlstmExpGateGrads(const MlstmBackwardParams& p, const float* dq, const float* dq2,

@@ -221,6 +221,7 @@ Grads RunBackward(const Inputs& in, const Cotangents& d, int chunk) {
 
 struct Oracle {
   std::vector<double> h, c, n, m;  // packed outputs and final states, layouts as the tensors
+  std::vector<double> norm_dot;    // q'ᵀn_t, packed [N,H]
 };
 
 struct DoubleInputs {
@@ -243,6 +244,7 @@ Oracle RunOracle(const Inputs& in, const DoubleInputs& x) {
   const std::vector<int32_t> cu = Offsets(in.lens);
   Oracle o;
   o.h.assign(in.tokens() * H * V, 0.0);
+  o.norm_dot.assign(in.tokens() * H, 0.0);
   o.c = x.c0;
   o.n = x.n0;
   o.m = in.kind == MlstmKind::kExp ? x.m0 : std::vector<double>(x.m0.size(), 0.0);
@@ -273,6 +275,7 @@ Oracle RunOracle(const Inputs& in, const DoubleInputs& x) {
         }
         double qn = 0;
         for (int a = 0; a < K; ++a) qn += scale * qt[a] * n[a];
+        o.norm_dot[t * H + h] = qn;
         double den = 1.0;
         if (in.kind == MlstmKind::kExp) den = std::max(std::fabs(qn), std::exp(-m)) + in.eps;
         if (in.kind == MlstmKind::kSigNorm) den = std::max(std::fabs(qn), 1.0) + in.eps;
@@ -333,6 +336,36 @@ TEST(MlstmCpuTest, OracleAgreesWithEveryForm) {
     }
     ExpectOutputsNear(RunOnce(in, MixerForm::kAuto, 16), recurrent, 1e-5, KindName(kind) + " auto");
     ExpectOutputsNear(RunStepwise(in), recurrent, 1e-5, KindName(kind) + " stepwise");
+  }
+}
+
+// A training forward's q'ᵀn (MlstmForwardArgs::norm_dot), in the recurrent
+// and chunked forms, against the oracle's; the sig kind has none.
+TEST(MlstmCpuTest, NormDotMatchesTheOracle) {
+  for (MlstmKind kind : kKinds) {
+    const Inputs in = MakeInputs(kind, 2, 16, 8, {1, 7, 37, 64, 65, 130}, 13);
+    const Oracle ref = RunOracle(in, DoubleInputs(in));
+    for (const auto& [form, chunk] :
+         {std::pair{MixerForm::kRecurrent, 64}, std::pair{MixerForm::kChunked, 16},
+          std::pair{MixerForm::kChunked, 64}}) {
+      const std::string what = KindName(kind) + " chunk " + std::to_string(chunk);
+      Pools pools = MakePools(in);
+      MlstmForwardArgs args = WholeArgs(in, pools, chunk);
+      args.norm_dot = Tensor::Zeros(DType::kF32, {in.tokens(), in.heads});
+      const std::vector<int32_t> cu = Offsets(in.lens);
+      SequenceBatch batch;
+      batch.num_seqs = in.seqs();
+      batch.cu_seqlens = cu;
+      batch.state_slot = pools.slot;
+      const absl::Status st = MlstmForwardCpu(batch, args, form);
+      if (kind == MlstmKind::kSig) {
+        EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << what;
+        EXPECT_NE(st.message().find("norm_dot"), std::string::npos) << what << ": " << st;
+        continue;
+      }
+      ASSERT_TRUE(st.ok()) << what << ": " << st;
+      EXPECT_LE(RelativeErrorTo(args.norm_dot, ref.norm_dot), 1e-5) << what;
+    }
   }
 }
 

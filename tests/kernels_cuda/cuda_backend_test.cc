@@ -74,8 +74,12 @@ class CudaVsCpu : public CudaVsCpuTest {
     kNone,      // none (training from zero states)
   };
 
+  // kept_forward: the GPU's forward runs first, keeping h and q'ᵀn
+  // (MlstmForwardArgs::norm_dot, checked against the CPU's) for the backward
+  // to read instead of running the forward again.
   void CompareMlstmBackward(MlstmKind kind, DType dt, int K, int V, float f_lo, float f_hi,
-                            const std::string& what, StateGrads grads = StateGrads::kAll) {
+                            const std::string& what, StateGrads grads = StateGrads::kAll,
+                            bool kept_forward = false) {
     const int64_t n = offsets_.back();
     const int H = 2, S = batch_.num_seqs;
     const Tensor q = Rand({n, H, K}, -1, 1), k = Rand({n, H, K}, -1, 1), v = Rand({n, H, V}, -1, 1);
@@ -111,6 +115,23 @@ class CudaVsCpu : public CudaVsCpuTest {
     if (grads != StateGrads::kNone) {
       d.d_c0 = Gpu(Rand({S, H, K, V}, 7, 8), DType::kF32);
       d.d_n0 = Gpu(Rand({S, H, K}, 7, 8), DType::kF32);
+    }
+    if (kept_forward) {
+      // On pools of their own: the forward leaves its final states there.
+      MlstmForwardArgs cf = c.fwd, df = d.fwd;
+      cf.state_c = c0.Clone(), cf.state_n = n0.Clone(), cf.state_m = m0.Clone();
+      df.state_c = Gpu(c0, DType::kF32), df.state_n = Gpu(n0, DType::kF32);
+      df.state_m = Gpu(m0, DType::kF32);
+      cf.h = Tensor::Zeros(DType::kF32, {n, H, V});
+      df.h = Gpu(Rand({n, H, V}, 7, 8), dt);
+      cf.norm_dot = Tensor::Zeros(DType::kF32, {n, H});
+      df.norm_dot = Gpu(Rand({n, H}, 7, 8), DType::kF32);
+      ASSERT_TRUE(cpu_->MlstmForward(batch_, cf, MixerForm::kChunked).ok()) << what;
+      const absl::Status fst = gpu_->MlstmForward(batch_, df, MixerForm::kAuto);
+      ASSERT_TRUE(fst.ok()) << what << ": " << fst;
+      Expect(df.norm_dot, cf.norm_dot, dt == DType::kF32 ? kF32Tol : kBf16Tol,
+             what + " forward's q'n");
+      d.fwd.h = df.h, d.fwd.norm_dot = df.norm_dot;
     }
     ASSERT_TRUE(cpu_->MlstmBackward(batch_, c).ok());
     const absl::Status st = gpu_->MlstmBackward(batch_, d);
@@ -369,6 +390,23 @@ TEST_F(CudaVsCpu, MlstmBackwardWithoutNormalizerCotangent) {
                                    (grads == StateGrads::kNone ? " no state grads" : " d_ct");
           CompareMlstmBackward(kind, dt, 128, 128, -1, 5, what, grads);
         }
+}
+
+// A training forward keeps h and q'ᵀn for the normalized kinds, and the
+// backward reads them instead of running the forward again (the scans' paths
+// from zero states; the mLSTM kernel's, with state cotangents, ignores
+// them): against the CPU's backward, which runs its own recurrence.
+TEST_F(CudaVsCpu, MlstmBackwardReadsTheKeptForward) {
+  for (DType dt : {DType::kF32, DType::kBF16})
+    for (MlstmKind kind : {MlstmKind::kExp, MlstmKind::kSigNorm})
+      for (StateGrads grads : {StateGrads::kAll, StateGrads::kNone}) {
+        MakeBatch({70, 1, 0, 33, 300});
+        batch_.zero_initial_state = grads == StateGrads::kNone;
+        const std::string what = "kept forward, kind " + std::to_string(static_cast<int>(kind)) +
+                                 " " + std::string(DTypeName(dt)) +
+                                 (grads == StateGrads::kNone ? " zero h0, no state grads" : "");
+        CompareMlstmBackward(kind, dt, 128, 128, -1, 5, what, grads, /*kept_forward=*/true);
+      }
 }
 
 // Long packed sequences (several chunks of 64 and thousands of tokens, ragged
