@@ -9,8 +9,6 @@
 //           rowsum(dS ⊙ S) of the column (reduced by the same threads);
 //   pass 2: each thread walks its chunk backwards from its suffix total.
 // Any feature dimension works: columns are tiled over gridDim.x.
-#include <cstring>
-
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/scan.h"
 
@@ -24,29 +22,6 @@ constexpr int kTileCols = 32;
 int Blocks(int64_t n, int per_block) {
   const int64_t b = (n + per_block - 1) / per_block;
   return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
-}
-
-// Four consecutive elements of an operand as floats (i a multiple of 4).
-__device__ __forceinline__ float4 Load4(const Operand& op, int64_t i) {
-  switch (op.type) {
-    case ElemType::kBF16: {
-      const uint2 raw =
-          *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(op.ptr) + i);
-      __nv_bfloat162 h[2];
-      memcpy(h, &raw, 8);
-      const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-      return make_float4(a.x, a.y, b.x, b.y);
-    }
-    case ElemType::kF16: {
-      const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __half*>(op.ptr) + i);
-      __half2 h[2];
-      memcpy(h, &raw, 8);
-      const float2 a = __half22float2(h[0]), b = __half22float2(h[1]);
-      return make_float4(a.x, a.y, b.x, b.y);
-    }
-    default:
-      return *reinterpret_cast<const float4*>(static_cast<const float*>(op.ptr) + i);
-  }
 }
 
 __device__ __forceinline__ void Store4(void* out, ElemType type, int64_t i, float4 v) {
@@ -63,7 +38,10 @@ __global__ void DecayTermKernel(const DecayGradParams p) {
   float part = 0.0f;
   for (int a = 4 * lane; a < p.dim; a += 4 * 32) {
     const int64_t i = r * p.dim + a;
-    const float4 x = Load4(p.x, i), dx = Load4(p.dx, i), y = Load4(p.y, i), dy = Load4(p.dy, i);
+    const float4 x = LoadElem4(p.x.ptr, p.x.type, i / 4),
+                 dx = LoadElem4(p.dx.ptr, p.dx.type, i / 4),
+                 y = LoadElem4(p.y.ptr, p.y.type, i / 4),
+                 dy = LoadElem4(p.dy.ptr, p.dy.type, i / 4);
     if (p.dx_out) Store4(p.dx_out, p.dx_out_type, i, dx);
     if (p.dy_out) Store4(p.dy_out, p.dy_out_type, i, dy);
     const float4 t = make_float4(x.x * dx.x - y.x * dy.x, x.y * dx.y - y.y * dy.y,

@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "kernels/cuda/scan.h"
 
@@ -79,6 +80,53 @@ __device__ __forceinline__ void StoreElem4(void* p, ElemType t, int64_t q, float
 // Whether StoreElem4 may store to p.
 inline bool Elem4Aligned(const void* p, ElemType t) {
   return reinterpret_cast<uintptr_t>(p) % (t == ElemType::kF32 ? 16 : 8) == 0;
+}
+
+// Elements 4q .. 4q + 3 of p as floats (p aligned as Elem4Aligned says):
+// one vector load.
+__device__ __forceinline__ float4 LoadElem4(const void* p, ElemType t, int64_t q) {
+  switch (t) {
+    case ElemType::kBF16: {
+      const uint2 raw = static_cast<const uint2*>(p)[q];
+      __nv_bfloat162 h[2];
+      memcpy(h, &raw, 8);
+      const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+      return make_float4(a.x, a.y, b.x, b.y);
+    }
+    case ElemType::kF16: {
+      const uint2 raw = static_cast<const uint2*>(p)[q];
+      __half2 h[2];
+      memcpy(h, &raw, 8);
+      const float2 a = __half22float2(h[0]), b = __half22float2(h[1]);
+      return make_float4(a.x, a.y, b.x, b.y);
+    }
+    default:
+      return static_cast<const float4*>(p)[q];
+  }
+}
+
+// kN (1 or 4) consecutive elements i .. i + kN − 1 of p as floats; at kN = 4
+// one vector access (i a multiple of 4, p aligned as Elem4Aligned says), so
+// that a warp walking a row kN elements a lane moves 128 or 256 bytes an
+// instruction.
+template <int kN>
+__device__ __forceinline__ void LoadElems(const void* p, ElemType t, int64_t i, float (&x)[kN]) {
+  static_assert(kN == 1 || kN == 4);
+  if constexpr (kN == 1) {
+    x[0] = LoadElem(p, t, i);
+  } else {
+    const float4 v = LoadElem4(p, t, i / 4);
+    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+  }
+}
+template <int kN>
+__device__ __forceinline__ void StoreElems(void* p, ElemType t, int64_t i, const float (&x)[kN]) {
+  static_assert(kN == 1 || kN == 4);
+  if constexpr (kN == 1) {
+    StoreElem(p, t, i, x[0]);
+  } else {
+    StoreElem4(p, t, i / 4, make_float4(x[0], x[1], x[2], x[3]));
+  }
 }
 
 // x rounded through element type t, back as a float.

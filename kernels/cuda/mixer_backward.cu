@@ -16,6 +16,9 @@
 //   state scan   G at every chunk end: the reverse state of q' dnumᵀ (reversed);
 //   chunk grads  dq, dk, dv and q'·dq', k·dk (one CTA per chunk);
 //   gate grads   df, di: reversed cumsum of q'·dq' − k·dk plus the m chain.
+#include <initializer_list>
+#include <utility>
+
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/mixer_backward.h"
 
@@ -23,6 +26,17 @@ namespace lair::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+
+// Whether the row kernels may walk rows of `width` elements 4 a lane (kN =
+// 4): every row starts on a multiple of 4 and each array is aligned for
+// the vector accesses.
+bool RowsInFours(int width, std::initializer_list<std::pair<const void*, ElemType>> arrays) {
+  if (width % 4 != 0) return false;
+  for (const auto& [array, type] : arrays) {
+    if (!Elem4Aligned(array, type)) return false;
+  }
+  return true;
+}
 
 int Blocks(int64_t n, int per_block) {
   const int64_t b = (n + per_block - 1) / per_block;
@@ -51,14 +65,21 @@ __global__ void AddKernel(const float* a, const float* b, void* out, ElemType ty
 
 // --- mLSTM sigmoid kinds through the decay scans (one warp per row) -------------
 
+// The row kernels below walk a row kN (RowVector) elements a lane at a time.
+template <int kN>
 __global__ void MlstmSigKeysKernel(Operand k, const float* i, const float* f, int64_t rows, int K,
                                    void* k_scaled, ElemType type, float* lf) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
   const float w = expf(LogSigmoid(i[r]));
-  for (int a = lane; a < K; a += 32)
-    StoreElem(k_scaled, type, r * K + a, w * LoadElem(k.ptr, k.type, r * K + a));
+  for (int a = kN * lane; a < K; a += 32 * kN) {
+    float x[kN];
+    LoadElems(k.ptr, k.type, r * K + a, x);
+#pragma unroll
+    for (int e = 0; e < kN; ++e) x[e] *= w;
+    StoreElems(k_scaled, type, r * K + a, x);
+  }
   if (lane == 0) lf[r] = LogSigmoid(f[r]);
 }
 
@@ -71,16 +92,23 @@ __global__ void MlstmSigKeysKernel(Operand k, const float* i, const float* f, in
 struct RowNorm {
   float dh_h, den;
 };
+template <int kN>
 __device__ __forceinline__ RowNorm StoreNormCotangents(int64_t r, int V, float qn, float lower,
                                                        float eps, Operand dh, Operand h_out,
                                                        void* d_num, void* d_norm, int norm_cols,
                                                        ElemType type, int lane) {
   const float den = fmaxf(fabsf(qn), lower) + eps;
   float dh_h = 0.0f;
-  for (int c = lane; c < V; c += 32) {
-    const float g = LoadElem(dh.ptr, dh.type, r * V + c);
-    dh_h += g * LoadElem(h_out.ptr, h_out.type, r * V + c);
-    StoreElem(d_num, type, r * V + c, g / den);
+  for (int c = kN * lane; c < V; c += 32 * kN) {
+    float g[kN], x[kN];
+    LoadElems(dh.ptr, dh.type, r * V + c, g);
+    LoadElems(h_out.ptr, h_out.type, r * V + c, x);
+#pragma unroll
+    for (int e = 0; e < kN; ++e) {
+      dh_h += g[e] * x[e];
+      g[e] /= den;
+    }
+    StoreElems(d_num, type, r * V + c, g);
   }
   for (int off = 16; off > 0; off >>= 1) dh_h += __shfl_xor_sync(0xffffffffu, dh_h, off);
   const float sign = fabsf(qn) >= lower ? (qn >= 0.0f ? 1.0f : -1.0f) : 0.0f;
@@ -90,15 +118,17 @@ __device__ __forceinline__ RowNorm StoreNormCotangents(int64_t r, int V, float q
   return {dh_h, den};
 }
 
+template <int kN>
 __global__ void MlstmSigNormCotangentKernel(Operand h_out, const float* norm_dot, Operand dh,
                                             int64_t rows, int V, float eps, void* d_num,
                                             void* d_norm, int norm_cols, ElemType type) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   if (r >= rows) return;
-  StoreNormCotangents(r, V, norm_dot[r], 1.0f, eps, dh, h_out, d_num, d_norm, norm_cols, type,
-                      threadIdx.x % 32);
+  StoreNormCotangents<kN>(r, V, norm_dot[r], 1.0f, eps, dh, h_out, d_num, d_norm, norm_cols, type,
+                          threadIdx.x % 32);
 }
 
+template <int kN>
 __global__ void MlstmSigGateGradsKernel(Operand k_scaled, const float* dk_scaled, const float* i,
                                         const float* f, const float* dg, int64_t rows, int K,
                                         void* dk, ElemType dk_type, float* di, float* df) {
@@ -107,10 +137,16 @@ __global__ void MlstmSigGateGradsKernel(Operand k_scaled, const float* dk_scaled
   if (r >= rows) return;
   const float w = expf(LogSigmoid(i[r]));
   float dot = 0.0f;
-  for (int a = lane; a < K; a += 32) {
-    const float g = dk_scaled[r * K + a];
-    dot += LoadElem(k_scaled.ptr, k_scaled.type, r * K + a) * g;
-    StoreElem(dk, dk_type, r * K + a, w * g);
+  for (int a = kN * lane; a < K; a += 32 * kN) {
+    float g[kN], x[kN];
+    LoadElems(dk_scaled, ElemType::kF32, r * K + a, g);
+    LoadElems(k_scaled.ptr, k_scaled.type, r * K + a, x);
+#pragma unroll
+    for (int e = 0; e < kN; ++e) {
+      dot += x[e] * g[e];
+      g[e] *= w;
+    }
+    StoreElems(dk, dk_type, r * K + a, g);
   }
   for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
   if (lane == 0) {
@@ -771,6 +807,7 @@ constexpr int kTokenWarps = kThreads / 32;
 
 // The normalized output's cotangents (StoreNormCotangents, lower = e^{−m}),
 // −m as the reverse scans' key weight, and the explicit dm = −(dh·h)·eps/den.
+template <int kN>
 __global__ void MlstmExpCotangentKernel(const MlstmBackwardParams p, Operand h_out,
                                         const float* norm_dot, void* d_num, void* d_norm,
                                         int norm_cols, ElemType type, float* neg_m) {
@@ -781,8 +818,8 @@ __global__ void MlstmExpCotangentKernel(const MlstmBackwardParams p, Operand h_o
   const Scratch sc = ScratchOf(p);
   const int64_t row = (bos + t) * p.heads + h, pt = TokenAt(p, seq, t, h);
   const float m = sc.m[pt];
-  const RowNorm rn = StoreNormCotangents(row, p.dv, norm_dot[row], expf(-m), p.eps, p.dh, h_out,
-                                         d_num, d_norm, norm_cols, type, lane);
+  const RowNorm rn = StoreNormCotangents<kN>(row, p.dv, norm_dot[row], expf(-m), p.eps, p.dh, h_out,
+                                             d_num, d_norm, norm_cols, type, lane);
   if (lane == 0) {
     neg_m[row] = -m;
     sc.dm[pt] = -rn.dh_h * p.eps / rn.den;
@@ -791,6 +828,7 @@ __global__ void MlstmExpCotangentKernel(const MlstmBackwardParams p, Operand h_o
 
 // dq and dk, each the sum of two scans' fp32 outputs, into their dtypes, and
 // the gate gradients' per-token terms q·dq and k·dk.
+template <int kN>
 __global__ void MlstmExpTermsKernel(const MlstmBackwardParams p, const float* dq, const float* dq2,
                                     const float* dk, const float* dk2) {
   const int seq = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32;
@@ -800,12 +838,22 @@ __global__ void MlstmExpTermsKernel(const MlstmBackwardParams p, const float* dq
   const Scratch sc = ScratchOf(p);
   const int64_t row = ((bos + t) * p.heads + h) * p.dk;
   float qdq = 0.0f, kdk = 0.0f;
-  for (int a = lane; a < p.dk; a += 32) {
-    const float dqa = dq[row + a] + dq2[row + a], dka = dk[row + a] + dk2[row + a];
-    qdq += LoadElem(p.q.ptr, p.q.type, row + a) * dqa;
-    kdk += LoadElem(p.k.ptr, p.k.type, row + a) * dka;
-    StoreElem(p.dq, p.dq_type, row + a, dqa);
-    StoreElem(p.dk_out, p.dk_type, row + a, dka);
+  for (int a = kN * lane; a < p.dk; a += 32 * kN) {
+    float dqa[kN], dq2a[kN], dka[kN], dk2a[kN], q[kN], k[kN];
+    LoadElems(dq, ElemType::kF32, row + a, dqa);
+    LoadElems(dq2, ElemType::kF32, row + a, dq2a);
+    LoadElems(dk, ElemType::kF32, row + a, dka);
+    LoadElems(dk2, ElemType::kF32, row + a, dk2a);
+    LoadElems(p.q.ptr, p.q.type, row + a, q);
+    LoadElems(p.k.ptr, p.k.type, row + a, k);
+#pragma unroll
+    for (int e = 0; e < kN; ++e) {
+      dqa[e] += dq2a[e], dka[e] += dk2a[e];
+      qdq += q[e] * dqa[e];
+      kdk += k[e] * dka[e];
+    }
+    StoreElems(p.dq, p.dq_type, row + a, dqa);
+    StoreElems(p.dk_out, p.dk_type, row + a, dka);
   }
   for (int off = 16; off > 0; off >>= 1) {
     qdq += __shfl_xor_sync(0xffffffffu, qdq, off);
@@ -878,8 +926,11 @@ cudaError_t LaunchMlstmSigKeys(Operand k, const float* i, const float* f, int64_
                                void* k_scaled, ElemType k_scaled_type, float* lf,
                                cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  MlstmSigKeysKernel<<<Blocks(rows, kThreads / 32), kThreads, 0, stream>>>(
-      k, i, f, rows, K, k_scaled, k_scaled_type, lf);
+  const auto kernel = RowsInFours(K, {{k.ptr, k.type}, {k_scaled, k_scaled_type}})
+                          ? MlstmSigKeysKernel<4>
+                          : MlstmSigKeysKernel<1>;
+  kernel<<<Blocks(rows, kThreads / 32), kThreads, 0, stream>>>(k, i, f, rows, K, k_scaled,
+                                                               k_scaled_type, lf);
   return cudaGetLastError();
 }
 
@@ -888,8 +939,11 @@ cudaError_t LaunchMlstmSigNormCotangent(Operand h_out, const float* norm_dot, Op
                                         int norm_cols, ElemType type, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (norm_cols < 2) return cudaErrorInvalidValue;
-  MlstmSigNormCotangentKernel<<<Blocks(rows, kThreads / 32), kThreads, 0, stream>>>(
-      h_out, norm_dot, dh, rows, V, eps, d_num, d_norm, norm_cols, type);
+  const auto kernel = RowsInFours(V, {{h_out.ptr, h_out.type}, {dh.ptr, dh.type}, {d_num, type}})
+                          ? MlstmSigNormCotangentKernel<4>
+                          : MlstmSigNormCotangentKernel<1>;
+  kernel<<<Blocks(rows, kThreads / 32), kThreads, 0, stream>>>(h_out, norm_dot, dh, rows, V, eps,
+                                                               d_num, d_norm, norm_cols, type);
   return cudaGetLastError();
 }
 
@@ -897,8 +951,12 @@ cudaError_t LaunchMlstmSigGateGrads(Operand k_scaled, const float* dk_scaled, co
                                     const float* f, const float* dg, int64_t rows, int K, void* dk,
                                     ElemType dk_type, float* di, float* df, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  MlstmSigGateGradsKernel<<<Blocks(rows, kThreads / 32), kThreads, 0, stream>>>(
-      k_scaled, dk_scaled, i, f, dg, rows, K, dk, dk_type, di, df);
+  const auto kernel =
+      RowsInFours(K, {{k_scaled.ptr, k_scaled.type}, {dk_scaled, ElemType::kF32}, {dk, dk_type}})
+          ? MlstmSigGateGradsKernel<4>
+          : MlstmSigGateGradsKernel<1>;
+  kernel<<<Blocks(rows, kThreads / 32), kThreads, 0, stream>>>(k_scaled, dk_scaled, i, f, dg, rows,
+                                                               K, dk, dk_type, di, df);
   return cudaGetLastError();
 }
 
@@ -915,8 +973,12 @@ cudaError_t LaunchMlstmExpCotangent(const MlstmBackwardParams& p, Operand h_out,
                                     ElemType type, float* neg_m, cudaStream_t stream) {
   if (p.num_seqs * p.heads == 0 || p.max_len == 0) return cudaSuccess;
   if (norm_cols < 2) return cudaErrorInvalidValue;
-  MlstmExpCotangentKernel<<<TokenGrid(p), kThreads, 0, stream>>>(p, h_out, norm_dot, d_num, d_norm,
-                                                                 norm_cols, type, neg_m);
+  const auto kernel =
+      RowsInFours(p.dv, {{h_out.ptr, h_out.type}, {p.dh.ptr, p.dh.type}, {d_num, type}})
+          ? MlstmExpCotangentKernel<4>
+          : MlstmExpCotangentKernel<1>;
+  kernel<<<TokenGrid(p), kThreads, 0, stream>>>(p, h_out, norm_dot, d_num, d_norm, norm_cols, type,
+                                                neg_m);
   return cudaGetLastError();
 }
 
@@ -928,7 +990,17 @@ cudaError_t LaunchMlstmExpGateGrads(const MlstmBackwardParams& p, const float* d
       sc.dt, 0, sizeof(float) * static_cast<size_t>(p.num_seqs) * p.heads * sc.tiles, stream);
   if (err != cudaSuccess) return err;
   if (p.max_len > 0) {
-    MlstmExpTermsKernel<<<TokenGrid(p), kThreads, 0, stream>>>(p, dq, dq2, dk, dk2);
+    const auto kernel = RowsInFours(p.dk, {{dq, ElemType::kF32},
+                                           {dq2, ElemType::kF32},
+                                           {dk, ElemType::kF32},
+                                           {dk2, ElemType::kF32},
+                                           {p.q.ptr, p.q.type},
+                                           {p.k.ptr, p.k.type},
+                                           {p.dq, p.dq_type},
+                                           {p.dk_out, p.dk_type}})
+                            ? MlstmExpTermsKernel<4>
+                            : MlstmExpTermsKernel<1>;
+    kernel<<<TokenGrid(p), kThreads, 0, stream>>>(p, dq, dq2, dk, dk2);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   return Launch(MlstmGateGradKernel, TaskGrid(p), 32 * kTaskWarps, 0, stream, p);
