@@ -233,6 +233,10 @@ __device__ __forceinline__ int64_t SlotHead(const MlstmBackwardParams& p, int se
   return (p.slot ? static_cast<int64_t>(p.slot[seq]) : seq) * p.heads + h;
 }
 
+// Steps of 32 tokens whose inputs the per-task walks below load at once: a
+// walk of 4,096 tokens then waits on memory 16 times instead of 128.
+constexpr int kStepsAhead = 8;
+
 // One warp per (sequence, head), 32 tokens per step (a chunk is two steps):
 // b_t = Σ log σ(f) from the chunk start through t, the stabilizer m_t (0 for
 // the sigmoid kinds) and m entering every chunk. The recurrence
@@ -249,32 +253,45 @@ __global__ void MlstmGatesKernel(const MlstmBackwardParams p) {
   const bool exp_gate = p.gate == MlstmGate::kExp;
   float m = exp_gate && p.m_init ? p.m_init[SlotHead(p, seq, h)] : 0.0f;
   float chunk_b = 0.0f;  // b at the end of the previous step of this chunk
-  for (int t0 = 0; t0 < len; t0 += 32) {
-    if (t0 % kChunk == 0) {
-      if (lane == 0) s.m_in[ChunkAt(p, seq, t0 / kChunk, h)] = m;
-      chunk_b = 0.0f;
+  for (int block = 0; block < len; block += 32 * kStepsAhead) {
+    // The block's gates, every load in flight before the first step needs one.
+    float f_in[kStepsAhead], i_in[kStepsAhead];
+#pragma unroll
+    for (int j = 0; j < kStepsAhead; ++j) {
+      const int t = block + 32 * j + lane;
+      const int64_t tok = (bos + t) * p.heads + h;
+      f_in[j] = t < len ? p.f[tok] : 0.0f;
+      i_in[j] = t < len && exp_gate ? p.i[tok] : 0.0f;
     }
-    const int t = t0 + lane;
-    const bool live = t < len;
-    const int64_t tok = (bos + t) * p.heads + h;
-    float beta = live ? LogSigmoid(p.f[tok]) : 0.0f;
-    float u = live && exp_gate ? p.i[tok] : -INFINITY;
-    for (int o = 1; o < 32; o <<= 1) {
-      const float y = __shfl_up_sync(0xffffffffu, beta, o);
-      if (lane >= o) beta += y;
+#pragma unroll
+    for (int j = 0; j < kStepsAhead; ++j) {
+      const int t0 = block + 32 * j;
+      if (t0 >= len) break;
+      if (t0 % kChunk == 0) {
+        if (lane == 0) s.m_in[ChunkAt(p, seq, t0 / kChunk, h)] = m;
+        chunk_b = 0.0f;
+      }
+      const int t = t0 + lane;
+      const bool live = t < len;
+      float beta = live ? LogSigmoid(f_in[j]) : 0.0f;
+      float u = live && exp_gate ? i_in[j] : -INFINITY;
+      for (int o = 1; o < 32; o <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, beta, o);
+        if (lane >= o) beta += y;
+      }
+      u -= beta;
+      for (int o = 1; o < 32; o <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, u, o);
+        if (lane >= o) u = fmaxf(u, y);
+      }
+      const float mt = exp_gate ? beta + fmaxf(m, u) : 0.0f;
+      if (live) {
+        s.b[TokenAt(p, seq, t, h)] = chunk_b + beta;
+        s.m[TokenAt(p, seq, t, h)] = mt;
+      }
+      chunk_b += __shfl_sync(0xffffffffu, beta, 31);
+      m = __shfl_sync(0xffffffffu, mt, 31);  // lanes past the end repeat the last live value
     }
-    u -= beta;
-    for (int o = 1; o < 32; o <<= 1) {
-      const float y = __shfl_up_sync(0xffffffffu, u, o);
-      if (lane >= o) u = fmaxf(u, y);
-    }
-    const float mt = exp_gate ? beta + fmaxf(m, u) : 0.0f;
-    if (live) {
-      s.b[TokenAt(p, seq, t, h)] = chunk_b + beta;
-      s.m[TokenAt(p, seq, t, h)] = mt;
-    }
-    chunk_b += __shfl_sync(0xffffffffu, beta, 31);
-    m = __shfl_sync(0xffffffffu, mt, 31);  // lanes past the end repeat the last live value
   }
 }
 
@@ -754,48 +771,68 @@ __global__ void MlstmGateGradKernel(const MlstmBackwardParams p) {
   // Carries from the later step: the running sum, dm and "forget won" of its first token.
   float run = d_final, dm_next = -d_final, wins_next = 1.0f;
   const float m0 = sc.m_in[ChunkAt(p, seq, 0, h)];
-  for (int t0 = (len - 1) / 32 * 32; t0 >= 0; t0 -= 32) {
-    const int t = t0 + lane;
-    const bool live = t < len;
-    const int64_t pt = TokenAt(p, seq, live ? t : 0, h), tok = (bos + t) * p.heads + h;
-    const float kdk = live ? sc.kdk[pt] : 0.0f;
-    float sum = live ? sc.qdq[pt] - kdk : 0.0f;
-    for (int o = 1; o < 32; o <<= 1) {
-      const float y = __shfl_down_sync(0xffffffffu, sum, o);
-      if (lane + o < 32) sum += y;
+  for (int block = (len - 1) / 32 * 32; block >= 0; block -= 32 * kStepsAhead) {
+    // The block's per-token inputs (steps block, block − 32, ...), every load
+    // in flight before the first step needs one.
+    float kdk_in[kStepsAhead], qdq_in[kStepsAhead], f_in[kStepsAhead], i_in[kStepsAhead],
+        m_prev_in[kStepsAhead], dm_in[kStepsAhead];
+#pragma unroll
+    for (int j = 0; j < kStepsAhead; ++j) {
+      const int t = block - 32 * j + lane;
+      const bool live = t >= 0 && t < len;
+      const int64_t pt = TokenAt(p, seq, live ? t : 0, h), tok = (bos + t) * p.heads + h;
+      kdk_in[j] = live ? sc.kdk[pt] : 0.0f;
+      qdq_in[j] = live ? sc.qdq[pt] : 0.0f;
+      f_in[j] = live ? p.f[tok] : 0.0f;
+      i_in[j] = live ? p.i[tok] : 0.0f;
+      m_prev_in[j] = live && exp_gate ? (t > 0 ? sc.m[pt - p.heads] : m0) : 0.0f;
+      dm_in[j] = live && exp_gate ? sc.dm[pt] : 0.0f;
     }
-    const float dlf_sum = run + sum;
-    run = __shfl_sync(0xffffffffu, dlf_sum, 0);
-    float dlf = dlf_sum, di = kdk;
-    if (exp_gate) {
-      // Past the end: no explicit term, and the chain passes through (A = 1).
-      float wins = 1.0f, e = 0.0f;
-      if (live) {
-        const float m_prev = t > 0 ? sc.m[pt - p.heads] : m0;
-        wins = LogSigmoid(p.f[tok]) + m_prev >= p.i[tok] ? 1.0f : 0.0f;
-        e = sc.dm[pt];
-      }
-      float a = __shfl_down_sync(0xffffffffu, wins, 1);
-      if (lane == 31) a = wins_next;
+#pragma unroll
+    for (int j = 0; j < kStepsAhead; ++j) {
+      const int t0 = block - 32 * j;
+      if (t0 < 0) break;
+      const int t = t0 + lane;
+      const bool live = t < len;
+      const int64_t tok = (bos + t) * p.heads + h;
+      const float kdk = kdk_in[j];
+      float sum = live ? qdq_in[j] - kdk : 0.0f;
       for (int o = 1; o < 32; o <<= 1) {
-        const float a2 = __shfl_down_sync(0xffffffffu, a, o);
-        const float e2 = __shfl_down_sync(0xffffffffu, e, o);
-        if (lane + o < 32) {
-          e += a * e2;
-          a *= a2;
-        }
+        const float y = __shfl_down_sync(0xffffffffu, sum, o);
+        if (lane + o < 32) sum += y;
       }
-      const float dm = e + a * dm_next;
-      dlf += wins * dm;
-      di += (1.0f - wins) * dm;
-      dm_next = __shfl_sync(0xffffffffu, dm, 0);
-      wins_next = __shfl_sync(0xffffffffu, wins, 0);
-    } else if (live) {
-      di *= Sigmoid(-p.i[tok]);
-    }
-    if (live) {
-      p.df[tok] = dlf * Sigmoid(-p.f[tok]);
-      p.di[tok] = di;
+      const float dlf_sum = run + sum;
+      run = __shfl_sync(0xffffffffu, dlf_sum, 0);
+      float dlf = dlf_sum, di = kdk;
+      if (exp_gate) {
+        // Past the end: no explicit term, and the chain passes through (A = 1).
+        float wins = 1.0f, e = 0.0f;
+        if (live) {
+          wins = LogSigmoid(f_in[j]) + m_prev_in[j] >= i_in[j] ? 1.0f : 0.0f;
+          e = dm_in[j];
+        }
+        float a = __shfl_down_sync(0xffffffffu, wins, 1);
+        if (lane == 31) a = wins_next;
+        for (int o = 1; o < 32; o <<= 1) {
+          const float a2 = __shfl_down_sync(0xffffffffu, a, o);
+          const float e2 = __shfl_down_sync(0xffffffffu, e, o);
+          if (lane + o < 32) {
+            e += a * e2;
+            a *= a2;
+          }
+        }
+        const float dm = e + a * dm_next;
+        dlf += wins * dm;
+        di += (1.0f - wins) * dm;
+        dm_next = __shfl_sync(0xffffffffu, dm, 0);
+        wins_next = __shfl_sync(0xffffffffu, wins, 0);
+      } else if (live) {
+        di *= Sigmoid(-i_in[j]);
+      }
+      if (live) {
+        p.df[tok] = dlf * Sigmoid(-f_in[j]);
+        p.di[tok] = di;
+      }
     }
   }
 }
