@@ -82,24 +82,28 @@ inline bool Elem4Aligned(const void* p, ElemType t) {
   return reinterpret_cast<uintptr_t>(p) % (t == ElemType::kF32 ? 16 : 8) == 0;
 }
 
+__device__ __forceinline__ float2 PairToFloat2(__nv_bfloat162 pair) {
+  return __bfloat1622float2(pair);
+}
+__device__ __forceinline__ float2 PairToFloat2(__half2 pair) { return __half22float2(pair); }
+
+// The four 16-bit values (two Pairs) of raw as floats.
+template <typename Pair>
+__device__ __forceinline__ float4 QuadToFloat4(uint2 raw) {
+  Pair pairs[2];
+  memcpy(pairs, &raw, 8);
+  const float2 a = PairToFloat2(pairs[0]), b = PairToFloat2(pairs[1]);
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+
 // Elements 4q .. 4q + 3 of p as floats (p aligned as Elem4Aligned says):
 // one vector load.
 __device__ __forceinline__ float4 LoadElem4(const void* p, ElemType t, int64_t q) {
   switch (t) {
-    case ElemType::kBF16: {
-      const uint2 raw = static_cast<const uint2*>(p)[q];
-      __nv_bfloat162 h[2];
-      memcpy(h, &raw, 8);
-      const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-      return make_float4(a.x, a.y, b.x, b.y);
-    }
-    case ElemType::kF16: {
-      const uint2 raw = static_cast<const uint2*>(p)[q];
-      __half2 h[2];
-      memcpy(h, &raw, 8);
-      const float2 a = __half22float2(h[0]), b = __half22float2(h[1]);
-      return make_float4(a.x, a.y, b.x, b.y);
-    }
+    case ElemType::kBF16:
+      return QuadToFloat4<__nv_bfloat162>(static_cast<const uint2*>(p)[q]);
+    case ElemType::kF16:
+      return QuadToFloat4<__half2>(static_cast<const uint2*>(p)[q]);
     default:
       return static_cast<const float4*>(p)[q];
   }
