@@ -96,17 +96,16 @@ __device__ __forceinline__ float4 QuadToFloat4(uint2 raw) {
   return make_float4(a.x, a.y, b.x, b.y);
 }
 
+// The four 16-bit values of raw (t bf16, else f16) as floats.
+__device__ __forceinline__ float4 SixteenBitQuad(uint2 raw, ElemType t) {
+  return t == ElemType::kBF16 ? QuadToFloat4<__nv_bfloat162>(raw) : QuadToFloat4<__half2>(raw);
+}
+
 // Elements 4q .. 4q + 3 of p as floats (p aligned as Elem4Aligned says):
 // one vector load.
 __device__ __forceinline__ float4 LoadElem4(const void* p, ElemType t, int64_t q) {
-  switch (t) {
-    case ElemType::kBF16:
-      return QuadToFloat4<__nv_bfloat162>(static_cast<const uint2*>(p)[q]);
-    case ElemType::kF16:
-      return QuadToFloat4<__half2>(static_cast<const uint2*>(p)[q]);
-    default:
-      return static_cast<const float4*>(p)[q];
-  }
+  if (t == ElemType::kF32) return static_cast<const float4*>(p)[q];
+  return SixteenBitQuad(static_cast<const uint2*>(p)[q], t);
 }
 
 // kN (1 or 4) consecutive elements i .. i + kN − 1 of p as floats; at kN = 4

@@ -65,7 +65,8 @@ __global__ void AddKernel(const float* a, const float* b, void* out, ElemType ty
 
 // --- mLSTM sigmoid kinds through the decay scans (one warp per row) -------------
 
-// The row kernels below walk a row kN (RowVector) elements a lane at a time.
+// The row kernels below walk a row kN elements a lane at a time (4 where
+// RowsInFours says so, else 1).
 template <int kN>
 __global__ void MlstmSigKeysKernel(Operand k, const float* i, const float* f, int64_t rows, int K,
                                    void* k_scaled, ElemType type, float* lf) {

@@ -236,18 +236,12 @@ __device__ __forceinline__ uint4 Scale8(uint4 x, float f) {
   return make_uint4(Scale2(x.x, f, f), Scale2(x.y, f, f), Scale2(x.z, f, f), Scale2(x.w, f, f));
 }
 
-// The eight 16-bit values of x (bf16, else f16) in fp32.
-__device__ __forceinline__ void Widen8Bits(uint4 x, bool is_bf16, float (&out)[8]) {
-  const uint32_t words[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const auto lo = static_cast<unsigned short>(words[i] & 0xffffu);
-    const auto hi = static_cast<unsigned short>(words[i] >> 16);
-    out[2 * i] =
-        is_bf16 ? __bfloat162float(__ushort_as_bfloat16(lo)) : __half2float(__ushort_as_half(lo));
-    out[2 * i + 1] =
-        is_bf16 ? __bfloat162float(__ushort_as_bfloat16(hi)) : __half2float(__ushort_as_half(hi));
-  }
+// The eight 16-bit values of x (t bf16, else f16) in fp32.
+__device__ __forceinline__ void Widen8Bits(uint4 x, ElemType t, float (&out)[8]) {
+  const float4 lo = SixteenBitQuad(make_uint2(x.x, x.y), t);
+  const float4 hi = SixteenBitQuad(make_uint2(x.z, x.w), t);
+  out[0] = lo.x, out[1] = lo.y, out[2] = lo.z, out[3] = lo.w;
+  out[4] = hi.x, out[5] = hi.y, out[6] = hi.z, out[7] = hi.w;
 }
 
 // Features a..a + 7 of a gate at packed token `token` (GateLog's, eight at
@@ -280,24 +274,11 @@ __device__ __forceinline__ uint4 PartBits(const SegmentParams& p, int64_t off) {
   return make_uint4(bits.x, bits.y, 0u, 0u);
 }
 __device__ __forceinline__ void PartsAdd(ElemType type, uint4 bits, float (&x)[kOutVec]) {
-  if (type == ElemType::kF32) {
-    x[0] += __uint_as_float(bits.x), x[1] += __uint_as_float(bits.y);
-    x[2] += __uint_as_float(bits.z), x[3] += __uint_as_float(bits.w);
-    return;
-  }
-  const uint32_t words[2] = {bits.x, bits.y};
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const auto lo = static_cast<unsigned short>(words[i] & 0xffffu);
-    const auto hi = static_cast<unsigned short>(words[i] >> 16);
-    if (type == ElemType::kBF16) {
-      x[2 * i] += __bfloat162float(__ushort_as_bfloat16(lo));
-      x[2 * i + 1] += __bfloat162float(__ushort_as_bfloat16(hi));
-    } else {
-      x[2 * i] += __half2float(__ushort_as_half(lo));
-      x[2 * i + 1] += __half2float(__ushort_as_half(hi));
-    }
-  }
+  const float4 v = type == ElemType::kF32
+                       ? make_float4(__uint_as_float(bits.x), __uint_as_float(bits.y),
+                                     __uint_as_float(bits.z), __uint_as_float(bits.w))
+                       : SixteenBitQuad(make_uint2(bits.x, bits.y), type);
+  x[0] += v.x, x[1] += v.y, x[2] += v.z, x[3] += v.w;
 }
 
 __global__ void __launch_bounds__(kEntryThreads, kEntryMinBlocks)
@@ -351,7 +332,6 @@ __global__ void __launch_bounds__(kEntryThreads, kEntryMinBlocks)
   //    learn where each starts. Otherwise warp 0 scans the rows' decays and
   //    every row is q scaled by one factor.
   if (p.left.ptr && p.left_vector) {
-    const bool q_bf16 = p.q.type == ElemType::kBF16;
     const bool vector_loads = reinterpret_cast<uintptr_t>(p.left.ptr) % 16 == 0 &&
                               p.left.token_stride % 4 == 0 && p.left.head_stride % 4 == 0;
     const int items = (lay.keys / 8 * kRowGroups + 31) / 32 * 32;  // whole warps: the shuffles
@@ -391,7 +371,7 @@ __global__ void __launch_bounds__(kEntryThreads, kEntryMinBlocks)
 #pragma unroll
       for (int r = 0; r < kGroupRows; ++r) {
         float q[8];
-        Widen8Bits(q_bits[r], q_bf16, q);
+        Widen8Bits(q_bits[r], p.q.type, q);
         __nv_bfloat162 out[4];
 #pragma unroll
         for (int k = 0; k < 8; k += 2) {

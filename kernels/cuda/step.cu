@@ -146,17 +146,9 @@ __device__ __forceinline__ float LowRankLogit(const LowRankLeft& g, int64_t tok,
   float y = 0.0f;
 #pragma unroll 1
   for (int r = 0; r < g.rank; r += 4) {
-    const uint2 packed = *reinterpret_cast<const uint2*>(w + r * 2);
+    const float4 wr = SixteenBitQuad(*reinterpret_cast<const uint2*>(w + r * 2), g.w_type);
     const float4 zr = *reinterpret_cast<const float4*>(z + r);
-    float2 lo, hi;
-    if (g.w_type == ElemType::kF16) {
-      lo = __half22float2(*reinterpret_cast<const __half2*>(&packed.x));
-      hi = __half22float2(*reinterpret_cast<const __half2*>(&packed.y));
-    } else {
-      lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed.x));
-      hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed.y));
-    }
-    y += zr.x * lo.x + zr.y * lo.y + zr.z * hi.x + zr.w * hi.y;
+    y += zr.x * wr.x + zr.y * wr.y + zr.z * wr.z + zr.w * wr.w;
   }
   return g.bias ? y + g.bias[row] : y;
 }
