@@ -867,6 +867,25 @@ class CudaBackend : public Backend {
     return CudaStatus(cuda::LaunchMlstmBackward(p, s()), "mlstm backward");
   }
 
+  // The forward's h and q'·n, which the normalized kinds' cotangents read
+  // (the branch of den's max must be the forward's): as a training forward
+  // kept them (MlstmForwardArgs::norm_dot), else from `forward` run again
+  // (its outputs set here, in fp32).
+  struct ForwardOutputs {
+    Tensor h, norm_dot;
+  };
+  absl::StatusOr<ForwardOutputs> KeptForward(const MlstmForwardArgs& a, int64_t n,
+                                             ScanParams forward) {
+    if (a.norm_dot.defined()) return ForwardOutputs{a.h, a.norm_dot};
+    ForwardOutputs out;
+    LAIR_ASSIGN_OR_RETURN(out.h, Uninitialized(DType::kF32, {n, a.heads, a.value_dim}));
+    LAIR_ASSIGN_OR_RETURN(out.norm_dot, Uninitialized(DType::kF32, {n, a.heads}));
+    forward.o = out.h.raw();
+    forward.norm_dot = out.norm_dot.f32();
+    LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(forward, s()), "mlstm backward forward"));
+    return out;
+  }
+
   // The exponential kind's backward on the tensor-core scans, from zero
   // states without state cotangents or gradients (training from scratch),
   // 16-bit operands and dims multiples of 16. With F the in-sequence
@@ -910,25 +929,16 @@ class CudaBackend : public Backend {
       sp.stabilize = true;
       return sp;
     };
-    // h and q'·n as the forward took them (the branch of den's max must be
-    // the forward's): kept by a training forward, else the forward again.
-    Tensor h_out = a.h, norm_dot = a.norm_dot;
-    if (!norm_dot.defined()) {
-      LAIR_ASSIGN_OR_RETURN(h_out, Uninitialized(DType::kF32, {n, H, V}));
-      LAIR_ASSIGN_OR_RETURN(norm_dot, Uninitialized(DType::kF32, {n, H}));
-      ScanParams sp = scan(K, V);
-      sp.q = Op(a.q), sp.q_scale = q_scale, sp.k = Op(a.k), sp.v = Op(a.v);
-      sp.left = forget, sp.key_weight = input;
-      sp.norm = cuda::NormKind::kMlstmExp, sp.eps = a.eps;
-      sp.o = h_out.raw();
-      sp.norm_dot = norm_dot.f32();
-      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward forward"));
-    }
+    ScanParams forward = scan(K, V);
+    forward.q = Op(a.q), forward.q_scale = q_scale, forward.k = Op(a.k), forward.v = Op(a.v);
+    forward.left = forget, forward.key_weight = input;
+    forward.norm = cuda::NormKind::kMlstmExp, forward.eps = a.eps;
+    LAIR_ASSIGN_OR_RETURN(const ForwardOutputs kept, KeptForward(a, n, forward));
     LAIR_ASSIGN_OR_RETURN(Tensor d_num, Uninitialized(DType::kBF16, {n, H, V}));
     LAIR_ASSIGN_OR_RETURN(Tensor d_norm, Uninitialized(DType::kBF16, {n, H, kNormCols}));
     LAIR_ASSIGN_OR_RETURN(Tensor neg_m, Uninitialized(DType::kF32, {n, H}));
     LAIR_RETURN_IF_ERROR(CudaStatus(
-        cuda::LaunchMlstmExpCotangent(p, Op(h_out), norm_dot.f32(), d_num.raw(), d_norm.raw(),
+        cuda::LaunchMlstmExpCotangent(p, Op(kept.h), kept.norm_dot.f32(), d_num.raw(), d_norm.raw(),
                                       kNormCols, ElemType::kBF16, neg_m.f32(), s()),
         "mlstm backward cotangent"));
     // The reverse scans start from a zero state whose stabilizer is −∞.
@@ -1029,31 +1039,23 @@ class CudaBackend : public Backend {
         LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(b.d_n0.raw(), 0, b.d_n0.nbytes(), s()),
                                         "mlstm backward d_n0"));
     } else {
-      // h and q'·n as the forward took them (the branch of den's max must
-      // be the forward's): kept by a training forward, else the forward
-      // again. Then their cotangents: dh/den on the values, and q'·n's on
-      // two columns of ones (in two parts). The values' products are the
-      // decay backward; the ones' are two narrow scans that add their dq and
-      // dk onto its, before the decay gradient.
+      // h and q'·n as the forward took them, then their cotangents: dh/den
+      // on the values, and q'·n's on two columns of ones (in two parts). The
+      // values' products are the decay backward; the ones' are two narrow
+      // scans that add their dq and dk onto its, before the decay gradient.
       constexpr int kNormCols = 16;
-      Tensor h_out = a.h, norm_dot = a.norm_dot;
-      if (!norm_dot.defined()) {
-        LAIR_ASSIGN_OR_RETURN(h_out, Uninitialized(DType::kF32, {n, H, V}));
-        LAIR_ASSIGN_OR_RETURN(norm_dot, Uninitialized(DType::kF32, {n, H}));
-        ScanParams sp = Base(db, batch, H, K, V);
-        sp.q = Op(a.q), sp.q_scale = d.fwd.scale, sp.k = Op(k_scaled), sp.v = Op(a.v);
-        sp.left = Gate(lf, H, 1);
-        sp.norm = cuda::NormKind::kSigNorm, sp.eps = a.eps;
-        sp.o = h_out.raw();
-        sp.norm_dot = norm_dot.f32();
-        LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward forward"));
-      }
+      ScanParams forward = Base(db, batch, H, K, V);
+      forward.q = Op(a.q), forward.q_scale = d.fwd.scale, forward.k = Op(k_scaled);
+      forward.v = Op(a.v);
+      forward.left = Gate(lf, H, 1);
+      forward.norm = cuda::NormKind::kSigNorm, forward.eps = a.eps;
+      LAIR_ASSIGN_OR_RETURN(const ForwardOutputs kept, KeptForward(a, n, forward));
       LAIR_ASSIGN_OR_RETURN(Tensor d_num, Uninitialized(b.d_h.dtype(), {n, H, V}));
       LAIR_ASSIGN_OR_RETURN(Tensor d_norm, Uninitialized(b.d_h.dtype(), {n, H, kNormCols}));
       LAIR_ASSIGN_OR_RETURN(Tensor ones, Uninitialized(b.d_h.dtype(), {n, H, kNormCols}));
       LAIR_RETURN_IF_ERROR(
-          CudaStatus(cuda::LaunchMlstmSigNormCotangent(Op(h_out), norm_dot.f32(), Op(b.d_h), n * H,
-                                                       V, a.eps, d_num.raw(), d_norm.raw(),
+          CudaStatus(cuda::LaunchMlstmSigNormCotangent(Op(kept.h), kept.norm_dot.f32(), Op(b.d_h),
+                                                       n * H, V, a.eps, d_num.raw(), d_norm.raw(),
                                                        kNormCols, Elem(d_num.dtype()), s()),
                      "mlstm backward cotangent"));
       LAIR_RETURN_IF_ERROR(CudaStatus(
