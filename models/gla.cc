@@ -9,7 +9,6 @@
 namespace lair::models {
 namespace {
 
-using kernels::UnaryOp;
 
 class GlaMixer : public Mixer {
  public:
@@ -44,7 +43,7 @@ class GlaMixer : public Mixer {
     // gk = logsigmoid(gk_proj.1(·)) / gate_logit_normalizer: formed by the
     // decay op (the CUDA decode step reads gk_proj.1's weights itself), or
     // with grouped heads in the product, then repeated.
-    const float gate_scale = 1.0f / config_.gate_logit_normalizer;
+    const LowRankDecayGate gate{qkv[3], gk1_, gk1_bias_, 1.0f / config_.gate_logit_normalizer};
     DecayInputs in;
     in.kind = kernels::DecayKind::kVector;
     in.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_k_dim));
@@ -55,10 +54,9 @@ class GlaMixer : public Mixer {
     LAIR_ASSIGN_OR_RETURN(in.v,
                           RepeatKvHeads(g, SplitHeads(g, qkv[2], config_.num_kv_heads), groups));
     if (groups == 1) {
-      in.gk_low_rank = LowRankDecayGate{qkv[3], gk1_, gk1_bias_, gate_scale};
+      in.gk_low_rank = gate;
     } else {
-      const LinearWeight gk1{gk1_, gk1_bias_, {UnaryOp::kLogSigmoid, gate_scale}};
-      LAIR_ASSIGN_OR_RETURN(Var gk, g.Linear(qkv[3], gk1));
+      LAIR_ASSIGN_OR_RETURN(Var gk, g.Linear(gate.z, gate.AsLinear()));
       LAIR_ASSIGN_OR_RETURN(in.gk,
                             RepeatKvHeads(g, SplitHeads(g, gk, config_.num_kv_heads), groups));
     }

@@ -594,8 +594,7 @@ absl::StatusOr<Var> Graph::Decay(const kernels::SequenceBatch& batch, const Deca
                         gate.bias >= 0 ? (*params_)[gate.bias] : Tensor(), gate.scale};
     if (record_ || !backend_->FormsLowRankGate(batch, args, form)) {
       args.gk_low_rank = {};
-      const LinearWeight weight{gate.weight, gate.bias, {UnaryOp::kLogSigmoid, gate.scale}};
-      LAIR_ASSIGN_OR_RETURN(Var gk, Linear(gate.z, weight));
+      LAIR_ASSIGN_OR_RETURN(Var gk, Linear(gate.z, gate.AsLinear()));
       in.gk = Reshape(gk, {gk.dim(0), args.heads, args.key_dim});
     }
   }

@@ -96,6 +96,8 @@ struct LowRankDecayGate {
   int weight = -1;  // parameter [H·K, R]
   int bias = -1;    // parameter [H·K], or -1: none
   float scale = 1.0f;
+  // The same gate as a Linear on z, where no backend forms it.
+  LinearWeight AsLinear() const { return {weight, bias, {kernels::UnaryOp::kLogSigmoid, scale}}; }
 };
 
 struct DecayInputs {
