@@ -820,7 +820,6 @@ class CudaBackend : public Backend {
     LAIR_RETURN_IF_ERROR(CheckTensor(b.df, {n, H}, "df", true));
     if (b.d_c0.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_c0, {S, H, K, V}, "d_c0", true));
     if (b.d_n0.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_n0, {S, H, K}, "d_n0", true));
-    if (SigBackwardByScans(batch, b)) return MlstmSigBackward(db, batch, b);
 
     cuda::MlstmBackwardParams p;
     p.num_seqs = S;
@@ -860,6 +859,7 @@ class CudaBackend : public Backend {
     p.df = b.df.f32();
     p.d_c0 = b.d_c0.defined() ? b.d_c0.f32() : nullptr;
     p.d_n0 = b.d_n0.defined() ? b.d_n0.f32() : nullptr;
+    if (SigBackwardByScans(batch, b)) return MlstmSigBackward(db, batch, b, p);
     if (ExpBackwardByScans(batch, b)) return MlstmExpBackward(db, batch, b, p);
     LAIR_ASSIGN_OR_RETURN(Tensor scratch,
                           Uninitialized(DType::kF32, {cuda::MlstmBackwardScratchFloats(p)}));
@@ -888,17 +888,17 @@ class CudaBackend : public Backend {
 
   // The exponential kind's backward on the tensor-core scans, from zero
   // states without state cotangents or gradients (training from scratch),
-  // 16-bit operands and dims multiples of 16. With F the in-sequence
-  // cumsum of log σ(f), m_t the stabilizer and values [v | 1 | 1 | 0 …] (q'·n
-  // as value columns), every product is a stabilized scalar-decay scan:
-  //   dq_t = Σ_{s≤t} e^{F_t − F_s + i_s − m_t} (dO_t·V_s) k_s         (forward; its own m is m_t)
+  // 16-bit operands and dims multiples of 16. With F the in-sequence cumsum
+  // of log σ(f), m_t the stabilizer and dO = dh/den, the values' products are
+  // stabilized scalar-decay scans:
+  //   dq_t = Σ_{s≤t} e^{F_t − F_s + i_s − m_t} (dO_t·v_s) k_s         (forward; its own m is m_t)
   //   dv_s = e^{i_s + M_s} Σ_{t≥s} e^{F_t − F_s − m_t − M_s} (q'_t·k_s) dO_t   (reverse, shifted)
-  //   dk_s = e^{i_s + M_s} Σ_{t≥s} e^{F_t − F_s − m_t − M_s} (V_s·dO_t) q'_t
+  //   dk_s = e^{i_s + M_s} Σ_{t≥s} e^{F_t − F_s − m_t − M_s} (v_s·dO_t) q'_t
   // where the reverse scans take −m_t as key weights, M_s is their own
-  // stabilizer (so i_s + M_s ≤ 0) and e^{i_s + M_s} their row weight; dO =
-  // [dh/den | the q'·n cotangent]. Sums over V's columns split into the
-  // values' and the ones' scans, which add. The mLSTM kernel's per-token steps
-  // give m, the cotangents and the gate gradients.
+  // stabilizer (so i_s + M_s ≤ 0) and e^{i_s + M_s} their row weight. q'·n's
+  // cotangent adds a rank-one share to dq and dk, which the mLSTM kernel's
+  // per-token steps take from the normalizer's recurrence, with m, the
+  // cotangents and the gate gradients (mixer_backward.h).
   static bool ExpBackwardByScans(const SequenceBatch& batch, const MlstmBackwardArgs& b) {
     const MlstmForwardArgs& a = b.fwd;
     return a.kind == MlstmKind::kExp && batch.zero_initial_state && !b.d_ct.defined() &&
@@ -911,16 +911,11 @@ class CudaBackend : public Backend {
     const MlstmForwardArgs& a = b.fwd;
     const int64_t n = db.tokens;
     const int H = a.heads, K = a.key_dim, V = a.value_dim, S = batch.num_seqs;
-    constexpr int kNormCols = 16;  // q'·n's value columns: two of ones, padding
     const float q_scale = 1.0f / std::sqrt(static_cast<float>(K));
     LAIR_ASSIGN_OR_RETURN(Tensor scratch,
                           Uninitialized(DType::kF32, {cuda::MlstmTokenScratchFloats(p)}));
     p.scratch = scratch.f32();
     LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchMlstmStabilizers(p, s()), "mlstm backward m"));
-    LAIR_ASSIGN_OR_RETURN(Tensor ones, Uninitialized(DType::kBF16, {n, H, kNormCols}));
-    LAIR_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchLeadingOnes(n * H, kNormCols, 2, ones.raw(), ElemType::kBF16, s()),
-                   "mlstm backward ones"));
     LogGate forget = Gate(a.f, H, 1);
     forget.fn = cuda::GateFn::kLogSigmoid;
     const LogGate input = Gate(a.i, H, 1);
@@ -935,12 +930,11 @@ class CudaBackend : public Backend {
     forward.norm = cuda::NormKind::kMlstmExp, forward.eps = a.eps;
     LAIR_ASSIGN_OR_RETURN(const ForwardOutputs kept, KeptForward(a, n, forward));
     LAIR_ASSIGN_OR_RETURN(Tensor d_num, Uninitialized(DType::kBF16, {n, H, V}));
-    LAIR_ASSIGN_OR_RETURN(Tensor d_norm, Uninitialized(DType::kBF16, {n, H, kNormCols}));
     LAIR_ASSIGN_OR_RETURN(Tensor neg_m, Uninitialized(DType::kF32, {n, H}));
-    LAIR_RETURN_IF_ERROR(CudaStatus(
-        cuda::LaunchMlstmExpCotangent(p, Op(kept.h), kept.norm_dot.f32(), d_num.raw(), d_norm.raw(),
-                                      kNormCols, ElemType::kBF16, neg_m.f32(), s()),
-        "mlstm backward cotangent"));
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchMlstmNormCotangent(p, Op(kept.h), kept.norm_dot.f32(), d_num.raw(),
+                                                  ElemType::kBF16, neg_m.f32(), s()),
+                   "mlstm backward cotangent"));
     // The reverse scans start from a zero state whose stabilizer is −∞.
     Tensor m_none_host = Tensor::Zeros(DType::kF32, {S, H});
     std::fill_n(m_none_host.f32(), m_none_host.numel(), -std::numeric_limits<float>::infinity());
@@ -954,46 +948,36 @@ class CudaBackend : public Backend {
       sp.m_init = m_none.f32();
       return sp;
     };
-    // dq and dk each add a scan over the values and one over q'·n's columns
-    // (narrow keys, so neither takes the wide-key kernel).
-    LAIR_ASSIGN_OR_RETURN(Tensor dq_num, Uninitialized(DType::kF32, {n, H, K}));
-    LAIR_ASSIGN_OR_RETURN(Tensor dq_norm, Uninitialized(DType::kF32, {n, H, K}));
-    LAIR_ASSIGN_OR_RETURN(Tensor dk_num, Uninitialized(DType::kF32, {n, H, K}));
-    LAIR_ASSIGN_OR_RETURN(Tensor dk_norm, Uninitialized(DType::kF32, {n, H, K}));
-    auto dq_scan = [&](const Tensor& d_o, const Tensor& values, const Tensor& out) {
-      ScanParams sp = scan(static_cast<int>(d_o.dim(2)), K);
-      sp.q = Op(d_o), sp.q_scale = q_scale, sp.k = Op(values), sp.v = Op(a.k);
+    LAIR_ASSIGN_OR_RETURN(Tensor dq_values, Uninitialized(DType::kF32, {n, H, K}));
+    LAIR_ASSIGN_OR_RETURN(Tensor dk_values, Uninitialized(DType::kF32, {n, H, K}));
+    {
+      ScanParams sp = scan(V, K);
+      sp.q = Op(d_num), sp.q_scale = q_scale, sp.k = Op(a.v), sp.v = Op(a.k);
       sp.left = forget, sp.key_weight = input;
-      sp.o = out.raw();
-      return CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dq");
-    };
-    auto dk_scan = [&](const Tensor& d_o, const Tensor& values, const Tensor& out) {
-      ScanParams sp = reverse(static_cast<int>(d_o.dim(2)), K);
-      sp.q = Op(values), sp.k = Op(d_o), sp.v = Op(a.q), sp.k_scale = q_scale;
-      sp.o = out.raw();
-      return CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dk");
-    };
-    LAIR_RETURN_IF_ERROR(dq_scan(d_num, a.v, dq_num));
-    LAIR_RETURN_IF_ERROR(dq_scan(d_norm, ones, dq_norm));
-    LAIR_RETURN_IF_ERROR(dk_scan(d_num, a.v, dk_num));
-    LAIR_RETURN_IF_ERROR(dk_scan(d_norm, ones, dk_norm));
+      sp.o = dq_values.raw();
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dq"));
+    }
+    {
+      ScanParams sp = reverse(V, K);
+      sp.q = Op(a.v), sp.k = Op(d_num), sp.v = Op(a.q), sp.k_scale = q_scale;
+      sp.o = dk_values.raw();
+      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dk"));
+    }
     {
       ScanParams sp = reverse(K, V);
       sp.q = Op(a.k), sp.k = Op(a.q), sp.k_scale = q_scale, sp.v = Op(d_num);
       sp.o = b.dv.raw(), sp.o_type = Elem(b.dv.dtype());
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dv"));
     }
-    return CudaStatus(cuda::LaunchMlstmExpGateGrads(p, dq_num.f32(), dq_norm.f32(), dk_num.f32(),
-                                                    dk_norm.f32(), s()),
+    return CudaStatus(cuda::LaunchMlstmNormGateGrads(p, dq_values.f32(), dk_values.f32(), s()),
                       "mlstm backward gates");
   }
 
   // The sigmoid kinds' backward as the decay family's, on the tensor-core
-  // scans: a scalar decay lf = log σ(f) over keys k' = σ(i)·k (the
-  // normalized kind adds q'·n as columns of ones on the values). Taken
-  // where the normalizer state n carries no cotangent or gradient, and, for
-  // the normalized kind, from zero initial states without state cotangents
-  // or gradients; the mLSTM kernel serves the rest.
+  // scans: a scalar decay lf = log σ(f) over keys k' = σ(i)·k. Taken where
+  // the normalizer state n carries no cotangent or gradient, and, for the
+  // normalized kind, from zero initial states without state cotangents or
+  // gradients; the mLSTM kernel serves the rest.
   static bool SigBackwardByScans(const SequenceBatch& batch, const MlstmBackwardArgs& b) {
     const MlstmKind kind = b.fwd.kind;
     if (kind == MlstmKind::kExp || b.d_nt.defined()) return false;
@@ -1002,7 +986,7 @@ class CudaBackend : public Backend {
   }
 
   absl::Status MlstmSigBackward(const DeviceBatch& db, const SequenceBatch& batch,
-                                const MlstmBackwardArgs& b) {
+                                const MlstmBackwardArgs& b, cuda::MlstmBackwardParams p) {
     const MlstmForwardArgs& a = b.fwd;
     const int64_t n = db.tokens;
     const int H = a.heads, K = a.key_dim, V = a.value_dim;
@@ -1013,94 +997,60 @@ class CudaBackend : public Backend {
                                             Elem(k_scaled.dtype()), lf.f32(), s()),
                    "mlstm backward keys"));
     LAIR_ASSIGN_OR_RETURN(Tensor dk_scaled, Uninitialized(DType::kF32, {n, H, K}));
-    LAIR_ASSIGN_OR_RETURN(Tensor dg, Uninitialized(DType::kF32, {n, H}));
     DecayBackwardArgs d;
     d.fwd.kind = DecayKind::kScalar;
     d.fwd.heads = H;
     d.fwd.key_dim = K;
+    d.fwd.value_dim = V;
     d.fwd.scale = 1.0f / std::sqrt(static_cast<float>(K));
     d.fwd.q = a.q;
     d.fwd.k = k_scaled;
+    d.fwd.v = a.v;
     d.fwd.g = lf;
-    d.dq = b.dq;
+    d.fwd.state = a.state_c;
     d.dk = dk_scaled;
-    d.dg = dg;
+    d.dv = b.dv;
     if (a.kind == MlstmKind::kSig) {
-      d.fwd.value_dim = V;
-      d.fwd.v = a.v;
-      d.fwd.state = a.state_c;
+      LAIR_ASSIGN_OR_RETURN(Tensor dg, Uninitialized(DType::kF32, {n, H}));
       d.d_o = b.d_h;
       d.d_ht = b.d_ct;
-      d.dv = b.dv;
+      d.dq = b.dq;
+      d.dg = dg;
       d.dh0 = b.d_c0;
       LAIR_RETURN_IF_ERROR(DecayBackward(batch, d));
       // n never reaches h, and no cotangent reaches n.
       if (b.d_n0.defined())
         LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(b.d_n0.raw(), 0, b.d_n0.nbytes(), s()),
                                         "mlstm backward d_n0"));
-    } else {
-      // h and q'·n as the forward took them, then their cotangents: dh/den
-      // on the values, and q'·n's on two columns of ones (in two parts). The
-      // values' products are the decay backward; the ones' are two narrow
-      // scans that add their dq and dk onto its, before the decay gradient.
-      constexpr int kNormCols = 16;
-      ScanParams forward = Base(db, batch, H, K, V);
-      forward.q = Op(a.q), forward.q_scale = d.fwd.scale, forward.k = Op(k_scaled);
-      forward.v = Op(a.v);
-      forward.left = Gate(lf, H, 1);
-      forward.norm = cuda::NormKind::kSigNorm, forward.eps = a.eps;
-      LAIR_ASSIGN_OR_RETURN(const ForwardOutputs kept, KeptForward(a, n, forward));
-      LAIR_ASSIGN_OR_RETURN(Tensor d_num, Uninitialized(b.d_h.dtype(), {n, H, V}));
-      LAIR_ASSIGN_OR_RETURN(Tensor d_norm, Uninitialized(b.d_h.dtype(), {n, H, kNormCols}));
-      LAIR_ASSIGN_OR_RETURN(Tensor ones, Uninitialized(b.d_h.dtype(), {n, H, kNormCols}));
-      LAIR_RETURN_IF_ERROR(
-          CudaStatus(cuda::LaunchMlstmSigNormCotangent(Op(kept.h), kept.norm_dot.f32(), Op(b.d_h),
-                                                       n * H, V, a.eps, d_num.raw(), d_norm.raw(),
-                                                       kNormCols, Elem(d_num.dtype()), s()),
-                     "mlstm backward cotangent"));
-      LAIR_RETURN_IF_ERROR(CudaStatus(
-          cuda::LaunchLeadingOnes(n * H, kNormCols, 2, ones.raw(), Elem(ones.dtype()), s()),
-          "mlstm backward ones"));
-      LAIR_ASSIGN_OR_RETURN(Tensor dq_num, Uninitialized(DType::kF32, {n, H, K}));
-      d.fwd.value_dim = V;
-      d.fwd.v = a.v;
-      d.fwd.state = a.state_c;  // zero initial states: not read
-      d.d_o = d_num;
-      d.dq = dq_num;
-      d.dv = b.dv;
-      d.dg = Tensor();  // the decay gradient waits for the ones' scans
-      LAIR_RETURN_IF_ERROR(DecayBackward(batch, d));
-      {
-        ScanParams dq = Base(db, batch, H, kNormCols, K);
-        dq.q = Op(d_norm), dq.q_scale = d.fwd.scale, dq.k = Op(ones), dq.v = Op(k_scaled);
-        dq.left = Gate(lf, H, 1);
-        dq.o = dq_num.raw();
-        dq.accumulate = true;
-        LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(dq, s()), "mlstm backward dq"));
-        ScanParams dk = Base(db, batch, H, kNormCols, K);
-        dk.reverse = true;
-        dk.q = Op(ones), dk.k = Op(d_norm), dk.k_scale = d.fwd.scale, dk.v = Op(a.q);
-        dk.left = Shifted(Gate(lf, H, 1));
-        dk.o = dk_scaled.raw();
-        dk.accumulate = true;
-        LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(dk, s()), "mlstm backward dk"));
-      }
-      // d log σ(f): the reversed cumsum of q·dq − k'·dk', dq stored on the way.
-      cuda::DecayGradParams g;
-      g.num_seqs = batch.num_seqs;
-      g.heads = H;
-      g.tokens = n;
-      g.cu_seqlens = db.cu_seqlens;
-      g.dim = K;
-      g.x = Op(a.q), g.dx = Op(dq_num), g.y = Op(k_scaled), g.dy = Op(dk_scaled);
-      g.dx_out = b.dq.raw(), g.dx_out_type = Elem(b.dq.dtype());
-      g.reduce_features = true;
-      g.out = dg.f32();
-      LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchDecayGrad(g, s()), "mlstm backward df"));
+      return CudaStatus(cuda::LaunchMlstmSigGateGrads(
+                            Op(k_scaled), dk_scaled.f32(), a.i.f32(), a.f.f32(), dg.f32(), n * H, K,
+                            b.dk.raw(), Elem(b.dk.dtype()), b.di.f32(), b.df.f32(), s()),
+                        "mlstm backward gates");
     }
-    return CudaStatus(cuda::LaunchMlstmSigGateGrads(
-                          Op(k_scaled), dk_scaled.f32(), a.i.f32(), a.f.f32(), dg.f32(), n * H, K,
-                          b.dk.raw(), Elem(b.dk.dtype()), b.di.f32(), b.df.f32(), s()),
+    // The normalized kind: h and q'·n as the forward took them, then their
+    // cotangents. The values' products (dh/den) are the decay backward's;
+    // q'·n's rank-one share comes from the normalizer's recurrence, with the
+    // gate gradients (mixer_backward.h).
+    LAIR_ASSIGN_OR_RETURN(Tensor scratch,
+                          Uninitialized(DType::kF32, {cuda::MlstmTokenScratchFloats(p)}));
+    p.scratch = scratch.f32();
+    LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchMlstmStabilizers(p, s()), "mlstm backward b"));
+    ScanParams forward = Base(db, batch, H, K, V);
+    forward.q = Op(a.q), forward.q_scale = d.fwd.scale, forward.k = Op(k_scaled);
+    forward.v = Op(a.v);
+    forward.left = Gate(lf, H, 1);
+    forward.norm = cuda::NormKind::kSigNorm, forward.eps = a.eps;
+    LAIR_ASSIGN_OR_RETURN(const ForwardOutputs kept, KeptForward(a, n, forward));
+    LAIR_ASSIGN_OR_RETURN(Tensor d_num, Uninitialized(b.d_h.dtype(), {n, H, V}));
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchMlstmNormCotangent(p, Op(kept.h), kept.norm_dot.f32(), d_num.raw(),
+                                                  Elem(d_num.dtype()), nullptr, s()),
+                   "mlstm backward cotangent"));
+    LAIR_ASSIGN_OR_RETURN(Tensor dq_values, Uninitialized(DType::kF32, {n, H, K}));
+    d.d_o = d_num;
+    d.dq = dq_values;
+    LAIR_RETURN_IF_ERROR(DecayBackward(batch, d));
+    return CudaStatus(cuda::LaunchMlstmNormGateGrads(p, dq_values.f32(), dk_scaled.f32(), s()),
                       "mlstm backward gates");
   }
 

@@ -120,26 +120,6 @@ __global__ void SumRowGroupsQuadsKernel(const float4* parts, int64_t rows, int w
   }
 }
 
-__global__ void LeadingOnesKernel(int64_t rows, int width, int ones, void* dst, ElemType type) {
-  const int64_t n = rows * width;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    StoreElem(dst, type, i, i % width < ones ? 1.0f : 0.0f);
-}
-
-// LeadingOnesKernel four elements a thread (width % 4 == 0, dst aligned for
-// StoreElem4): a quarter of the index arithmetic, one vector store.
-__global__ void LeadingOnesQuadsKernel(int64_t quads, int row_quads, int ones, void* dst,
-                                       ElemType type) {
-  for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < quads;
-       q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int c = 4 * static_cast<int>(q % row_quads);
-    StoreElem4(dst, type, q,
-               make_float4(c < ones ? 1.0f : 0.0f, c + 1 < ones ? 1.0f : 0.0f,
-                           c + 2 < ones ? 1.0f : 0.0f, c + 3 < ones ? 1.0f : 0.0f));
-  }
-}
-
 int Blocks(int64_t n, int per_block) {
   const int64_t b = (n + per_block - 1) / per_block;
   return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
@@ -167,19 +147,6 @@ cudaError_t LaunchRepeatRows(const void* src, ElemType type, int64_t rows, int w
   if (n == 0) return cudaSuccess;
   RepeatRowsKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(src, type, rows, width, copies,
                                                                  dst);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchLeadingOnes(int64_t rows, int width, int ones, void* dst, ElemType type,
-                              cudaStream_t stream) {
-  const int64_t n = rows * width;
-  if (n == 0) return cudaSuccess;
-  if (width % 4 == 0 && Elem4Aligned(dst, type)) {
-    LeadingOnesQuadsKernel<<<Blocks(n / 4, kThreads), kThreads, 0, stream>>>(n / 4, width / 4, ones,
-                                                                             dst, type);
-  } else {
-    LeadingOnesKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(rows, width, ones, dst, type);
-  }
   return cudaGetLastError();
 }
 

@@ -63,47 +63,41 @@ struct MlstmBackwardParams {
 };
 
 // The sigmoid kinds' backward through the decay-family scans (cuda_backend.cc)
-// sees the mLSTM as a scalar decay lf = log σ(f) over keys k' = σ(i)·k, with
-// q'·n as extra value columns of ones. Per row of [rows, K]:
+// sees the mLSTM as a scalar decay lf = log σ(f) over keys k' = σ(i)·k. Per
+// row of [rows, K]:
 //   k'[r] = σ(i_r)·k[r], lf[r] = log σ(f_r).
 cudaError_t LaunchMlstmSigKeys(Operand k, const float* i, const float* f, int64_t rows, int K,
                                void* k_scaled, ElemType k_scaled_type, float* lf,
                                cudaStream_t stream);
-// The normalized kind's cotangents: from the forward's h ([rows, V], any
-// float type) and
-// q'·n (norm_dot, ScanParams::norm_dot: the max's branch as the forward took
-// it) and dh, with den = max(|q'·n|, 1) + eps and
-// x = −(dh·h)/den·sign(q'·n)·[|q'·n| ≥ 1]: dh/den into d_num [rows, V] and
-// [x_hi | x − x_hi | 0 …] into d_norm [rows, norm_cols], x_hi = x rounded to
-// `type` (against two columns of ones, q'·n's values).
-cudaError_t LaunchMlstmSigNormCotangent(Operand h_out, const float* norm_dot, Operand dh,
-                                        int64_t rows, int V, float eps, void* d_num, void* d_norm,
-                                        int norm_cols, ElemType type, cudaStream_t stream);
 // From the scans' dk' (fp32) and decay gradient dg: dk = σ(i)·dk',
 // di = (k'·dk')·σ(−i), df = dg·σ(−f).
 cudaError_t LaunchMlstmSigGateGrads(Operand k_scaled, const float* dk_scaled, const float* i,
                                     const float* f, const float* dg, int64_t rows, int K, void* dk,
                                     ElemType dk_type, float* di, float* df, cudaStream_t stream);
 
-// The exponential kind's backward on the scans (cuda_backend.cc) takes the
+// The normalized kinds' backward on the scans (cuda_backend.cc) takes the
 // mLSTM kernel's per-token steps around its scans, in a scratch of
-// MlstmTokenScratchFloats(p) (no chunk states):
-//   LaunchMlstmStabilizers   m_t of every token (p.m_init or 0 entering);
-//   LaunchMlstmExpCotangent  from the forward's h ([N,H,V], any float type), its q'·n
-//     (norm_dot [N,H], ScanParams::norm_dot: the max's branch as the forward
-//     took it) and p.dh, with den = max(|q'·n|, e^{−m}) + eps and
-//     x = −(dh·h)/den·sign(q'·n): dh/den into d_num [N,H,V], [x_hi | x − x_hi |
-//     0 …] into d_norm [N,H,norm_cols] (against two columns of ones), −m_t into
-//     neg_m [N,H], and the explicit dm_t = −(dh·h)·eps/den;
-//   LaunchMlstmExpGateGrads  dq = dq + dq2, dk = dk + dk2 (fp32 [N,H,K]) into p.dq,
-//     p.dk_out, then di, df from q·dq − k·dk and the m chain (no state cotangents).
+// MlstmTokenScratchFloats(p) (no chunk states), from zero initial states
+// without state cotangents:
+//   LaunchMlstmStabilizers    b and m_t of every token (m = 0 for the sigmoid kinds);
+//   LaunchMlstmNormCotangent  from the forward's h ([N,H,V], any float type) and
+//     its q'·n (norm_dot [N,H], ScanParams::norm_dot: the max's branch as the
+//     forward took it) and p.dh, with den = max(|q'·n|, lower) + eps (lower =
+//     e^{−m}, or 1 for kSigNorm): dh/den into d_num [N,H,V] (of `type`) and
+//     x = −(dh·h)/den·sign(q'·n), q'·n's cotangent, into the scratch; for kExp
+//     also −m_t into neg_m [N,H] and the explicit dm_t = −(dh·h)·eps/den;
+//   LaunchMlstmNormGateGrads  from the scans' dq and dk of the values (fp32
+//     [N,H,K], d_num against v; kSigNorm's dk is that of the keys σ(i)·k),
+//     q'·n's rank-one share of dq and dk (from x and the normalizer's
+//     recurrence), the sums into p.dq and p.dk_out, then di, df from
+//     q·dq − k·dk and, for kExp, the m chain.
 int64_t MlstmTokenScratchFloats(const MlstmBackwardParams& p);
 cudaError_t LaunchMlstmStabilizers(const MlstmBackwardParams& p, cudaStream_t stream);
-cudaError_t LaunchMlstmExpCotangent(const MlstmBackwardParams& p, Operand h_out,
-                                    const float* norm_dot, void* d_num, void* d_norm, int norm_cols,
-                                    ElemType type, float* neg_m, cudaStream_t stream);
-cudaError_t LaunchMlstmExpGateGrads(const MlstmBackwardParams& p, const float* dq, const float* dq2,
-                                    const float* dk, const float* dk2, cudaStream_t stream);
+cudaError_t LaunchMlstmNormCotangent(const MlstmBackwardParams& p, Operand h_out,
+                                     const float* norm_dot, void* d_num, ElemType type,
+                                     float* neg_m, cudaStream_t stream);
+cudaError_t LaunchMlstmNormGateGrads(const MlstmBackwardParams& p, const float* dq_values,
+                                     const float* dk_values, cudaStream_t stream);
 
 // fp32 elements of scratch the launch needs (dims, num_seqs and max_len set).
 int64_t MlstmBackwardScratchFloats(const MlstmBackwardParams& p);

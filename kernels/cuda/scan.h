@@ -144,10 +144,6 @@ cudaError_t LaunchConvert(const void* src, ElemType src_type, void* dst, ElemTyp
 // an operand of H heads seen as H·copies heads (key blocks as heads).
 cudaError_t LaunchRepeatRows(const void* src, ElemType type, int64_t rows, int width, int copies,
                              void* dst, cudaStream_t stream);
-// dst[r, c] = 1 for c < ones, else 0, over rows of `width` (the value columns
-// of ones that carry the mLSTM normalizer through the backward's scans).
-cudaError_t LaunchLeadingOnes(int64_t rows, int width, int ones, void* dst, ElemType type,
-                              cudaStream_t stream);
 // out[r, :] = Σ_c parts[r·copies + c, :] over fp32 rows of `width`, stored as out_type.
 cudaError_t LaunchSumRowGroups(const float* parts, int64_t rows, int width, int copies, void* out,
                                ElemType out_type, cudaStream_t stream);
