@@ -820,6 +820,7 @@ class CudaBackend : public Backend {
     LAIR_RETURN_IF_ERROR(CheckTensor(b.df, {n, H}, "df", true));
     if (b.d_c0.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_c0, {S, H, K, V}, "d_c0", true));
     if (b.d_n0.defined()) LAIR_RETURN_IF_ERROR(CheckTensor(b.d_n0, {S, H, K}, "d_n0", true));
+    if (SigBackwardByScans(b)) return MlstmSigBackward(db, batch, b);
 
     cuda::MlstmBackwardParams p;
     p.num_seqs = S;
@@ -859,8 +860,7 @@ class CudaBackend : public Backend {
     p.df = b.df.f32();
     p.d_c0 = b.d_c0.defined() ? b.d_c0.f32() : nullptr;
     p.d_n0 = b.d_n0.defined() ? b.d_n0.f32() : nullptr;
-    if (SigBackwardByScans(batch, b)) return MlstmSigBackward(db, batch, b, p);
-    if (ExpBackwardByScans(batch, b)) return MlstmExpBackward(db, batch, b, p);
+    if (NormBackwardByScans(batch, b)) return MlstmNormBackward(db, batch, b, p);
     LAIR_ASSIGN_OR_RETURN(Tensor scratch,
                           Uninitialized(DType::kF32, {cuda::MlstmBackwardScratchFloats(p)}));
     p.scratch = scratch.f32();
@@ -886,31 +886,33 @@ class CudaBackend : public Backend {
     return out;
   }
 
-  // The exponential kind's backward on the tensor-core scans, from zero
-  // states without state cotangents or gradients (training from scratch),
-  // 16-bit operands and dims multiples of 16. With F the in-sequence cumsum
-  // of log σ(f), m_t the stabilizer and dO = dh/den, the values' products are
-  // stabilized scalar-decay scans:
-  //   dq_t = Σ_{s≤t} e^{F_t − F_s + i_s − m_t} (dO_t·v_s) k_s         (forward; its own m is m_t)
-  //   dv_s = e^{i_s + M_s} Σ_{t≥s} e^{F_t − F_s − m_t − M_s} (q'_t·k_s) dO_t   (reverse, shifted)
-  //   dk_s = e^{i_s + M_s} Σ_{t≥s} e^{F_t − F_s − m_t − M_s} (v_s·dO_t) q'_t
-  // where the reverse scans take −m_t as key weights, M_s is their own
-  // stabilizer (so i_s + M_s ≤ 0) and e^{i_s + M_s} their row weight. q'·n's
-  // cotangent adds a rank-one share to dq and dk, which the mLSTM kernel's
-  // per-token steps take from the normalizer's recurrence, with m, the
-  // cotangents and the gate gradients (mixer_backward.h).
-  static bool ExpBackwardByScans(const SequenceBatch& batch, const MlstmBackwardArgs& b) {
+  // The normalized kinds' backward (exp, and sig with its normalizer) on the
+  // tensor-core scans, from zero states without state cotangents or
+  // gradients (training from scratch), 16-bit operands and dims multiples of
+  // 16. With F the in-sequence cumsum of log σ(f), li the log input weight (i,
+  // or log σ(i)), m_t the stabilizer (exp; 0 for sig) and dO = dh/den, the
+  // values' products are scalar-decay scans, stabilized for exp:
+  //   dq_t = Σ_{s≤t} e^{F_t − F_s + li_s − m_t} (dO_t·v_s) k_s        (forward; its own m is m_t)
+  //   dv_s = e^{li_s + M_s} Σ_{t≥s} e^{F_t − F_s − m_t − M_s} (q'_t·k_s) dO_t  (reverse, shifted)
+  //   dk_s = e^{li_s + M_s} Σ_{t≥s} e^{F_t − F_s − m_t − M_s} (v_s·dO_t) q'_t
+  // where for exp the reverse scans take −m_t as key weights and M_s is their
+  // own stabilizer (so li_s + M_s ≤ 0); e^{li_s + M_s} is their row weight.
+  // q'·n's cotangent adds a rank-one share to dq and dk, which the mLSTM
+  // kernel's per-token steps take from the normalizer's recurrence, with m,
+  // the cotangents and the gate gradients (mixer_backward.h).
+  static bool NormBackwardByScans(const SequenceBatch& batch, const MlstmBackwardArgs& b) {
     const MlstmForwardArgs& a = b.fwd;
-    return a.kind == MlstmKind::kExp && batch.zero_initial_state && !b.d_ct.defined() &&
+    return a.kind != MlstmKind::kSig && batch.zero_initial_state && !b.d_ct.defined() &&
            !b.d_nt.defined() && !b.d_c0.defined() && !b.d_n0.defined() && SixteenBit(a.q) &&
            SixteenBit(a.k) && SixteenBit(a.v) && a.key_dim % 16 == 0 && a.value_dim % 16 == 0;
   }
 
-  absl::Status MlstmExpBackward(const DeviceBatch& db, const SequenceBatch& batch,
-                                const MlstmBackwardArgs& b, cuda::MlstmBackwardParams p) {
+  absl::Status MlstmNormBackward(const DeviceBatch& db, const SequenceBatch& batch,
+                                 const MlstmBackwardArgs& b, cuda::MlstmBackwardParams p) {
     const MlstmForwardArgs& a = b.fwd;
     const int64_t n = db.tokens;
     const int H = a.heads, K = a.key_dim, V = a.value_dim, S = batch.num_seqs;
+    const bool exp_gate = a.kind == MlstmKind::kExp;
     const float q_scale = 1.0f / std::sqrt(static_cast<float>(K));
     LAIR_ASSIGN_OR_RETURN(Tensor scratch,
                           Uninitialized(DType::kF32, {cuda::MlstmTokenScratchFloats(p)}));
@@ -918,34 +920,44 @@ class CudaBackend : public Backend {
     LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchMlstmStabilizers(p, s()), "mlstm backward m"));
     LogGate forget = Gate(a.f, H, 1);
     forget.fn = cuda::GateFn::kLogSigmoid;
-    const LogGate input = Gate(a.i, H, 1);
+    LogGate input = Gate(a.i, H, 1);
+    input.fn = exp_gate ? cuda::GateFn::kIdentity : cuda::GateFn::kLogSigmoid;
     auto scan = [&](int dk, int dv) {
       ScanParams sp = Base(db, batch, H, dk, dv);
-      sp.stabilize = true;
+      sp.stabilize = exp_gate;
       return sp;
     };
     ScanParams forward = scan(K, V);
     forward.q = Op(a.q), forward.q_scale = q_scale, forward.k = Op(a.k), forward.v = Op(a.v);
     forward.left = forget, forward.key_weight = input;
-    forward.norm = cuda::NormKind::kMlstmExp, forward.eps = a.eps;
+    forward.norm = exp_gate ? cuda::NormKind::kMlstmExp : cuda::NormKind::kSigNorm;
+    forward.eps = a.eps;
     LAIR_ASSIGN_OR_RETURN(const ForwardOutputs kept, KeptForward(a, n, forward));
     LAIR_ASSIGN_OR_RETURN(Tensor d_num, Uninitialized(DType::kBF16, {n, H, V}));
-    LAIR_ASSIGN_OR_RETURN(Tensor neg_m, Uninitialized(DType::kF32, {n, H}));
-    LAIR_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchMlstmNormCotangent(p, Op(kept.h), kept.norm_dot.f32(), d_num.raw(),
-                                                  ElemType::kBF16, neg_m.f32(), s()),
-                   "mlstm backward cotangent"));
-    // The reverse scans start from a zero state whose stabilizer is −∞.
-    Tensor m_none_host = Tensor::Zeros(DType::kF32, {S, H});
-    std::fill_n(m_none_host.f32(), m_none_host.numel(), -std::numeric_limits<float>::infinity());
-    LAIR_ASSIGN_OR_RETURN(Tensor m_none, Upload(m_none_host, DType::kF32));
+    Tensor neg_m;
+    if (exp_gate) {
+      LAIR_ASSIGN_OR_RETURN(neg_m, Uninitialized(DType::kF32, {n, H}));
+    }
+    LAIR_RETURN_IF_ERROR(CudaStatus(
+        cuda::LaunchMlstmNormCotangent(p, Op(kept.h), kept.norm_dot.f32(), d_num.raw(),
+                                       ElemType::kBF16, exp_gate ? neg_m.f32() : nullptr, s()),
+        "mlstm backward cotangent"));
+    // The exp kind's reverse scans start from a zero state whose stabilizer is −∞.
+    Tensor m_none;
+    if (exp_gate) {
+      Tensor m_none_host = Tensor::Zeros(DType::kF32, {S, H});
+      std::fill_n(m_none_host.f32(), m_none_host.numel(), -std::numeric_limits<float>::infinity());
+      LAIR_ASSIGN_OR_RETURN(m_none, Upload(m_none_host, DType::kF32));
+    }
     auto reverse = [&](int dk, int dv) {
       ScanParams sp = scan(dk, dv);
       sp.reverse = true;
       sp.left = Shifted(forget);
-      sp.key_weight = Gate(neg_m, H, 1);
       sp.row_weight = input;
-      sp.m_init = m_none.f32();
+      if (exp_gate) {
+        sp.key_weight = Gate(neg_m, H, 1);
+        sp.m_init = m_none.f32();
+      }
       return sp;
     };
     LAIR_ASSIGN_OR_RETURN(Tensor dq_values, Uninitialized(DType::kF32, {n, H, K}));
@@ -973,20 +985,16 @@ class CudaBackend : public Backend {
                       "mlstm backward gates");
   }
 
-  // The sigmoid kinds' backward as the decay family's, on the tensor-core
+  // The sigmoid kind's backward as the decay family's, on the tensor-core
   // scans: a scalar decay lf = log σ(f) over keys k' = σ(i)·k. Taken where
-  // the normalizer state n carries no cotangent or gradient, and, for the
-  // normalized kind, from zero initial states without state cotangents or
-  // gradients; the mLSTM kernel serves the rest.
-  static bool SigBackwardByScans(const SequenceBatch& batch, const MlstmBackwardArgs& b) {
-    const MlstmKind kind = b.fwd.kind;
-    if (kind == MlstmKind::kExp || b.d_nt.defined()) return false;
-    return kind == MlstmKind::kSig || (batch.zero_initial_state && !b.d_ct.defined() &&
-                                       !b.d_c0.defined() && !b.d_n0.defined());
+  // the normalizer state n carries no cotangent (n never reaches h); the
+  // mLSTM kernel serves the rest.
+  static bool SigBackwardByScans(const MlstmBackwardArgs& b) {
+    return b.fwd.kind == MlstmKind::kSig && !b.d_nt.defined();
   }
 
   absl::Status MlstmSigBackward(const DeviceBatch& db, const SequenceBatch& batch,
-                                const MlstmBackwardArgs& b, cuda::MlstmBackwardParams p) {
+                                const MlstmBackwardArgs& b) {
     const MlstmForwardArgs& a = b.fwd;
     const int64_t n = db.tokens;
     const int H = a.heads, K = a.key_dim, V = a.value_dim;
@@ -997,6 +1005,7 @@ class CudaBackend : public Backend {
                                             Elem(k_scaled.dtype()), lf.f32(), s()),
                    "mlstm backward keys"));
     LAIR_ASSIGN_OR_RETURN(Tensor dk_scaled, Uninitialized(DType::kF32, {n, H, K}));
+    LAIR_ASSIGN_OR_RETURN(Tensor dg, Uninitialized(DType::kF32, {n, H}));
     DecayBackwardArgs d;
     d.fwd.kind = DecayKind::kScalar;
     d.fwd.heads = H;
@@ -1008,49 +1017,21 @@ class CudaBackend : public Backend {
     d.fwd.v = a.v;
     d.fwd.g = lf;
     d.fwd.state = a.state_c;
+    d.d_o = b.d_h;
+    d.d_ht = b.d_ct;
+    d.dq = b.dq;
     d.dk = dk_scaled;
     d.dv = b.dv;
-    if (a.kind == MlstmKind::kSig) {
-      LAIR_ASSIGN_OR_RETURN(Tensor dg, Uninitialized(DType::kF32, {n, H}));
-      d.d_o = b.d_h;
-      d.d_ht = b.d_ct;
-      d.dq = b.dq;
-      d.dg = dg;
-      d.dh0 = b.d_c0;
-      LAIR_RETURN_IF_ERROR(DecayBackward(batch, d));
-      // n never reaches h, and no cotangent reaches n.
-      if (b.d_n0.defined())
-        LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(b.d_n0.raw(), 0, b.d_n0.nbytes(), s()),
-                                        "mlstm backward d_n0"));
-      return CudaStatus(cuda::LaunchMlstmSigGateGrads(
-                            Op(k_scaled), dk_scaled.f32(), a.i.f32(), a.f.f32(), dg.f32(), n * H, K,
-                            b.dk.raw(), Elem(b.dk.dtype()), b.di.f32(), b.df.f32(), s()),
-                        "mlstm backward gates");
-    }
-    // The normalized kind: h and q'·n as the forward took them, then their
-    // cotangents. The values' products (dh/den) are the decay backward's;
-    // q'·n's rank-one share comes from the normalizer's recurrence, with the
-    // gate gradients (mixer_backward.h).
-    LAIR_ASSIGN_OR_RETURN(Tensor scratch,
-                          Uninitialized(DType::kF32, {cuda::MlstmTokenScratchFloats(p)}));
-    p.scratch = scratch.f32();
-    LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchMlstmStabilizers(p, s()), "mlstm backward b"));
-    ScanParams forward = Base(db, batch, H, K, V);
-    forward.q = Op(a.q), forward.q_scale = d.fwd.scale, forward.k = Op(k_scaled);
-    forward.v = Op(a.v);
-    forward.left = Gate(lf, H, 1);
-    forward.norm = cuda::NormKind::kSigNorm, forward.eps = a.eps;
-    LAIR_ASSIGN_OR_RETURN(const ForwardOutputs kept, KeptForward(a, n, forward));
-    LAIR_ASSIGN_OR_RETURN(Tensor d_num, Uninitialized(b.d_h.dtype(), {n, H, V}));
-    LAIR_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchMlstmNormCotangent(p, Op(kept.h), kept.norm_dot.f32(), d_num.raw(),
-                                                  Elem(d_num.dtype()), nullptr, s()),
-                   "mlstm backward cotangent"));
-    LAIR_ASSIGN_OR_RETURN(Tensor dq_values, Uninitialized(DType::kF32, {n, H, K}));
-    d.d_o = d_num;
-    d.dq = dq_values;
+    d.dg = dg;
+    d.dh0 = b.d_c0;
     LAIR_RETURN_IF_ERROR(DecayBackward(batch, d));
-    return CudaStatus(cuda::LaunchMlstmNormGateGrads(p, dq_values.f32(), dk_scaled.f32(), s()),
+    // n never reaches h, and no cotangent reaches n.
+    if (b.d_n0.defined())
+      LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(b.d_n0.raw(), 0, b.d_n0.nbytes(), s()),
+                                      "mlstm backward d_n0"));
+    return CudaStatus(cuda::LaunchMlstmSigGateGrads(
+                          Op(k_scaled), dk_scaled.f32(), a.i.f32(), a.f.f32(), dg.f32(), n * H, K,
+                          b.dk.raw(), Elem(b.dk.dtype()), b.di.f32(), b.df.f32(), s()),
                       "mlstm backward gates");
   }
 

@@ -1084,9 +1084,6 @@ __global__ void __launch_bounds__(kNormWarps * 32, kNormCtasPerSm)
     } else {
 #pragma unroll 2
       for (int r = c.rows - 1; r >= 0; --r) {
-        // The values' dk of the sigmoid kind is the scaled keys' (dk'):
-        // dk = β·dk' there.
-        const float value_weight = p.gate == MlstmGate::kExp ? 1.0f : beta[r];
         float k[kN], q[kN], d[kN];
         load(p.k.ptr, p.k.type, row_of(r, a), k);
         load(p.q.ptr, p.q.type, row_of(r, a), q);
@@ -1097,7 +1094,7 @@ __global__ void __launch_bounds__(kNormWarps * 32, kNormCtasPerSm)
 #pragma unroll
         for (int j = 0; j < kN; ++j) {
           s[j] = x[r] * q[j] + decay * s[j];
-          d[j] = value_weight * d[j] + ws * s[j];
+          d[j] += ws * s[j];
           dot += k[j] * d[j];
         }
         if (live) StoreElems(p.dk_out, p.dk_type, row_of(r, a), d);

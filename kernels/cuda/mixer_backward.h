@@ -87,7 +87,7 @@ cudaError_t LaunchMlstmSigGateGrads(Operand k_scaled, const float* dk_scaled, co
 //     x = −(dh·h)/den·sign(q'·n), q'·n's cotangent, into the scratch; for kExp
 //     also −m_t into neg_m [N,H] and the explicit dm_t = −(dh·h)·eps/den;
 //   LaunchMlstmNormGateGrads  from the scans' dq and dk of the values (fp32
-//     [N,H,K], d_num against v; kSigNorm's dk is that of the keys σ(i)·k),
+//     [N,H,K], d_num against v),
 //     q'·n's rank-one share of dq and dk (from x and the normalizer's
 //     recurrence), the sums into p.dq and p.dk_out, then di, df from
 //     q·dq − k·dk and, for kExp, the m chain.

@@ -371,12 +371,12 @@ TEST_F(CudaVsCpu, MlstmBackward) {
   }
 }
 
-// Without a cotangent on the normalizer state the sigmoid kinds take the
-// decay family's tensor-core scans (the normalized kind from zero states and
-// without state cotangents; cuda_backend.cc, MlstmSigBackward), and so does
-// the exponential kind from zero states without state cotangents and with
-// bf16 operands (MlstmExpBackward): every kind under both kinds of state
-// gradients, short and several-chunk sequences.
+// Without a cotangent on the normalizer state the sigmoid kind takes the
+// decay family's scans (cuda_backend.cc, MlstmSigBackward), and the
+// normalized kinds (exp, and sig with its normalizer) take the tensor-core
+// scans and the normalizer's recurrence from zero states without state
+// cotangents and with bf16 operands (MlstmNormBackward): every kind under
+// both kinds of state gradients, short and several-chunk sequences.
 TEST_F(CudaVsCpu, MlstmBackwardWithoutNormalizerCotangent) {
   for (DType dt : {DType::kF32, DType::kBF16})
     for (MlstmKind kind : {MlstmKind::kExp, MlstmKind::kSig, MlstmKind::kSigNorm})
