@@ -221,6 +221,9 @@ LogGate Gate(const Tensor& t, int token_stride, int head_stride) {
 // bf16 or f16: an operand the tensor-core scans take as it is.
 bool SixteenBit(const Tensor& t) { return IsSixteenBitFloat(t.dtype()); }
 
+// Whether t's data starts on a 16-byte boundary (vector and cp.async copies).
+bool Aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0; }
+
 LogGate Shifted(LogGate g) {
   g.shift = true;
   return g;
@@ -888,10 +891,11 @@ class CudaBackend : public Backend {
 
   // The normalized kinds' backward (exp, and sig with its normalizer) on the
   // tensor-core scans, from zero states without state cotangents or
-  // gradients (training from scratch), 16-bit operands and dims multiples of
-  // 16. With F the in-sequence cumsum of log σ(f), li the log input weight (i,
-  // or log σ(i)), m_t the stabilizer (exp; 0 for sig) and dO = dh/den, the
-  // values' products are scalar-decay scans, stabilized for exp:
+  // gradients (training from scratch), 16-bit operands of one type, 16-byte
+  // aligned tensors and dims multiples of 16. With F the in-sequence cumsum of
+  // log σ(f), li the log input weight (i, or log σ(i)), m_t the stabilizer
+  // (exp; 0 for sig) and dO = dh/den, the values' products are scalar-decay
+  // scans, stabilized for exp:
   //   dq_t = Σ_{s≤t} e^{F_t − F_s + li_s − m_t} (dO_t·v_s) k_s        (forward; its own m is m_t)
   //   dv_s = e^{li_s + M_s} Σ_{t≥s} e^{F_t − F_s − m_t − M_s} (q'_t·k_s) dO_t  (reverse, shifted)
   //   dk_s = e^{li_s + M_s} Σ_{t≥s} e^{F_t − F_s − m_t − M_s} (v_s·dO_t) q'_t
@@ -902,9 +906,13 @@ class CudaBackend : public Backend {
   // the cotangents and the gate gradients (mixer_backward.h).
   static bool NormBackwardByScans(const SequenceBatch& batch, const MlstmBackwardArgs& b) {
     const MlstmForwardArgs& a = b.fwd;
-    return a.kind != MlstmKind::kSig && batch.zero_initial_state && !b.d_ct.defined() &&
-           !b.d_nt.defined() && !b.d_c0.defined() && !b.d_n0.defined() && SixteenBit(a.q) &&
-           SixteenBit(a.k) && SixteenBit(a.v) && a.key_dim % 16 == 0 && a.value_dim % 16 == 0;
+    if (a.kind == MlstmKind::kSig || !batch.zero_initial_state || b.d_ct.defined() ||
+        b.d_nt.defined() || b.d_c0.defined() || b.d_n0.defined())
+      return false;
+    for (const Tensor* t : {&a.q, &a.k, &a.v, &b.d_h, &b.dq, &b.dk, &b.dv})
+      if (!Aligned16(*t)) return false;
+    return SixteenBit(a.q) && a.k.dtype() == a.q.dtype() && a.v.dtype() == a.q.dtype() &&
+           a.key_dim % 16 == 0 && a.value_dim % 16 == 0;
   }
 
   absl::Status MlstmNormBackward(const DeviceBatch& db, const SequenceBatch& batch,
