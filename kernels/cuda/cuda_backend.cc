@@ -901,9 +901,11 @@ class CudaBackend : public Backend {
   //   dk_s = e^{li_s + M_s} Σ_{t≥s} e^{F_t − F_s − m_t − M_s} (v_s·dO_t) q'_t
   // where for exp the reverse scans take −m_t as key weights and M_s is their
   // own stabilizer (so li_s + M_s ≤ 0); e^{li_s + M_s} is their row weight.
-  // q'·n's cotangent adds a rank-one share to dq and dk, which the mLSTM
-  // kernel's per-token steps take from the normalizer's recurrence, with m,
-  // the cotangents and the gate gradients (mixer_backward.h).
+  // q'·n's cotangent x_t adds a rank-one share to dq and dk, which the dq and
+  // dk scans take as one more key feature (ScanParams::extra_key): x_t on
+  // dq's queries against 1 on its keys (dq_t += q_scale·x_t·n_t), 1 on dk's
+  // queries against x_t on its keys. The mLSTM kernel's per-token steps give
+  // m, the cotangents and the gate gradients (mixer_backward.h).
   static bool NormBackwardByScans(const SequenceBatch& batch, const MlstmBackwardArgs& b) {
     const MlstmForwardArgs& a = b.fwd;
     if (a.kind == MlstmKind::kSig || !batch.zero_initial_state || b.d_ct.defined() ||
@@ -942,14 +944,16 @@ class CudaBackend : public Backend {
     forward.eps = a.eps;
     LAIR_ASSIGN_OR_RETURN(const ForwardOutputs kept, KeptForward(a, n, forward));
     LAIR_ASSIGN_OR_RETURN(Tensor d_num, Uninitialized(DType::kBF16, {n, H, V}));
+    LAIR_ASSIGN_OR_RETURN(Tensor x, Uninitialized(DType::kF32, {n, H}));
     Tensor neg_m;
     if (exp_gate) {
       LAIR_ASSIGN_OR_RETURN(neg_m, Uninitialized(DType::kF32, {n, H}));
     }
-    LAIR_RETURN_IF_ERROR(CudaStatus(
-        cuda::LaunchMlstmNormCotangent(p, Op(kept.h), kept.norm_dot.f32(), d_num.raw(),
-                                       ElemType::kBF16, exp_gate ? neg_m.f32() : nullptr, s()),
-        "mlstm backward cotangent"));
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchMlstmNormCotangent(p, Op(kept.h), kept.norm_dot.f32(), d_num.raw(),
+                                                  ElemType::kBF16, x.f32(),
+                                                  exp_gate ? neg_m.f32() : nullptr, s()),
+                   "mlstm backward cotangent"));
     // The exp kind's reverse scans start from a zero state whose stabilizer is −∞.
     Tensor m_none;
     if (exp_gate) {
@@ -968,19 +972,21 @@ class CudaBackend : public Backend {
       }
       return sp;
     };
-    LAIR_ASSIGN_OR_RETURN(Tensor dq_values, Uninitialized(DType::kF32, {n, H, K}));
-    LAIR_ASSIGN_OR_RETURN(Tensor dk_values, Uninitialized(DType::kF32, {n, H, K}));
+    LAIR_ASSIGN_OR_RETURN(Tensor dq, Uninitialized(DType::kF32, {n, H, K}));
+    LAIR_ASSIGN_OR_RETURN(Tensor dk, Uninitialized(DType::kF32, {n, H, K}));
     {
       ScanParams sp = scan(V, K);
       sp.q = Op(d_num), sp.q_scale = q_scale, sp.k = Op(a.v), sp.v = Op(a.k);
       sp.left = forget, sp.key_weight = input;
-      sp.o = dq_values.raw();
+      sp.extra_key = true, sp.extra_q = x.f32();
+      sp.o = dq.raw();
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dq"));
     }
     {
       ScanParams sp = reverse(V, K);
       sp.q = Op(a.v), sp.k = Op(d_num), sp.v = Op(a.q), sp.k_scale = q_scale;
-      sp.o = dk_values.raw();
+      sp.extra_key = true, sp.extra_k = x.f32();
+      sp.o = dk.raw();
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dk"));
     }
     {
@@ -989,7 +995,7 @@ class CudaBackend : public Backend {
       sp.o = b.dv.raw(), sp.o_type = Elem(b.dv.dtype());
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dv"));
     }
-    return CudaStatus(cuda::LaunchMlstmNormGateGrads(p, dq_values.f32(), dk_values.f32(), s()),
+    return CudaStatus(cuda::LaunchMlstmNormGateGrads(p, dq.f32(), dk.f32(), s()),
                       "mlstm backward gates");
   }
 

@@ -119,9 +119,6 @@ constexpr int kRowGroups = kThreads / 32;  // 8 warps
 constexpr int kRowsPerThread = kMlstmBackwardMaxDim / kRowGroups;
 constexpr int kColsPerThread = kMlstmBackwardMaxDim / 32;
 constexpr int kTileRows = kChunk / kRowGroups;  // rows of a [kChunk, dim] tile per thread
-// Per chunk of the exponential kind on the scans: A (n across the chunk), D
-// (G across it) and α at its first token (NormLocalKernel).
-constexpr int kChunkFactors = 3;
 
 __host__ __device__ inline int MaxChunks(const MlstmBackwardParams& p) {
   return (p.max_len + kChunk - 1) / kChunk;
@@ -134,17 +131,11 @@ __host__ __device__ inline int MaxChunks(const MlstmBackwardParams& p) {
 struct Scratch {
   float *b, *m, *den, *dqn, *dm, *qdq, *kdk;  // per token
   float* m_in;                                // per chunk: m entering it
-  // The exponential kind on the scans (NormLocalKernel and after): per chunk,
-  // n and G's carries [K] each and three factors.
-  float *n_carry, *g_carry, *factors;
-  float* dt;         // per (seq, head, column tile): <dC_T, C_T> parts
-  float *fwd, *rev;  // per chunk: C̃ entering it, G at its end
-  int64_t width;     // K·(V+1)
-  int tiles;         // column tiles of the state scans
+  float* dt;                                  // per (seq, head, column tile): <dC_T, C_T> parts
+  float *fwd, *rev;                           // per chunk: C̃ entering it, G at its end
+  int64_t width;                              // K·(V+1)
+  int tiles;                                  // column tiles of the state scans
 };
-
-// n rounded up to a multiple of 4 floats.
-__host__ __device__ inline int64_t AlignedFloats(int64_t n) { return (n + 3) / 4 * 4; }
 
 __host__ __device__ inline Scratch ScratchOf(const MlstmBackwardParams& p) {
   Scratch s;
@@ -160,10 +151,7 @@ __host__ __device__ inline Scratch ScratchOf(const MlstmBackwardParams& p) {
   s.qdq = s.dm + tok;
   s.kdk = s.qdq + tok;
   s.m_in = s.kdk + tok;
-  s.n_carry = p.scratch + AlignedFloats(7 * tok + chunks);  // 16-byte aligned: read 4 a lane
-  s.g_carry = s.n_carry + chunks * p.dk;
-  s.factors = s.g_carry + chunks * p.dk;
-  s.dt = s.factors + kChunkFactors * chunks;
+  s.dt = s.m_in + chunks;
   s.fwd = s.dt + static_cast<int64_t>(p.num_seqs) * p.heads * s.tiles;
   s.rev = s.fwd + chunks * s.width;
   return s;
@@ -173,9 +161,7 @@ int64_t TokenScratchFloatsOf(const MlstmBackwardParams& p) {
   const int64_t tok = static_cast<int64_t>(p.num_seqs) * p.max_len * p.heads;
   const int64_t chunks = static_cast<int64_t>(p.num_seqs) * MaxChunks(p) * p.heads;
   const int tiles = (p.dv + 1 + kCols - 1) / kCols;
-  return AlignedFloats(7 * tok + chunks) +
-         (2 * static_cast<int64_t>(p.dk) + kChunkFactors) * chunks +
-         static_cast<int64_t>(p.num_seqs) * p.heads * tiles;
+  return 7 * tok + chunks + static_cast<int64_t>(p.num_seqs) * p.heads * tiles;
 }
 
 int64_t ScratchFloatsOf(const MlstmBackwardParams& p) {
@@ -815,12 +801,12 @@ constexpr int kTokenWarps = kThreads / 32;
 // The normalized kinds' output cotangents, one warp a token: with h = num/den,
 // den = max(|q'·n|, lower) + eps (lower = e^{−m}, or 1 for the sigmoid kind),
 // dh/den into d_num and x = −(dh·h)/den·sign(q'·n) (0 where the max took
-// `lower`), q'·n's cotangent, into dqn; for the exponential kind, −m into
+// `lower`), q'·n's cotangent, into x_out; for the exponential kind, −m into
 // neg_m (the reverse scans' key weight) and the explicit dm = −(dh·h)·eps/den.
 template <int kN>
 __global__ void MlstmNormCotangentKernel(const MlstmBackwardParams p, Operand h_out,
                                          const float* norm_dot, void* d_num, ElemType type,
-                                         float* neg_m) {
+                                         float* x_out, float* neg_m) {
   const int seq = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32;
   const int t = blockIdx.x * kTokenWarps + threadIdx.x / 32;
   const int64_t bos = p.cu_seqlens[seq];
@@ -845,7 +831,7 @@ __global__ void MlstmNormCotangentKernel(const MlstmBackwardParams p, Operand h_
   for (int off = 16; off > 0; off >>= 1) dh_h += __shfl_xor_sync(0xffffffffu, dh_h, off);
   if (lane == 0) {
     const float sign = fabsf(qn) >= lower ? (qn >= 0.0f ? 1.0f : -1.0f) : 0.0f;
-    sc.dqn[pt] = -dh_h / den * sign;
+    x_out[row] = -dh_h / den * sign;
     if (exp_gate) {
       neg_m[row] = -m;
       sc.dm[pt] = -dh_h * p.eps / den;
@@ -853,259 +839,41 @@ __global__ void MlstmNormCotangentKernel(const MlstmBackwardParams p, Operand h_
   }
 }
 
-// --- q'·n's share of the normalized kinds' dq and dk -------------------------
-// With x_t = q'_t·n_t's cotangent (dqn), li the log input weight (i, or
-// log σ(i)) and the normalizer the forward kept, stabilized by m (0 for the
-// sigmoid kind),
-//   n_t = α_t n_{t−1} + β_t k_t,   α_t = e^{lf_t + m_{t−1} − m_t},  β_t = e^{li_t − m_t},
-// that share is rank one a token: dq_t += q_scale·x_t·n_t and
-//   dk_s += q_scale·β_s·G_s,   G_s = x_s q_s + α_{s+1} G_{s+1},
-// every factor ≤ 1 (m is the running max of these log weights): two
-// recurrences over K-vectors, in fp32, where the scans would take a scan each
-// over two columns of ones. Chunk by chunk (b the in-chunk cumsum of lf, 0
-// and e a chunk's first and last rows, m_in the m entering it):
-//   NormLocalKernel   from zero in every chunk: n at its end,
-//                     Σ_s e^{b_e − b_s + li_s − m_e} k_s, and G at its start,
-//                     Σ_t e^{b_t − b_0 + m_0 − m_t} x_t q_t; and the factors
-//                     A = e^{b_e + m_in − m_e} (n across the chunk),
-//                     D = e^{b_e − b_0 + m_0 − m_e} (G across it), α_0;
-//   NormCarryKernel   over the chunks of each (sequence, head): n entering each
-//                     chunk, and α·G of the next chunk's first row (G entering
-//                     from the right, decayed to this chunk's last row);
-//   NormGradsKernel   every chunk's recurrences token by token from those, a
-//                     warp forward for dq and a warp in reverse for dk, stored
-//                     in their types with q·dq and k·dk for the gate gradients.
-// A warp owns a (sequence, chunk, head), its lanes kN keys of each 32·kN-key
-// group.
-
-// NormLocalKernel and NormGradsKernel: CTAs of kNormWarps warps, at least
-// kNormCtasPerSm of them resident (64 registers a thread), so that each SM
-// keeps enough rows in flight.
-constexpr int kNormWarps = 8;
-constexpr int kNormCtasPerSm = 4;
-
-// What a warp reads of its chunk's tokens: rows [0, rows) of b, m, li and
-// x, in shared memory (rows past the chunk's end are 0). A CTA's warps take
-// heads of one chunk, `heads_per_cta` of them (grid (chunks · groups,
-// num_seqs), blockIdx.x = chunk · groups + group), so that CTAs running
-// together read whole token rows of q and k; `head_of_cta` is the warp's
-// place among them. rows is 0 for heads past the last.
-struct NormChunk {
-  int seq, h, chunk, rows;
-  int64_t first;  // packed row of its first token
-  float m_in;
-};
-
-__device__ __forceinline__ NormChunk LoadNormChunk(const MlstmBackwardParams& p, const Scratch& sc,
-                                                   int heads_per_cta, int head_of_cta,
-                                                   float (&tokens)[4][kChunk]) {
-  NormChunk c;
-  const int groups = (p.heads + heads_per_cta - 1) / heads_per_cta;
-  c.seq = blockIdx.y;
-  c.chunk = static_cast<int>(blockIdx.x / groups);
-  c.h = static_cast<int>(blockIdx.x % groups) * heads_per_cta + head_of_cta;
-  const int64_t bos = p.cu_seqlens[c.seq];
-  const int len = p.cu_seqlens[c.seq + 1] - static_cast<int>(bos);
-  c.rows = c.h < p.heads ? max(0, min(kChunk, len - kChunk * c.chunk)) : 0;
-  c.first = bos + kChunk * c.chunk;
-  c.m_in = c.rows > 0 ? sc.m_in[ChunkAt(p, c.seq, c.chunk, c.h)] : 0.0f;
-  for (int r = threadIdx.x % 32; r < kChunk; r += 32) {
-    const bool live = r < c.rows;
-    const int64_t pt = live ? TokenAt(p, c.seq, kChunk * c.chunk + r, c.h) : 0;
-    tokens[0][r] = live ? sc.b[pt] : 0.0f;
-    tokens[1][r] = live ? sc.m[pt] : 0.0f;
-    tokens[2][r] = live ? LogInput(p.gate, p.i[(c.first + r) * p.heads + c.h]) : 0.0f;
-    tokens[3][r] = live ? sc.dqn[pt] : 0.0f;
-  }
-  __syncwarp();
-  return c;
-}
-
-// The grid of LoadNormChunk's CTAs.
-dim3 NormGrid(const MlstmBackwardParams& p, int heads_per_cta) {
-  const int groups = (p.heads + heads_per_cta - 1) / heads_per_cta;
-  return dim3(MaxChunks(p) * groups, p.num_seqs);
-}
-
+// dq and dk, the scans' fp32 outputs, into their dtypes, and the gate
+// gradients' per-token terms q·dq and k·dk.
 template <int kN>
-__global__ void __launch_bounds__(kNormWarps * 32, kNormCtasPerSm)
-    NormLocalKernel(const MlstmBackwardParams p) {
-  __shared__ float tokens[kNormWarps][4][kChunk];   // b, m, li, x
-  __shared__ float weights[kNormWarps][2][kChunk];  // of k (n), of q (G)
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+__global__ void MlstmNormTermsKernel(const MlstmBackwardParams p, const float* dq,
+                                     const float* dk) {
+  const int seq = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32;
+  const int t = blockIdx.x * kTokenWarps + threadIdx.x / 32;
+  const int64_t bos = p.cu_seqlens[seq];
+  if (t >= p.cu_seqlens[seq + 1] - bos) return;
   const Scratch sc = ScratchOf(p);
-  const NormChunk c = LoadNormChunk(p, sc, kNormWarps, warp, tokens[warp]);
-  if (c.rows == 0) return;  // the whole warp
-  const float* b = tokens[warp][0];
-  const float* m = tokens[warp][1];
-  const int e = c.rows - 1;
-  for (int r = lane; r < c.rows; r += 32) {
-    weights[warp][0][r] = expf(b[e] - b[r] + tokens[warp][2][r] - m[e]);
-    weights[warp][1][r] = expf(b[r] - b[0] + m[0] - m[r]) * tokens[warp][3][r];
-  }
-  const int64_t at = ChunkAt(p, c.seq, c.chunk, c.h);
-  if (lane == 0) {
-    sc.factors[kChunkFactors * at] = expf(b[e] + c.m_in - m[e]);
-    sc.factors[kChunkFactors * at + 1] = expf(b[e] - b[0] + m[0] - m[e]);
-    sc.factors[kChunkFactors * at + 2] = expf(b[0] + c.m_in - m[0]);
-  }
-  __syncwarp();
+  const int64_t row = ((bos + t) * p.heads + h) * p.dk;
+  float qdq = 0.0f, kdk = 0.0f;
   for (int a = kN * lane; a < p.dk; a += 32 * kN) {
-    float n[kN] = {}, g[kN] = {};
-#pragma unroll 8
-    for (int r = 0; r < c.rows; ++r) {
-      const int64_t row = ((c.first + r) * p.heads + c.h) * p.dk + a;
-      float k[kN], q[kN];
-      LoadElems(p.k.ptr, p.k.type, row, k);
-      LoadElems(p.q.ptr, p.q.type, row, q);
-      const float wk = weights[warp][0][r], wq = weights[warp][1][r];
+    float dqa[kN], dka[kN], q[kN], k[kN];
+    LoadElems(dq, ElemType::kF32, row + a, dqa);
+    LoadElems(dk, ElemType::kF32, row + a, dka);
+    LoadElems(p.q.ptr, p.q.type, row + a, q);
+    LoadElems(p.k.ptr, p.k.type, row + a, k);
 #pragma unroll
-      for (int j = 0; j < kN; ++j) n[j] += wk * k[j], g[j] += wq * q[j];
+    for (int e = 0; e < kN; ++e) {
+      qdq += q[e] * dqa[e];
+      kdk += k[e] * dka[e];
     }
-    StoreElems(sc.n_carry, ElemType::kF32, at * p.dk + a, n);
-    StoreElems(sc.g_carry, ElemType::kF32, at * p.dk + a, g);
+    StoreElems(p.dq, p.dq_type, row + a, dqa);
+    StoreElems(p.dk_out, p.dk_type, row + a, dka);
   }
-}
-
-// One thread per (sequence, head, key), sequential over the chunks; the
-// carries are replaced in place by what enters each chunk. Each round loads
-// kCarryAhead chunks' carries and factors before the first of their steps.
-constexpr int kCarryAhead = 8;
-__global__ void NormCarryKernel(const MlstmBackwardParams p) {
-  const int seq = blockIdx.z, h = blockIdx.y;
-  const int a = blockIdx.x * blockDim.x + threadIdx.x;
-  if (a >= p.dk) return;
-  const Scratch sc = ScratchOf(p);
-  const int len = p.cu_seqlens[seq + 1] - p.cu_seqlens[seq];
-  const int chunks = (len + kChunk - 1) / kChunk;
-  // Chunk c's index in the chunk arrays.
-  auto at = [&](int c) { return ChunkAt(p, seq, c, h); };
-  float n = 0.0f;  // zero initial state
-  for (int c0 = 0; c0 < chunks; c0 += kCarryAhead) {
-    float local[kCarryAhead], across[kCarryAhead];
-#pragma unroll
-    for (int j = 0; j < kCarryAhead; ++j) {
-      const bool live = c0 + j < chunks;
-      local[j] = live ? sc.n_carry[at(c0 + j) * p.dk + a] : 0.0f;
-      across[j] = live ? sc.factors[kChunkFactors * at(c0 + j)] : 0.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < kCarryAhead; ++j) {
-      if (c0 + j >= chunks) break;
-      sc.n_carry[at(c0 + j) * p.dk + a] = n;
-      n = across[j] * n + local[j];
-    }
+  for (int off = 16; off > 0; off >>= 1) {
+    qdq += __shfl_xor_sync(0xffffffffu, qdq, off);
+    kdk += __shfl_xor_sync(0xffffffffu, kdk, off);
   }
-  float g = 0.0f;  // α·G entering from the right
-  for (int c0 = chunks - 1; c0 >= 0; c0 -= kCarryAhead) {
-    float local[kCarryAhead], across[kCarryAhead], first[kCarryAhead];
-#pragma unroll
-    for (int j = 0; j < kCarryAhead; ++j) {
-      const bool live = c0 - j >= 0;
-      const int64_t i = live ? at(c0 - j) : 0;
-      local[j] = live ? sc.g_carry[i * p.dk + a] : 0.0f;
-      across[j] = live ? sc.factors[kChunkFactors * i + 1] : 0.0f;
-      first[j] = live ? sc.factors[kChunkFactors * i + 2] : 0.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < kCarryAhead; ++j) {
-      if (c0 - j < 0) break;
-      sc.g_carry[at(c0 - j) * p.dk + a] = g;
-      g = first[j] * (local[j] + across[j] * g);
-    }
+  if (lane == 0) {
+    const int64_t pt = TokenAt(p, seq, t, h);
+    sc.qdq[pt] = qdq;
+    sc.kdk[pt] = kdk;
   }
-}
-
-// Warp 2w + 1 of a CTA runs its chunk's n forward for head w of the CTA (dq,
-// q·dq), warp 2w its G in reverse (dk, k·dk).
-template <int kN>
-__global__ void __launch_bounds__(kNormWarps * 32, kNormCtasPerSm)
-    NormGradsKernel(const MlstmBackwardParams p, const float* dq_values, const float* dk_values) {
-  __shared__ float tokens[kNormWarps][4][kChunk];   // b, m, li, x
-  __shared__ float factors[kNormWarps][2][kChunk];  // α, β
-  __shared__ float dots[kNormWarps][kChunk];        // q·dq or k·dk
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const bool forward = warp % 2 == 1;
-  const Scratch sc = ScratchOf(p);
-  const NormChunk c = LoadNormChunk(p, sc, kNormWarps / 2, warp / 2, tokens[warp]);
-  if (c.rows == 0) return;  // the whole warp
-  const float* b = tokens[warp][0];
-  const float* m = tokens[warp][1];
-  const float* x = tokens[warp][3];
-  float* alpha = factors[warp][0];
-  float* beta = factors[warp][1];
-  for (int r = lane; r < kChunk; r += 32) {
-    alpha[r] = r == 0 ? expf(b[0] + c.m_in - m[0]) : expf(b[r] - b[r - 1] + m[r - 1] - m[r]);
-    beta[r] = expf(tokens[warp][2][r] - m[r]);
-    dots[warp][r] = 0.0f;
-  }
-  __syncwarp();
-  const float q_scale = rsqrtf(static_cast<float>(p.dk));
-  const int64_t at = ChunkAt(p, c.seq, c.chunk, c.h);
-  // Token r's row of a [N, H, K] array, at this lane's keys from a.
-  auto row_of = [&](int r, int a) { return ((c.first + r) * p.heads + c.h) * p.dk + a; };
-  // Every lane of the warp walks the key groups (the dots' shuffles), lanes
-  // past the keys with zeros.
-  for (int a0 = 0; a0 < p.dk; a0 += 32 * kN) {
-    const int a = a0 + kN * lane;
-    const bool live = a < p.dk;
-    auto load = [&](const void* array, ElemType type, int64_t i, float(&out)[kN]) {
-      if (live) {
-        LoadElems(array, type, i, out);
-      } else {
-#pragma unroll
-        for (int j = 0; j < kN; ++j) out[j] = 0.0f;
-      }
-    };
-    auto add_dot = [&](int r, float d) {
-      for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-      if (lane == 0) dots[warp][r] += d;
-    };
-    float s[kN];  // n (forward) or α·G entering the row from the right (reverse)
-    load(forward ? sc.n_carry : sc.g_carry, ElemType::kF32, at * p.dk + a, s);
-    if (forward) {
-#pragma unroll 2
-      for (int r = 0; r < c.rows; ++r) {
-        float k[kN], q[kN], d[kN];
-        load(p.k.ptr, p.k.type, row_of(r, a), k);
-        load(p.q.ptr, p.q.type, row_of(r, a), q);
-        load(dq_values, ElemType::kF32, row_of(r, a), d);
-        const float xs = q_scale * x[r];
-        float dot = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kN; ++j) {
-          s[j] = alpha[r] * s[j] + beta[r] * k[j];
-          d[j] += xs * s[j];
-          dot += q[j] * d[j];
-        }
-        if (live) StoreElems(p.dq, p.dq_type, row_of(r, a), d);
-        add_dot(r, dot);
-      }
-    } else {
-#pragma unroll 2
-      for (int r = c.rows - 1; r >= 0; --r) {
-        float k[kN], q[kN], d[kN];
-        load(p.k.ptr, p.k.type, row_of(r, a), k);
-        load(p.q.ptr, p.q.type, row_of(r, a), q);
-        load(dk_values, ElemType::kF32, row_of(r, a), d);
-        const float decay = r == c.rows - 1 ? 1.0f : alpha[r + 1];
-        const float ws = q_scale * beta[r];
-        float dot = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kN; ++j) {
-          s[j] = x[r] * q[j] + decay * s[j];
-          d[j] += ws * s[j];
-          dot += k[j] * d[j];
-        }
-        if (live) StoreElems(p.dk_out, p.dk_type, row_of(r, a), d);
-        add_dot(r, dot);
-      }
-    }
-  }
-  __syncwarp();
-  float* out = forward ? sc.qdq : sc.kdk;
-  for (int r = lane; r < c.rows; r += 32)
-    out[TokenAt(p, c.seq, kChunk * c.chunk + r, c.h)] = dots[warp][r];
 }
 
 size_t StateScanSmem(const MlstmBackwardParams& p) {
@@ -1199,40 +967,33 @@ cudaError_t LaunchMlstmStabilizers(const MlstmBackwardParams& p, cudaStream_t st
 
 cudaError_t LaunchMlstmNormCotangent(const MlstmBackwardParams& p, Operand h_out,
                                      const float* norm_dot, void* d_num, ElemType type,
-                                     float* neg_m, cudaStream_t stream) {
+                                     float* x_out, float* neg_m, cudaStream_t stream) {
   if (p.num_seqs * p.heads == 0 || p.max_len == 0) return cudaSuccess;
   const auto kernel =
       RowsInFours(p.dv, {{h_out.ptr, h_out.type}, {p.dh.ptr, p.dh.type}, {d_num, type}})
           ? MlstmNormCotangentKernel<4>
           : MlstmNormCotangentKernel<1>;
-  kernel<<<TokenGrid(p), kThreads, 0, stream>>>(p, h_out, norm_dot, d_num, type, neg_m);
+  kernel<<<TokenGrid(p), kThreads, 0, stream>>>(p, h_out, norm_dot, d_num, type, x_out, neg_m);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchMlstmNormGateGrads(const MlstmBackwardParams& p, const float* dq_values,
-                                     const float* dk_values, cudaStream_t stream) {
+cudaError_t LaunchMlstmNormGateGrads(const MlstmBackwardParams& p, const float* dq, const float* dk,
+                                     cudaStream_t stream) {
   if (p.num_seqs * p.heads == 0) return cudaSuccess;
   const Scratch sc = ScratchOf(p);
   cudaError_t err = cudaMemsetAsync(
       sc.dt, 0, sizeof(float) * static_cast<size_t>(p.num_seqs) * p.heads * sc.tiles, stream);
   if (err != cudaSuccess) return err;
   if (p.max_len > 0) {
-    const bool fours = RowsInFours(p.dk, {{dq_values, ElemType::kF32},
-                                          {dk_values, ElemType::kF32},
-                                          {p.q.ptr, p.q.type},
-                                          {p.k.ptr, p.k.type},
-                                          {p.dq, p.dq_type},
-                                          {p.dk_out, p.dk_type}});
-    (fours ? NormLocalKernel<4>
-           : NormLocalKernel<1>)<<<NormGrid(p, kNormWarps), kNormWarps * 32, 0, stream>>>(p);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
-    constexpr int kCarryThreads = 128;
-    NormCarryKernel<<<dim3((p.dk + kCarryThreads - 1) / kCarryThreads, p.heads, p.num_seqs),
-                      kCarryThreads, 0, stream>>>(p);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
-    (fours ? NormGradsKernel<4>
-           : NormGradsKernel<1>)<<<NormGrid(p, kNormWarps / 2), kNormWarps * 32, 0, stream>>>(
-        p, dq_values, dk_values);
+    const auto kernel = RowsInFours(p.dk, {{dq, ElemType::kF32},
+                                           {dk, ElemType::kF32},
+                                           {p.q.ptr, p.q.type},
+                                           {p.k.ptr, p.k.type},
+                                           {p.dq, p.dq_type},
+                                           {p.dk_out, p.dk_type}})
+                            ? MlstmNormTermsKernel<4>
+                            : MlstmNormTermsKernel<1>;
+    kernel<<<TokenGrid(p), kThreads, 0, stream>>>(p, dq, dk);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   return Launch(MlstmGateGradKernel, TaskGrid(p), 32 * kTaskWarps, 0, stream, p);

@@ -84,20 +84,18 @@ cudaError_t LaunchMlstmSigGateGrads(Operand k_scaled, const float* dk_scaled, co
 //     its q'·n (norm_dot [N,H], ScanParams::norm_dot: the max's branch as the
 //     forward took it) and p.dh, with den = max(|q'·n|, lower) + eps (lower =
 //     e^{−m}, or 1 for kSigNorm): dh/den into d_num [N,H,V] (of `type`) and
-//     x = −(dh·h)/den·sign(q'·n), q'·n's cotangent, into the scratch; for kExp
+//     x = −(dh·h)/den·sign(q'·n), q'·n's cotangent, into x_out [N,H]; for kExp
 //     also −m_t into neg_m [N,H] and the explicit dm_t = −(dh·h)·eps/den;
-//   LaunchMlstmNormGateGrads  from the scans' dq and dk of the values (fp32
-//     [N,H,K], d_num against v),
-//     q'·n's rank-one share of dq and dk (from x and the normalizer's
-//     recurrence), the sums into p.dq and p.dk_out, then di, df from
+//   LaunchMlstmNormGateGrads  from the scans' dq and dk (fp32 [N,H,K], x's
+//     share included): them into p.dq and p.dk_out, then di, df from
 //     q·dq − k·dk and, for kExp, the m chain.
 int64_t MlstmTokenScratchFloats(const MlstmBackwardParams& p);
 cudaError_t LaunchMlstmStabilizers(const MlstmBackwardParams& p, cudaStream_t stream);
 cudaError_t LaunchMlstmNormCotangent(const MlstmBackwardParams& p, Operand h_out,
                                      const float* norm_dot, void* d_num, ElemType type,
-                                     float* neg_m, cudaStream_t stream);
-cudaError_t LaunchMlstmNormGateGrads(const MlstmBackwardParams& p, const float* dq_values,
-                                     const float* dk_values, cudaStream_t stream);
+                                     float* x_out, float* neg_m, cudaStream_t stream);
+cudaError_t LaunchMlstmNormGateGrads(const MlstmBackwardParams& p, const float* dq, const float* dk,
+                                     cudaStream_t stream);
 
 // fp32 elements of scratch the launch needs (dims, num_seqs and max_len set).
 int64_t MlstmBackwardScratchFloats(const MlstmBackwardParams& p);

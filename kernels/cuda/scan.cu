@@ -371,7 +371,8 @@ cudaError_t LaunchScan(const ScanParams& p, cudaStream_t stream) {
   }
   if (p.num_seqs == 0) return cudaSuccess;
   if (ScanMmaSupports(p)) return LaunchScanMma(p, stream);
-  if (p.row_weight.ptr) return cudaErrorInvalidValue;  // the tensor-core path's alone
+  // the tensor-core path's alone
+  if (p.row_weight.ptr || p.extra_key) return cudaErrorInvalidValue;
   return p.left_vector ? LaunchScanInstance<true>(p, stream) : LaunchScanInstance<false>(p, stream);
 }
 

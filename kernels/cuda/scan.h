@@ -88,6 +88,14 @@ struct ScanParams {
   // stabilizer (0 without it). Scalar decays on the tensor-core path only (the
   // mLSTM exp backward's reverse scans: the input gate of the row's token).
   LogGate row_weight;
+  // One more key feature (scalar decays on the tensor-core path, in one pass,
+  // without a norm): q'_t and k'_t gain an entry, extra_q[t] and extra_k[t]
+  // (fp32 [N, H]; null: 1), under q_scale and k_scale as the others, so S
+  // gains a row, which starts at 0. The mLSTM backward's share of q'·n
+  // (cuda_backend.cc, MlstmNormBackward) without columns of ones.
+  bool extra_key = false;
+  const float* extra_q = nullptr;
+  const float* extra_k = nullptr;
   // [N, H] or null: each row's q'ᵀn before the normalizer's max (norm kinds;
   // the mLSTM backward's branch of that max, as the forward took it).
   float* norm_dot = nullptr;

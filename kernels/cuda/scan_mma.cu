@@ -57,8 +57,17 @@ using bf16 = __nv_bfloat16;
 enum class MmaPass { kFused, kStates, kOutputs };
 
 // Where the decay acts: one log value per token (scalar), per key (left
-// vector) or per value column (right vector).
-enum class MmaDecay { kScalar, kLeft, kRight };
+// vector) or per value column (right vector); kScalarExtra is the scalar
+// kind with one more key feature (ScanParams::extra_key), compiled apart so
+// that the other scans carry none of its code.
+enum class MmaDecay { kScalar, kLeft, kRight, kScalarExtra };
+constexpr __host__ __device__ bool IsScalar(MmaDecay d) {
+  return d == MmaDecay::kScalar || d == MmaDecay::kScalarExtra;
+}
+
+// Parts of the chunk's rows that S's extra row is summed over at the end of
+// a chunk, one a quarter of the threads; the next chunk adds them up.
+constexpr int kExtraParts = 4;
 
 struct MmaTile {
   static constexpr int kChunk = 64;  // C
@@ -101,7 +110,7 @@ struct MmaTile {
   static constexpr __host__ __device__ int MinBlocks(int state_tiles, MmaDecay decay,
                                                      MmaPass pass) {
     if (pass == MmaPass::kOutputs) return state_tiles == 1 ? 2 : 1;
-    return decay == MmaDecay::kScalar && state_tiles == 1 ? 2 : 1;
+    return IsScalar(decay) && state_tiles == 1 ? 2 : 1;
   }
   // Columns of a chunk's gate rows: the keys (left), the tile (right), or one.
   static constexpr __host__ __device__ int GateWidth(int dk, MmaDecay decay, int tile_v) {
@@ -122,21 +131,26 @@ struct MmaLayout {
     const int tiles = T::StateTiles(dk);
     const int tile_v = T::TileV(tiles, decay, pass);
     const int gw = T::GateWidth(dk, decay, tile_v);
-    const bool scalar = decay == MmaDecay::kScalar;
+    const bool scalar = IsScalar(decay), extra = decay == MmaDecay::kScalarExtra;
     ldq = dk + T::kPad;
     ldv = tile_v + T::kPad;
     // q̂ (left) or q, bf16 [C][ldq]; the state pass reads no q.
     k_off = pass == MmaPass::kStates ? 0 : T::kChunk * ldq * 2;
     v_off = k_off + T::kChunk * ldq * 2;  // k̂ (left) or k, bf16 [C][ldq]
     g_off = v_off + T::kChunk * ldv * 2;  // v̂ (right) or v tile, bf16 [C][ldv]
-    // b or c [C][gw] (vector kinds), or b, lw [C] (scalar)
-    stage_bytes = g_off + (scalar ? 2 * T::kChunk : T::kChunk * gw) * 4;
+    // b or c [C][gw] (vector kinds), or b, lw [C] (scalar), then the extra
+    // key feature's q and k [C]
+    stage_bytes = g_off + (scalar ? (extra ? 4 : 2) * T::kChunk : T::kChunk * gw) * 4;
     stage = Take(T::Stages(tiles, decay, pass) * stage_bytes);
     s = Take(dk * ldv * 2);             // S, bf16 [dk][ldv]
     a = Take(T::kChunk * T::kLdA * 2);  // masked A, bf16 [C][kLdA]
     // vector kinds: e^{b_I0} [4][gw], e^{b_C − b_Je} [4][gw], e^{b_C} [gw];
-    // scalar: m, e^{b_i + m_prev − m_i}, column weights, den, y [C] and n [dk].
-    tab = Take((scalar ? 5 * T::kChunk + dk : 9 * gw) * 4);
+    // scalar: m, e^{b_i + m_prev − m_i}, column weights, den, y [C] and n
+    // [dk]; with the extra key feature, its k times the column weight [C],
+    // S's extra row [tile_v] and that row's parts [kExtraParts][tile_v].
+    tab = Take((scalar ? 5 * T::kChunk + dk + (extra ? T::kChunk + (1 + kExtraParts) * tile_v : 0)
+                       : 9 * gw) *
+               4);
     flags = Take(T::kBlocks * 4);
   }
 
@@ -197,8 +211,9 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
   constexpr int C = T::kChunk;
   constexpr bool kVector = kDecay == MmaDecay::kLeft;  // per-key decay
   constexpr bool kRight = kDecay == MmaDecay::kRight;  // per-column decay
-  constexpr bool kScalar = kDecay == MmaDecay::kScalar;
-  constexpr int TV = T::TileV(kStateTiles, kDecay, kPass);  // dv columns per CTA
+  constexpr bool kScalar = IsScalar(kDecay);
+  constexpr bool kExtra = kDecay == MmaDecay::kScalarExtra;  // one more key feature
+  constexpr int TV = T::TileV(kStateTiles, kDecay, kPass);   // dv columns per CTA
   constexpr int kStages = T::Stages(kStateTiles, kDecay, kPass);
   constexpr bool kCarry = kPass != MmaPass::kOutputs;  // S in registers, updated per chunk
   constexpr bool kEmit = kPass != MmaPass::kStates;    // outputs written
@@ -221,12 +236,15 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
   float* ebl = tab + 4 * gw;   // [4][gw] e^{b_C − b_Je}
   float* sdec = tab + 8 * gw;  // [gw]    e^{b_C}
   // scalar tables
-  float* ms = tab;        // [C] m_i
-  float* coef = ms + C;   // [C] e^{b_i + m_prev − m_i}
-  float* wj = coef + C;   // [C] e^{b_C − b_j + lw_j − m_C}
-  float* den = wj + C;    // [C] q'ᵀn
-  float* ycol = den + C;  // [C] y_j = b_j − lw_j
-  float* nn = ycol + C;   // [dk] n
+  float* ms = tab;                      // [C] m_i
+  float* coef = ms + C;                 // [C] e^{b_i + m_prev − m_i}
+  float* wj = coef + C;                 // [C] e^{b_C − b_j + lw_j − m_C}
+  float* den = wj + C;                  // [C] q'ᵀn
+  float* ycol = den + C;                // [C] y_j = b_j − lw_j
+  float* nn = ycol + C;                 // [dk] n
+  float* extra_w = nn + dk;             // [C] the extra k' times the column weight
+  float* extra_row = extra_w + C;       // [TV] S's extra row entering the chunk
+  float* extra_parts = extra_row + TV;  // [kExtraParts][TV] its sums over the chunk
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
@@ -329,6 +347,9 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
   };
   // A zeroed once: entries right of the diagonal blocks stay 0.
   for (int idx = tid; idx < C * T::kLdA; idx += T::kThreads) as[idx] = __float2bfloat16_rn(0.0f);
+  if constexpr (kExtra) {
+    if (tid < TV) extra_row[tid] = 0.0f;
+  }
   float m_prev = 0.0f;
   if (p.stabilize && p.m_init) {
     const int slot = p.s_init.slot ? p.s_init.slot[seq] : seq;
@@ -404,6 +425,12 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
         gd[C + i] = (live && p.key_weight.ptr)
                         ? GateAt(p.key_weight, bos, len, tok0 + dir * i, h, 0)
                         : 0.0f;
+        if constexpr (kExtra) {
+          // The extra feature: 1 where not given, and k' 0 past the chunk.
+          const int64_t at = (bos + tok0 + dir * i) * p.heads + h;
+          gd[2 * C + i] = live && p.extra_q ? p.extra_q[at] : 1.0f;
+          gd[3 * C + i] = !live ? 0.0f : p.extra_k ? p.extra_k[at] : 1.0f;
+        }
       }
     }
     CpAsyncCommit();
@@ -431,6 +458,8 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
     bf16* vs = reinterpret_cast<bf16*>(stage_base(st) + lay.v_off);
     float* bl = reinterpret_cast<float*>(stage_base(st) + lay.g_off);  // gates, then b
     float* lws = bl + C;                                               // scalar: lw
+    [[maybe_unused]] const float* extra_q = bl + 2 * C;  // the extra key feature of q'
+    [[maybe_unused]] const float* extra_k = bl + 3 * C;  // and of k'
 
     // The next chunk's copies go out first (its stage was last read before the
     // previous chunk's closing barrier), then this chunk's must have landed.
@@ -450,6 +479,16 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
       if (kPass == MmaPass::kFused || chunk_states) store_state_copy();
     }
     if (carry_n) store_n_copy();
+    if constexpr (kExtra) {
+      // S's extra row past the last chunk: decayed (coef is still that
+      // chunk's), plus its parts.
+      if (chunk > first_chunk && tid < TV) {
+        float row = extra_row[tid] * coef[C - 1];
+#pragma unroll
+        for (int part = 0; part < kExtraParts; ++part) row += extra_parts[part * TV + tid];
+        extra_row[tid] = row;
+      }
+    }
     if (!kScalar && tid < T::kBlocks) span_over[tid] = 0;
     __syncthreads();
     if (kPass == MmaPass::kStates && chunk_states) {
@@ -531,6 +570,10 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
         ycol[i1] = i1 < lc ? b1 - lws[i1] : INFINITY;
         den[i0] = 0.0f;  // the in-chunk part of q'ᵀn, summed in step 4
         den[i1] = 0.0f;
+        if constexpr (kExtra) {
+          extra_w[i0] = extra_k[i0] * wj[i0];
+          extra_w[i1] = extra_k[i1] * wj[i1];
+        }
       }
     }
     __syncthreads();
@@ -620,18 +663,22 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
       float row_sum[2] = {0.0f, 0.0f};
       // Scalar: A_ij's factor e^{b_i − b_j + lw_j − m_i} = e^{x_i − y_j}, with
       // x_i = b_i − m_i for this lane's two rows and y_j from step 2.
-      [[maybe_unused]] float xi[2] = {};
+      [[maybe_unused]] float xi[2] = {}, qe[2] = {};
       if constexpr (kScalar) {
         xi[0] = bl[16 * blk + g] - ms[16 * blk + g];
         xi[1] = bl[16 * blk + g + 8] - ms[16 * blk + g + 8];
+        if constexpr (kExtra) qe[0] = extra_q[16 * blk + g], qe[1] = extra_q[16 * blk + g + 8];
       }
 #pragma unroll
       for (int n = 0; n < 3; ++n) {
         if (n >= count) break;
         const int nt = nt0 + n;
         if (kVector && nt / 2 == blk && span_over[blk]) continue;
-        [[maybe_unused]] float2 yj = {};
-        if constexpr (kScalar) yj = *reinterpret_cast<const float2*>(ycol + 8 * nt + 2 * t4);
+        [[maybe_unused]] float2 yj = {}, kej = {};
+        if constexpr (kScalar) {
+          yj = *reinterpret_cast<const float2*>(ycol + 8 * nt + 2 * t4);
+          if constexpr (kExtra) kej = *reinterpret_cast<const float2*>(extra_k + 8 * nt + 2 * t4);
+        }
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = 16 * blk + g + 8 * half, j = 8 * nt + 2 * t4;
@@ -642,8 +689,8 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
             v1 *= p.q_scale;
           } else if constexpr (kScalar) {
             // Selected after the product: past the diagonal e^{x_i − y_j} may be inf.
-            v0 = j <= i ? v0 * qk_scale * __expf(xi[half] - yj.x) : 0.0f;
-            v1 = j + 1 <= i ? v1 * qk_scale * __expf(xi[half] - yj.y) : 0.0f;
+            v0 = j <= i ? (v0 + qe[half] * kej.x) * qk_scale * __expf(xi[half] - yj.x) : 0.0f;
+            v1 = j + 1 <= i ? (v1 + qe[half] * kej.y) * qk_scale * __expf(xi[half] - yj.y) : 0.0f;
             row_sum[half] += v0 + v1;
           }
           *reinterpret_cast<__nv_bfloat162*>(as + i * T::kLdA + j) = __floats2bfloat162_rn(v0, v1);
@@ -718,6 +765,16 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
         for (int half = 0; half < 2; ++half) {
           qn[half] += __shfl_xor_sync(kAll, qn[half], 1);
           qn[half] += __shfl_xor_sync(kAll, qn[half], 2);
+        }
+      }
+      if constexpr (kExtra) {
+        // The extra feature's share of q'ᵀS: its q times S's extra row.
+        const float q0 = extra_q[16 * mb + g], q8 = extra_q[16 * mb + g + 8];
+#pragma unroll
+        for (int n = 0; n < kOn; ++n) {
+          const float2 row = *reinterpret_cast<const float2*>(extra_row + 8 * (ntb + n) + 2 * t4);
+          acc[n][0] += q0 * row.x, acc[n][1] += q0 * row.y;
+          acc[n][2] += q8 * row.x, acc[n][3] += q8 * row.y;
         }
       }
       if constexpr (kScalar) {
@@ -909,6 +966,19 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
           }
         }
       }
+      if constexpr (kExtra) {
+        // S's extra row's parts: Σ_j (k'_j's extra feature · column weight) v_j
+        // over a quarter of the rows j each (summed at the next chunk's start).
+        static_assert(T::kThreads == kExtraParts * TV && C % kExtraParts == 0,
+                      "a thread a column of a part");
+        constexpr int kRows = C / kExtraParts;
+        const int e = tid % TV, part = tid / TV;
+        float sum = 0.0f;
+#pragma unroll 8
+        for (int j = part * kRows; j < (part + 1) * kRows; ++j)
+          sum += extra_w[j] * __bfloat162float(vs[j * ldv + e]);
+        extra_parts[part * TV + e] = sum;
+      }
       if constexpr (kScalar) {
         if (p.stabilize) m_prev = ms[C - 1];
       }
@@ -961,6 +1031,9 @@ static_assert(2 * (MmaLayout(128, MmaDecay::kLeft, MmaPass::kOutputs).bytes + 10
 static_assert(2 * (MmaLayout(128, MmaDecay::kRight, MmaPass::kOutputs).bytes + 1024) <=
                   kSmPerSmBytes,
               "two right vector output CTAs per SM");
+static_assert(2 * (MmaLayout(128, MmaDecay::kScalarExtra, MmaPass::kFused).bytes + 1024) <=
+                  kSmPerSmBytes,
+              "two scalar CTAs with the extra key feature per SM");
 static_assert(2 * (MmaLayout(128, MmaDecay::kScalar, MmaPass::kStates).bytes + 1024) <=
                   kSmPerSmBytes,
               "two scalar state-pass CTAs per SM, two stages each");
@@ -972,7 +1045,9 @@ static_assert(MmaLayout(MmaTile::kMaxDk, MmaDecay::kRight, MmaPass::kFused).byte
               "right vector tile, dk 256");
 
 MmaDecay DecayOf(const ScanParams& p) {
-  return p.right.ptr ? MmaDecay::kRight : p.left_vector ? MmaDecay::kLeft : MmaDecay::kScalar;
+  if (p.right.ptr) return MmaDecay::kRight;
+  if (p.left_vector) return MmaDecay::kLeft;
+  return p.extra_key ? MmaDecay::kScalarExtra : MmaDecay::kScalar;
 }
 
 template <MmaDecay kDecay, int kStateTiles, MmaPass kPass, int kDk>
@@ -1014,6 +1089,10 @@ cudaError_t LaunchPass(const ScanParams& p, void* chunk_states, int max_chunks,
       return LaunchDecay<MmaDecay::kLeft, kPass>(p, states, max_chunks, stream);
     case MmaDecay::kRight:
       return LaunchDecay<MmaDecay::kRight, kPass>(p, states, max_chunks, stream);
+    case MmaDecay::kScalarExtra:  // one pass only (ScanMmaTwoPassSupports)
+      if constexpr (kPass == MmaPass::kFused)
+        return LaunchDecay<MmaDecay::kScalarExtra, kPass>(p, states, max_chunks, stream);
+      return cudaErrorInvalidValue;
     default:
       return LaunchDecay<MmaDecay::kScalar, kPass>(p, states, max_chunks, stream);
   }
@@ -1032,9 +1111,12 @@ bool ScanMmaSupports(const ScanParams& p) {
       p.right.ptr == nullptr ||
       (p.left.ptr == nullptr && p.key_weight.ptr == nullptr && !p.stabilize &&
        p.norm == NormKind::kNone && p.n_init == nullptr && p.n_final == nullptr);
-  // Row weights and accumulated outputs go with scalar decays.
+  // Row weights, accumulated outputs and the extra key feature go with
+  // scalar decays (the feature without a norm).
   const bool scalar = !p.left_vector && !p.right.ptr;
-  const bool scalar_fields_ok = (p.row_weight.ptr == nullptr && !p.accumulate) || scalar;
+  const bool scalar_fields_ok =
+      (p.row_weight.ptr == nullptr && !p.accumulate && !p.extra_key) || scalar;
+  if (p.extra_key && p.norm != NormKind::kNone) return false;
   return Half(p.q) && Half(p.k) && Half(p.v) && right_alone && scalar_fields_ok && p.dk > 0 &&
          p.dk <= MmaTile::kMaxDk && p.dk % 16 == 0 && p.dv > 0 && p.dv % 16 == 0 &&
          MmaLayout(p.dk, DecayOf(p), MmaPass::kFused).bytes <= kMaxSmemBytes;
@@ -1046,8 +1128,8 @@ cudaError_t LaunchScanMma(const ScanParams& p, cudaStream_t stream) {
 
 bool ScanMmaTwoPassSupports(const ScanParams& p) {
   return ScanMmaSupports(p) && !p.reverse && !p.stabilize && p.norm == NormKind::kNone &&
-         p.key_weight.ptr == nullptr && p.row_weight.ptr == nullptr && p.n_init == nullptr &&
-         p.n_final == nullptr &&
+         p.key_weight.ptr == nullptr && p.row_weight.ptr == nullptr && !p.extra_key &&
+         p.n_init == nullptr && p.n_final == nullptr &&
          MmaLayout(p.dk, DecayOf(p), MmaPass::kOutputs).bytes <= kMaxSmemBytes;
 }
 

@@ -316,7 +316,7 @@ cudaError_t LaunchStep(const ScanParams& p, cudaStream_t stream) {
       p.reverse || p.left.shift || p.right.shift || p.s_final.ptr == nullptr ||
       (p.s_init.ptr != nullptr && p.s_init.ptr != p.s_final.ptr) || p.s_final.stride_b != 1 ||
       p.s_final.stride_a != p.dv || (p.left_vector && p.stabilize) || p.row_weight.ptr ||
-      p.norm_dot) {
+      p.extra_key || p.norm_dot) {
     return cudaErrorInvalidValue;
   }
   const LowRankLeft& low_rank = p.left_low_rank;
