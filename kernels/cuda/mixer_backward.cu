@@ -793,7 +793,7 @@ __global__ void MlstmGateGradKernel(const MlstmBackwardParams p) {
   }
 }
 
-// --- The exponential kind on the scans: per-token pieces (one warp per token,
+// --- The normalized kinds on the scans: per-token pieces (one warp per token,
 // grid (⌈max_len / 8⌉, H, num_seqs), the token scratch's padded layout) -------
 
 constexpr int kTokenWarps = kThreads / 32;
