@@ -62,7 +62,7 @@ struct MlstmBackwardParams {
   float* scratch = nullptr;  // MlstmBackwardScratchFloats(*this) floats
 };
 
-// The sigmoid kinds' backward through the decay-family scans (cuda_backend.cc)
+// The sigmoid kind's backward through the decay-family scans (cuda_backend.cc)
 // sees the mLSTM as a scalar decay lf = log σ(f) over keys k' = σ(i)·k. Per
 // row of [rows, K]:
 //   k'[r] = σ(i_r)·k[r], lf[r] = log σ(f_r).
