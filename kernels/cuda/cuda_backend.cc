@@ -972,21 +972,32 @@ class CudaBackend : public Backend {
       }
       return sp;
     };
-    LAIR_ASSIGN_OR_RETURN(Tensor dq, Uninitialized(DType::kF32, {n, H, K}));
-    LAIR_ASSIGN_OR_RETURN(Tensor dk, Uninitialized(DType::kF32, {n, H, K}));
+    // dq and dk in their types, and their dots with q and k (the gate
+    // gradients') summed from the scans' fp32 outputs.
+    const cuda::MlstmRowDots dots = cuda::MlstmTokenRowDots(p);
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cudaMemsetAsync(dots.qdq, 0, 2 * sizeof(float) * S * dots.seq_stride, s()),
+                   "mlstm backward dots"));
+    auto dots_into = [&](ScanParams& sp, const Tensor& with, float* row_dots) {
+      sp.dot_with = Op(with);
+      sp.row_dots = row_dots;
+      sp.row_dots_seq_stride = dots.seq_stride;
+    };
     {
       ScanParams sp = scan(V, K);
       sp.q = Op(d_num), sp.q_scale = q_scale, sp.k = Op(a.v), sp.v = Op(a.k);
       sp.left = forget, sp.key_weight = input;
       sp.extra_key = true, sp.extra_q = x.f32();
-      sp.o = dq.raw();
+      dots_into(sp, a.q, dots.qdq);
+      sp.o = b.dq.raw(), sp.o_type = Elem(b.dq.dtype());
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dq"));
     }
     {
       ScanParams sp = reverse(V, K);
       sp.q = Op(a.v), sp.k = Op(d_num), sp.v = Op(a.q), sp.k_scale = q_scale;
       sp.extra_key = true, sp.extra_k = x.f32();
-      sp.o = dk.raw();
+      dots_into(sp, a.k, dots.kdk);
+      sp.o = b.dk.raw(), sp.o_type = Elem(b.dk.dtype());
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dk"));
     }
     {
@@ -995,8 +1006,7 @@ class CudaBackend : public Backend {
       sp.o = b.dv.raw(), sp.o_type = Elem(b.dv.dtype());
       LAIR_RETURN_IF_ERROR(CudaStatus(cuda::LaunchScan(sp, s()), "mlstm backward dv"));
     }
-    return CudaStatus(cuda::LaunchMlstmNormGateGrads(p, dq.f32(), dk.f32(), s()),
-                      "mlstm backward gates");
+    return CudaStatus(cuda::LaunchMlstmNormGateGrads(p, s()), "mlstm backward gates");
   }
 
   // The sigmoid kind's backward as the decay family's, on the tensor-core

@@ -839,43 +839,6 @@ __global__ void MlstmNormCotangentKernel(const MlstmBackwardParams p, Operand h_
   }
 }
 
-// dq and dk, the scans' fp32 outputs, into their dtypes, and the gate
-// gradients' per-token terms q·dq and k·dk.
-template <int kN>
-__global__ void MlstmNormTermsKernel(const MlstmBackwardParams p, const float* dq,
-                                     const float* dk) {
-  const int seq = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32;
-  const int t = blockIdx.x * kTokenWarps + threadIdx.x / 32;
-  const int64_t bos = p.cu_seqlens[seq];
-  if (t >= p.cu_seqlens[seq + 1] - bos) return;
-  const Scratch sc = ScratchOf(p);
-  const int64_t row = ((bos + t) * p.heads + h) * p.dk;
-  float qdq = 0.0f, kdk = 0.0f;
-  for (int a = kN * lane; a < p.dk; a += 32 * kN) {
-    float dqa[kN], dka[kN], q[kN], k[kN];
-    LoadElems(dq, ElemType::kF32, row + a, dqa);
-    LoadElems(dk, ElemType::kF32, row + a, dka);
-    LoadElems(p.q.ptr, p.q.type, row + a, q);
-    LoadElems(p.k.ptr, p.k.type, row + a, k);
-#pragma unroll
-    for (int e = 0; e < kN; ++e) {
-      qdq += q[e] * dqa[e];
-      kdk += k[e] * dka[e];
-    }
-    StoreElems(p.dq, p.dq_type, row + a, dqa);
-    StoreElems(p.dk_out, p.dk_type, row + a, dka);
-  }
-  for (int off = 16; off > 0; off >>= 1) {
-    qdq += __shfl_xor_sync(0xffffffffu, qdq, off);
-    kdk += __shfl_xor_sync(0xffffffffu, kdk, off);
-  }
-  if (lane == 0) {
-    const int64_t pt = TokenAt(p, seq, t, h);
-    sc.qdq[pt] = qdq;
-    sc.kdk[pt] = kdk;
-  }
-}
-
 size_t StateScanSmem(const MlstmBackwardParams& p) {
   return sizeof(float) * (static_cast<size_t>(kChunk) * kMlstmBackwardMaxDim + kChunk * kCols +
                           kChunk + kRowGroups);
@@ -977,25 +940,17 @@ cudaError_t LaunchMlstmNormCotangent(const MlstmBackwardParams& p, Operand h_out
   return cudaGetLastError();
 }
 
-cudaError_t LaunchMlstmNormGateGrads(const MlstmBackwardParams& p, const float* dq, const float* dk,
-                                     cudaStream_t stream) {
+MlstmRowDots MlstmTokenRowDots(const MlstmBackwardParams& p) {
+  const Scratch sc = ScratchOf(p);
+  return {sc.qdq, sc.kdk, static_cast<int64_t>(p.max_len) * p.heads};
+}
+
+cudaError_t LaunchMlstmNormGateGrads(const MlstmBackwardParams& p, cudaStream_t stream) {
   if (p.num_seqs * p.heads == 0) return cudaSuccess;
   const Scratch sc = ScratchOf(p);
-  cudaError_t err = cudaMemsetAsync(
+  const cudaError_t err = cudaMemsetAsync(
       sc.dt, 0, sizeof(float) * static_cast<size_t>(p.num_seqs) * p.heads * sc.tiles, stream);
   if (err != cudaSuccess) return err;
-  if (p.max_len > 0) {
-    const auto kernel = RowsInFours(p.dk, {{dq, ElemType::kF32},
-                                           {dk, ElemType::kF32},
-                                           {p.q.ptr, p.q.type},
-                                           {p.k.ptr, p.k.type},
-                                           {p.dq, p.dq_type},
-                                           {p.dk_out, p.dk_type}})
-                            ? MlstmNormTermsKernel<4>
-                            : MlstmNormTermsKernel<1>;
-    kernel<<<TokenGrid(p), kThreads, 0, stream>>>(p, dq, dk);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  }
   return Launch(MlstmGateGradKernel, TaskGrid(p), 32 * kTaskWarps, 0, stream, p);
 }
 

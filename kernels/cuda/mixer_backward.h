@@ -86,16 +86,23 @@ cudaError_t LaunchMlstmSigGateGrads(Operand k_scaled, const float* dk_scaled, co
 //     e^{−m}, or 1 for kSigNorm): dh/den into d_num [N,H,V] (of `type`) and
 //     x = −(dh·h)/den·sign(q'·n), q'·n's cotangent, into x_out [N,H]; for kExp
 //     also −m_t into neg_m [N,H] and the explicit dm_t = −(dh·h)·eps/den;
-//   LaunchMlstmNormGateGrads  from the scans' dq and dk (fp32 [N,H,K], x's
-//     share included): them into p.dq and p.dk_out, then di, df from
-//     q·dq − k·dk and, for kExp, the m chain.
+//   (the dq and dk scans, which store dq and dk and add q·dq and k·dk into
+//     MlstmTokenRowDots, zeroed first: ScanParams::row_dots)
+//   LaunchMlstmNormGateGrads  di, df from q·dq − k·dk and, for kExp, the m chain.
 int64_t MlstmTokenScratchFloats(const MlstmBackwardParams& p);
 cudaError_t LaunchMlstmStabilizers(const MlstmBackwardParams& p, cudaStream_t stream);
 cudaError_t LaunchMlstmNormCotangent(const MlstmBackwardParams& p, Operand h_out,
                                      const float* norm_dot, void* d_num, ElemType type,
                                      float* x_out, float* neg_m, cudaStream_t stream);
-cudaError_t LaunchMlstmNormGateGrads(const MlstmBackwardParams& p, const float* dq, const float* dk,
-                                     cudaStream_t stream);
+// The token scratch's q·dq and k·dk: fp32, sequence s's token t at head h at
+// s·seq_stride + t·H + h; kdk follows qdq (kdk = qdq + num_seqs·seq_stride).
+struct MlstmRowDots {
+  float* qdq;
+  float* kdk;
+  int64_t seq_stride;
+};
+MlstmRowDots MlstmTokenRowDots(const MlstmBackwardParams& p);
+cudaError_t LaunchMlstmNormGateGrads(const MlstmBackwardParams& p, cudaStream_t stream);
 
 // fp32 elements of scratch the launch needs (dims, num_seqs and max_len set).
 int64_t MlstmBackwardScratchFloats(const MlstmBackwardParams& p);

@@ -96,6 +96,15 @@ struct ScanParams {
   bool extra_key = false;
   const float* extra_q = nullptr;
   const float* extra_k = nullptr;
+  // With the extra key feature, where row_dots is set: each output row's dot
+  // with the same row of dot_with (bf16 or f16, [N, H, dv]), taken before the
+  // row is rounded to o_type, added atomically into
+  // row_dots[seq·row_dots_seq_stride + t·heads + h] (t the token's place in
+  // its sequence; the value tiles' parts add). The mLSTM backward's q·dq and
+  // k·dk for its gate gradients.
+  Operand dot_with;
+  float* row_dots = nullptr;
+  int64_t row_dots_seq_stride = 0;
   // [N, H] or null: each row's q'ᵀn before the normalizer's max (norm kinds;
   // the mLSTM backward's branch of that max, as the forward took it).
   float* norm_dot = nullptr;

@@ -124,6 +124,7 @@ struct MmaLayout {
   int stage = 0;                        // first load stage; stage s at stage + s·stage_bytes
   int stage_bytes = 0;                  // q, k, v, gates of one chunk:
   int k_off = 0, v_off = 0, g_off = 0;  // ... offsets in a stage (q at 0)
+  int w_off = 0;                        // ... and the extra kind's dot operand tile
   int s = 0, a = 0, tab = 0, flags = 0, bytes = 0;
 
   constexpr __host__ __device__ MmaLayout(int dk, MmaDecay decay, MmaPass pass) {
@@ -140,7 +141,9 @@ struct MmaLayout {
     g_off = v_off + T::kChunk * ldv * 2;  // v̂ (right) or v tile, bf16 [C][ldv]
     // b or c [C][gw] (vector kinds), or b, lw [C] (scalar), then the extra
     // key feature's q and k [C]
-    stage_bytes = g_off + (scalar ? (extra ? 4 : 2) * T::kChunk : T::kChunk * gw) * 4;
+    w_off = g_off + (scalar ? (extra ? 4 : 2) * T::kChunk : T::kChunk * gw) * 4;
+    // the extra kind's ScanParams::dot_with tile, bf16 [C][ldv]
+    stage_bytes = w_off + (extra ? T::kChunk * ldv * 2 : 0);
     stage = Take(T::Stages(tiles, decay, pass) * stage_bytes);
     s = Take(dk * ldv * 2);             // S, bf16 [dk][ldv]
     a = Take(T::kChunk * T::kLdA * 2);  // masked A, bf16 [C][kLdA]
@@ -395,6 +398,21 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
       } else {
         *reinterpret_cast<uint4*>(vd + i * ldv + c) =
             live ? Load8(p.v, off) : make_uint4(0, 0, 0, 0);
+      }
+    }
+    if constexpr (kExtra) {
+      // The tile of ScanParams::dot_with, shaped as o.
+      bf16* wd = reinterpret_cast<bf16*>(base + lay.w_off);
+      for (int idx = tid; p.row_dots && idx < C * (TV / 8); idx += T::kThreads) {
+        const int i = idx / (TV / 8), c = 8 * (idx % (TV / 8));
+        const bool live = i < lc && c < tv;
+        const int64_t off = live ? ((bos + tok0 + dir * i) * p.heads + h) * p.dv + e0 + c : 0;
+        if (p.dot_with.type == ElemType::kBF16) {
+          CpAsync16(wd + i * ldv + c, static_cast<const bf16*>(p.dot_with.ptr) + off, live);
+        } else {
+          *reinterpret_cast<uint4*>(wd + i * ldv + c) =
+              live ? Load8(p.dot_with, off) : make_uint4(0, 0, 0, 0);
+        }
       }
     }
     if constexpr (!kScalar) {
@@ -853,6 +871,9 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
       // 1 + mb of the two warps); each warp then copies out what it staged.
       if (stage_out) asm volatile("bar.sync %0, 64;\n" ::"r"(1 + mb));
       bf16* staged = qs + 16 * mb * ldq;
+      [[maybe_unused]] float row_dot[2] = {0.0f, 0.0f};  // ScanParams::row_dots
+      [[maybe_unused]] const bf16* dot_tile =
+          reinterpret_cast<const bf16*>(stage_base(st) + lay.w_off);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int i = 16 * mb + g + 8 * half;
@@ -875,6 +896,13 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
 #pragma unroll
         for (int n = 0; n < kOn; ++n) {
           const int e = 8 * (ntb + n) + 2 * t4;
+          if constexpr (kExtra) {
+            if (p.row_dots) {
+              const float2 d = __bfloat1622float2(
+                  *reinterpret_cast<const __nv_bfloat162*>(dot_tile + i * ldv + e));
+              row_dot[half] += (acc[n][2 * half] * d.x + acc[n][2 * half + 1] * d.y) * inv_den;
+            }
+          }
           if (stage_out) {
             StorePair(staged, p.o_type, (g + 8 * half) * ldq + e, acc[n][2 * half] * inv_den,
                       acc[n][2 * half + 1] * inv_den);
@@ -886,6 +914,21 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
               x += old.x, y += old.y;
             }
             StorePair(p.o, p.o_type, out + e, x, y);
+          }
+        }
+      }
+      if constexpr (kExtra) {
+        if (p.row_dots) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            float d = row_dot[half];
+            d += __shfl_xor_sync(kAll, d, 1);
+            d += __shfl_xor_sync(kAll, d, 2);
+            const int i = 16 * mb + g + 8 * half;
+            if (t4 == 0 && i < lc)
+              atomicAdd(p.row_dots + seq * p.row_dots_seq_stride +
+                            static_cast<int64_t>(tok0 + dir * i) * p.heads + h,
+                        d);
           }
         }
       }
@@ -1117,6 +1160,7 @@ bool ScanMmaSupports(const ScanParams& p) {
   const bool scalar_fields_ok =
       (p.row_weight.ptr == nullptr && !p.accumulate && !p.extra_key) || scalar;
   if (p.extra_key && p.norm != NormKind::kNone) return false;
+  if (p.row_dots && (!p.extra_key || !Half(p.dot_with))) return false;
   return Half(p.q) && Half(p.k) && Half(p.v) && right_alone && scalar_fields_ok && p.dk > 0 &&
          p.dk <= MmaTile::kMaxDk && p.dk % 16 == 0 && p.dv > 0 && p.dv % 16 == 0 &&
          MmaLayout(p.dk, DecayOf(p), MmaPass::kFused).bytes <= kMaxSmemBytes;
