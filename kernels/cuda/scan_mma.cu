@@ -30,6 +30,10 @@
 //   A_ij = (q_i·k_j) e^{b_i − b_j + lw_j − m_i}  (j ≤ i)
 //   o_i = Σ_j A_ij v_j + e^{b_i + m_prev − m_i} q_iᵀ S, normalized as scan.h says
 //   S  ← e^{b_C + m_prev − m_C} S + Σ_j (k_j e^{b_C − b_j + lw_j − m_C}) v_jᵀ
+// With one more key feature (kScalarExtra: q^e, k^e per token), A_ij gains
+// q^e_i k^e_j under the same factor, S a row r ← e^{b_C + m_prev − m_C} r +
+// Σ_j k^e_j e^{b_C − b_j + lw_j − m_C} v_j, and q_iᵀS the term q^e_i r; each
+// output row may also be dotted with a row of another operand (row_dots).
 // Scaled operands are rounded to bf16 (f16 and f32 inputs too: the exponent
 // range of the rescaled operands needs bf16's), and so is A before A·V.
 //
