@@ -9,7 +9,6 @@
 namespace lair::models {
 namespace {
 
-
 class GlaMixer : public Mixer {
  public:
   GlaMixer(const GlaConfig& config, ProjectionTriple qkv, int gk0, int gk1, int gk1_bias,

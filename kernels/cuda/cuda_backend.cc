@@ -975,9 +975,10 @@ class CudaBackend : public Backend {
     // dq and dk in their types, and their dots with q and k (the gate
     // gradients') summed from the scans' fp32 outputs.
     const cuda::MlstmRowDots dots = cuda::MlstmTokenRowDots(p);
-    LAIR_RETURN_IF_ERROR(
-        CudaStatus(cudaMemsetAsync(dots.qdq, 0, 2 * sizeof(float) * S * dots.seq_stride, s()),
-                   "mlstm backward dots"));
+    for (float* sums : {dots.qdq, dots.kdk})
+      LAIR_RETURN_IF_ERROR(
+          CudaStatus(cudaMemsetAsync(sums, 0, sizeof(float) * S * dots.seq_stride, s()),
+                     "mlstm backward dots"));
     auto dots_into = [&](ScanParams& sp, const Tensor& with, float* row_dots) {
       sp.dot_with = Op(with);
       sp.row_dots = row_dots;

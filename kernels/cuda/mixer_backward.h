@@ -94,8 +94,8 @@ cudaError_t LaunchMlstmStabilizers(const MlstmBackwardParams& p, cudaStream_t st
 cudaError_t LaunchMlstmNormCotangent(const MlstmBackwardParams& p, Operand h_out,
                                      const float* norm_dot, void* d_num, ElemType type,
                                      float* x_out, float* neg_m, cudaStream_t stream);
-// The token scratch's q·dq and k·dk: fp32, sequence s's token t at head h at
-// s·seq_stride + t·H + h; kdk follows qdq (kdk = qdq + num_seqs·seq_stride).
+// The token scratch's q·dq and k·dk: fp32, num_seqs·seq_stride each,
+// sequence s's token t at head h at s·seq_stride + t·H + h.
 struct MlstmRowDots {
   float* qdq;
   float* kdk;
