@@ -19,11 +19,6 @@ constexpr int kTermThreads = 256;
 constexpr int kScanThreads = 512;
 constexpr int kTileCols = 32;
 
-int Blocks(int64_t n, int per_block) {
-  const int64_t b = (n + per_block - 1) / per_block;
-  return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
-}
-
 __device__ __forceinline__ void Store4(void* out, ElemType type, int64_t i, float4 v) {
   for (int c = 0; c < 4; ++c) StoreElem(out, type, i + c, (&v.x)[c]);
 }

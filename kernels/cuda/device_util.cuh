@@ -77,6 +77,12 @@ __device__ __forceinline__ void StoreElem4(void* p, ElemType t, int64_t q, float
   }
 }
 
+// CTAs of per_block items for n items: at least one, and at most 65535·16.
+inline int Blocks(int64_t n, int per_block) {
+  const int64_t b = (n + per_block - 1) / per_block;
+  return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
+}
+
 // Whether StoreElem4 may store to p.
 inline bool Elem4Aligned(const void* p, ElemType t) {
   return reinterpret_cast<uintptr_t>(p) % (t == ElemType::kF32 ? 16 : 8) == 0;

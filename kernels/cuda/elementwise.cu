@@ -120,11 +120,6 @@ __global__ void SumRowGroupsQuadsKernel(const float4* parts, int64_t rows, int w
   }
 }
 
-int Blocks(int64_t n, int per_block) {
-  const int64_t b = (n + per_block - 1) / per_block;
-  return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
-}
-
 }  // namespace
 
 cudaError_t LaunchConvert(const void* src, ElemType src_type, void* dst, ElemType dst_type,

@@ -38,11 +38,6 @@ bool RowsInFours(int width, std::initializer_list<std::pair<const void*, ElemTyp
   return true;
 }
 
-int Blocks(int64_t n, int per_block) {
-  const int64_t b = (n + per_block - 1) / per_block;
-  return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
-}
-
 // One warp per row.
 __global__ void SoftmaxBackwardKernel(const float* p, float* dp, int64_t rows, int width) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
