@@ -26,6 +26,7 @@
 #include "kernels/cuda/dense_common.cuh"
 #include "kernels/cuda/dense_launch.h"
 #include "kernels/cuda/dense_small_gemm.h"
+#include "kernels/cuda/dependent_launch.cuh"
 
 namespace lair::kernels::cuda::dense {
 namespace {
@@ -65,6 +66,8 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     NarrowKernel(const float* src, const float* gate, int64_t n, T* dst) {
+  AllowDependents();
+  WaitForPrerequisites();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     dst[i] = T(gate ? Silu(gate[i]) * src[i] : src[i]);
@@ -77,6 +80,8 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     NarrowQuadsKernel(const float4* src, const float4* gate, int64_t quads, uint2* dst) {
+  AllowDependents();
+  WaitForPrerequisites();
   for (int64_t q = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; q < quads;
        q += static_cast<int64_t>(gridDim.x) * kThreads) {
     float4 v = src[q];
@@ -580,15 +585,37 @@ struct GemmRunner::Impl {
       p.y_type = std::is_same_v<T, __half> ? DType::kF16 : DType::kBF16;
       LAIR_RETURN_IF_ERROR(CudaStatus(LaunchNorm(p, stream), "input norm"));
     } else if (count % 4 == 0 && Aligned16(first.a) && Aligned16(first.a_gate)) {
-      NarrowQuadsKernel<T><<<GridFor(count / 4), kThreads, 0, stream>>>(
-          reinterpret_cast<const float4*>(first.a), reinterpret_cast<const float4*>(first.a_gate),
-          count / 4, reinterpret_cast<uint2*>(a));
-      LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "narrow"));
+      LAIR_RETURN_IF_ERROR(
+          CudaStatus(LaunchDependent(NarrowQuadsKernel<T>, GridFor(count / 4), kThreads, stream,
+                                     reinterpret_cast<const float4*>(first.a),
+                                     reinterpret_cast<const float4*>(first.a_gate), count / 4,
+                                     reinterpret_cast<uint2*>(a)),
+                     "narrow"));
     } else {
-      NarrowKernel<T><<<GridFor(count), kThreads, 0, stream>>>(first.a, first.a_gate, count, a);
-      LAIR_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "narrow"));
+      LAIR_RETURN_IF_ERROR(CudaStatus(LaunchDependent(NarrowKernel<T>, GridFor(count), kThreads,
+                                                      stream, first.a, first.a_gate, count, a),
+                                      "narrow"));
     }
     return absl::OkStatus();
+  }
+
+  // `group` (ReadsRoundedActivations) reading the norm of their shared a,
+  // or silu(a_gate) ∘ a, formed in the `formed` scratch by one pass that
+  // writes it rounded to T.
+  template <typename T>
+  absl::StatusOr<std::vector<GemmCall>> FormRounded(std::span<const GemmCall> group,
+                                                    const NormParams* a_norm) {
+    std::vector<GemmCall> out(group.begin(), group.end());
+    const GemmCall& first = group.front();
+    LAIR_ASSIGN_OR_RETURN(char* buffer,
+                          formed.Get(static_cast<size_t>(first.m * first.k) * sizeof(T)));
+    LAIR_RETURN_IF_ERROR(Round(first, a_norm, reinterpret_cast<T*>(buffer)));
+    for (GemmCall& g : out) {
+      g.a = nullptr;
+      g.a_gate = nullptr;
+      g.a_rounded = buffer;
+    }
+    return out;
   }
 
   // `group` reading the norm of their shared a, formed in the `formed`
@@ -747,7 +774,14 @@ absl::Status GemmRunner::RunGroup(std::span<const GemmCall> group, GemmPrecision
   // the decode ring kernel as it stages the activations measured no faster
   // than this pass: docs/benchmarks.md.)
   std::vector<GemmCall> formed;
-  if (first.a_gate && !shared_narrow) {
+  if ((first.a_gate == nullptr) != (a_norm == nullptr) &&
+      ReadsRoundedActivations(group, precision)) {
+    // The ring kernel copies them into its stages as they come.
+    LAIR_ASSIGN_OR_RETURN(formed, first.b_type == DType::kBF16
+                                      ? im.FormRounded<__nv_bfloat16>(group, a_norm)
+                                      : im.FormRounded<__half>(group, a_norm));
+    group = formed;
+  } else if (first.a_gate && !shared_narrow) {
     LAIR_ASSIGN_OR_RETURN(formed, im.FormGated(group));
     group = formed;
   } else if (a_norm && !shared_narrow) {

@@ -91,6 +91,10 @@ struct GemmCall {
   // the output rounded to 16 bits after the activation, instead of c.
   void* c16 = nullptr;
   DType c16_type = DType::kF32;
+  // [m,k] of b_type or null (RunGroup only): the activations formed and
+  // rounded to the weights' type, which the decode ring kernel reads instead
+  // of a (ReadsRoundedActivations).
+  const void* a_rounded = nullptr;
 };
 
 struct NormParams;

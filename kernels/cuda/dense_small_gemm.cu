@@ -94,6 +94,7 @@ SmallGroup<T> GroupOf(std::span<const GemmCall> calls) {
   SmallGroup<T> g;
   const GemmCall& first = calls.front();
   g.a = first.a;
+  g.a16 = static_cast<const T*>(first.a_rounded);
   g.m = first.m;
   g.k = first.k;
   g.alpha = first.alpha;
@@ -159,6 +160,11 @@ SmallProduct SmallProductFor(std::span<const GemmCall> calls, GemmPrecision prec
     if (first.m > kMmaRows || MmaStagesK(first.k)) return SmallProduct::kTensorCore;
   }
   return SmallProduct::kNone;
+}
+
+bool ReadsRoundedActivations(std::span<const GemmCall> calls, GemmPrecision precision) {
+  return SmallProductFor(calls, precision) == SmallProduct::kTensorCore &&
+         calls.front().m > small_product::kWideRows;
 }
 
 cudaError_t LaunchSmallProduct(SmallProduct kind, std::span<const GemmCall> calls,

@@ -38,6 +38,12 @@ enum class SmallProduct { kNone, kGemv, kNarrowK, kTensorCore };
 // ones first.
 SmallProduct SmallProductFor(std::span<const GemmCall> calls, GemmPrecision precision);
 
+// Whether the kernel SmallProductFor picks for `calls` can read their
+// activations already rounded to the weights' type (GemmCall::a_rounded):
+// the shared-memory ring of 17 to 32 rows, which then copies them into its
+// stages as they are, where it would copy fp32 and round them itself.
+bool ReadsRoundedActivations(std::span<const GemmCall> calls, GemmPrecision precision);
+
 // `calls` through `kind` (not kNone), which SmallProductFor chose for them.
 cudaError_t LaunchSmallProduct(SmallProduct kind, std::span<const GemmCall> calls,
                                cudaStream_t stream);

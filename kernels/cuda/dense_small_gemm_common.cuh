@@ -36,6 +36,7 @@ inline int64_t TilesOf(int64_t n) { return (n + kTileRows - 1) / kTileRows; }
 template <typename T>
 struct SmallGroup {
   const float* a = nullptr;  // [m, k]
+  const T* a16 = nullptr;    // [m, k]: a rounded to T, read instead of a (the ring kernel)
   int64_t m = 0, k = 0;
   float alpha = 1.0f, beta = 0.0f;
   int count = 0;

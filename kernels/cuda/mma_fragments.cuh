@@ -15,8 +15,9 @@
 
 namespace lair::kernels::cuda {
 
-// ldmatrix: four 8×8 bf16 matrices; lane l supplies the row address of matrix l / 8.
-__device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], const __nv_bfloat16* p) {
+// ldmatrix: four 8×8 matrices of 16-bit elements; lane l supplies the row
+// address of matrix l / 8.
+__device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(SmemAddr(p)));
@@ -26,7 +27,7 @@ __device__ __forceinline__ void Ldsm4T(uint32_t (&r)[4], const __nv_bfloat16* p)
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(SmemAddr(p)));
 }
-__device__ __forceinline__ void Ldsm2(uint32_t (&r)[2], const __nv_bfloat16* p) {
+__device__ __forceinline__ void Ldsm2(uint32_t (&r)[2], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                : "=r"(r[0]), "=r"(r[1])
                : "r"(SmemAddr(p)));
