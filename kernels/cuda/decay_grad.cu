@@ -27,29 +27,29 @@ __device__ __forceinline__ void Store4(void* out, ElemType type, int64_t i, floa
 // reducing; four features per lane (dim is a multiple of 4). dx and dy go to
 // dx_out and dy_out where those are set.
 __global__ void DecayTermKernel(const DecayGradParams p) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (r >= p.tokens * p.heads) return;
-  float part = 0.0f;
-  for (int a = 4 * lane; a < p.dim; a += 4 * 32) {
-    const int64_t i = r * p.dim + a;
-    const float4 x = LoadElem4(p.x.ptr, p.x.type, i / 4),
-                 dx = LoadElem4(p.dx.ptr, p.dx.type, i / 4),
-                 y = LoadElem4(p.y.ptr, p.y.type, i / 4),
-                 dy = LoadElem4(p.dy.ptr, p.dy.type, i / 4);
-    if (p.dx_out) Store4(p.dx_out, p.dx_out_type, i, dx);
-    if (p.dy_out) Store4(p.dy_out, p.dy_out_type, i, dy);
-    const float4 t = make_float4(x.x * dx.x - y.x * dy.x, x.y * dx.y - y.y * dy.y,
-                                 x.z * dx.z - y.z * dy.z, x.w * dx.w - y.w * dy.w);
-    if (p.reduce_features) {
-      part += (t.x + t.y) + (t.z + t.w);
-    } else {
-      *reinterpret_cast<float4*>(p.out + i) = t;
+  for (int64_t r = WarpRow(); r < p.tokens * p.heads; r += WarpRowStride()) {
+    float part = 0.0f;
+    for (int a = 4 * lane; a < p.dim; a += 4 * 32) {
+      const int64_t i = r * p.dim + a;
+      const float4 x = LoadElem4(p.x.ptr, p.x.type, i / 4),
+                   dx = LoadElem4(p.dx.ptr, p.dx.type, i / 4),
+                   y = LoadElem4(p.y.ptr, p.y.type, i / 4),
+                   dy = LoadElem4(p.dy.ptr, p.dy.type, i / 4);
+      if (p.dx_out) Store4(p.dx_out, p.dx_out_type, i, dx);
+      if (p.dy_out) Store4(p.dy_out, p.dy_out_type, i, dy);
+      const float4 t = make_float4(x.x * dx.x - y.x * dy.x, x.y * dx.y - y.y * dy.y,
+                                   x.z * dx.z - y.z * dy.z, x.w * dx.w - y.w * dy.w);
+      if (p.reduce_features) {
+        part += (t.x + t.y) + (t.z + t.w);
+      } else {
+        *reinterpret_cast<float4*>(p.out + i) = t;
+      }
     }
-  }
-  if (p.reduce_features) {
-    for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-    if (lane == 0) p.out[r] = part;
+    if (p.reduce_features) {
+      for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+      if (lane == 0) p.out[r] = part;
+    }
   }
 }
 

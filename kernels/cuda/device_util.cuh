@@ -83,6 +83,17 @@ inline int Blocks(int64_t n, int per_block) {
   return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
 }
 
+// The rows of a one-warp-per-row kernel: a warp takes rows WarpRow(),
+// WarpRow() + WarpRowStride(), ..., since Blocks caps the grid and a launch
+// may hold fewer warps than rows. Uniform across a warp, so its shuffles
+// stay whole.
+__device__ __forceinline__ int64_t WarpRow() {
+  return blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+}
+__device__ __forceinline__ int64_t WarpRowStride() {
+  return static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+}
+
 // Whether StoreElem4 may store to p.
 inline bool Elem4Aligned(const void* p, ElemType t) {
   return reinterpret_cast<uintptr_t>(p) % (t == ElemType::kF32 ? 16 : 8) == 0;

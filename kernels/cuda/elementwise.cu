@@ -29,19 +29,19 @@ __global__ void ConvertF32QuadsKernel(const float4* src, void* dst, ElemType dt,
 // One warp per row: p = exp(x − max) / Σ.
 __global__ void SoftmaxKernel(const float* x, int64_t rows, int width, void* out,
                               ElemType out_type) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (r >= rows) return;
-  const float* row = x + r * width;
-  float mx = -INFINITY;
-  for (int i = lane; i < width; i += 32) mx = fmaxf(mx, row[i]);
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  float sum = 0.0f;
-  for (int i = lane; i < width; i += 32) sum += expf(row[i] - mx);
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  const float inv = 1.0f / sum;
-  for (int i = lane; i < width; i += 32)
-    StoreElem(out, out_type, r * width + i, expf(row[i] - mx) * inv);
+  for (int64_t r = WarpRow(); r < rows; r += WarpRowStride()) {
+    const float* row = x + r * width;
+    float mx = -INFINITY;
+    for (int i = lane; i < width; i += 32) mx = fmaxf(mx, row[i]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (int i = lane; i < width; i += 32) sum += expf(row[i] - mx);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float inv = 1.0f / sum;
+    for (int i = lane; i < width; i += 32)
+      StoreElem(out, out_type, r * width + i, expf(row[i] - mx) * inv);
+  }
 }
 
 __global__ void SumTokensKernel(const float* x, int64_t tokens, int heads, float* out) {

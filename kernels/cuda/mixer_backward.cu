@@ -40,15 +40,15 @@ bool RowsInFours(int width, std::initializer_list<std::pair<const void*, ElemTyp
 
 // One warp per row.
 __global__ void SoftmaxBackwardKernel(const float* p, float* dp, int64_t rows, int width) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (r >= rows) return;
-  const float* pr = p + r * width;
-  float* dr = dp + r * width;
-  float dot = 0.0f;
-  for (int c = lane; c < width; c += 32) dot += pr[c] * dr[c];
-  for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-  for (int c = lane; c < width; c += 32) dr[c] = pr[c] * (dr[c] - dot);
+  for (int64_t r = WarpRow(); r < rows; r += WarpRowStride()) {
+    const float* pr = p + r * width;
+    float* dr = dp + r * width;
+    float dot = 0.0f;
+    for (int c = lane; c < width; c += 32) dot += pr[c] * dr[c];
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    for (int c = lane; c < width; c += 32) dr[c] = pr[c] * (dr[c] - dot);
+  }
 }
 
 __global__ void AddKernel(const float* a, const float* b, void* out, ElemType type, int64_t n) {
@@ -65,44 +65,44 @@ __global__ void AddKernel(const float* a, const float* b, void* out, ElemType ty
 template <int kN>
 __global__ void MlstmSigKeysKernel(Operand k, const float* i, const float* f, int64_t rows, int K,
                                    void* k_scaled, ElemType type, float* lf) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (r >= rows) return;
-  const float w = expf(LogSigmoid(i[r]));
-  for (int a = kN * lane; a < K; a += 32 * kN) {
-    float x[kN];
-    LoadElems(k.ptr, k.type, r * K + a, x);
+  for (int64_t r = WarpRow(); r < rows; r += WarpRowStride()) {
+    const float w = expf(LogSigmoid(i[r]));
+    for (int a = kN * lane; a < K; a += 32 * kN) {
+      float x[kN];
+      LoadElems(k.ptr, k.type, r * K + a, x);
 #pragma unroll
-    for (int e = 0; e < kN; ++e) x[e] *= w;
-    StoreElems(k_scaled, type, r * K + a, x);
+      for (int e = 0; e < kN; ++e) x[e] *= w;
+      StoreElems(k_scaled, type, r * K + a, x);
+    }
+    if (lane == 0) lf[r] = LogSigmoid(f[r]);
   }
-  if (lane == 0) lf[r] = LogSigmoid(f[r]);
 }
 
 template <int kN>
 __global__ void MlstmSigGateGradsKernel(Operand k_scaled, const float* dk_scaled, const float* i,
                                         const float* f, const float* dg, int64_t rows, int K,
                                         void* dk, ElemType dk_type, float* di, float* df) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (r >= rows) return;
-  const float w = expf(LogSigmoid(i[r]));
-  float dot = 0.0f;
-  for (int a = kN * lane; a < K; a += 32 * kN) {
-    float g[kN], x[kN];
-    LoadElems(dk_scaled, ElemType::kF32, r * K + a, g);
-    LoadElems(k_scaled.ptr, k_scaled.type, r * K + a, x);
+  for (int64_t r = WarpRow(); r < rows; r += WarpRowStride()) {
+    const float w = expf(LogSigmoid(i[r]));
+    float dot = 0.0f;
+    for (int a = kN * lane; a < K; a += 32 * kN) {
+      float g[kN], x[kN];
+      LoadElems(dk_scaled, ElemType::kF32, r * K + a, g);
+      LoadElems(k_scaled.ptr, k_scaled.type, r * K + a, x);
 #pragma unroll
-    for (int e = 0; e < kN; ++e) {
-      dot += x[e] * g[e];
-      g[e] *= w;
+      for (int e = 0; e < kN; ++e) {
+        dot += x[e] * g[e];
+        g[e] *= w;
+      }
+      StoreElems(dk, dk_type, r * K + a, g);
     }
-    StoreElems(dk, dk_type, r * K + a, g);
-  }
-  for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-  if (lane == 0) {
-    di[r] = dot * expf(LogSigmoid(-i[r]));
-    df[r] = dg[r] * expf(LogSigmoid(-f[r]));
+    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if (lane == 0) {
+      di[r] = dot * expf(LogSigmoid(-i[r]));
+      df[r] = dg[r] * expf(LogSigmoid(-f[r]));
+    }
   }
 }
 

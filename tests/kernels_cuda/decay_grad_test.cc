@@ -1,8 +1,9 @@
 // cuda::LaunchDecayGrad (kernels/cuda/decay_grad.cu) against a host reverse
 // cumsum: feature dims 64 to 512, per-feature and reduced, plain and
 // transposed final-state terms, packed sequences of thousands of tokens with
-// ragged and empty ones; dx and dy stored on the way (bf16 and fp32). Skips
-// without a GPU.
+// ragged and empty ones; dx and dy stored on the way (bf16 and fp32). Also
+// the one-warp-per-row kernels (softmax and its Jacobian) on more rows than
+// their capped grid holds warps. Skips without a GPU.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/mixer_backward.h"
 #include "kernels/cuda/scan.h"
 
 namespace lair::kernels::cuda {
@@ -129,6 +131,36 @@ TEST_F(DecayGradTest, MatchesHostReverseCumsum) {
       }
     }
   }
+}
+
+// Blocks caps a grid at 65,535·16 CTAs, so a one-warp-per-row launch of
+// eight warps a CTA holds fewer warps than 8.4 million rows: each warp must
+// take several. Rows of width 2 past the cap, checked where the second pass
+// of warps lands.
+TEST_F(DecayGradTest, RowKernelsReachRowsPastTheGridCap) {
+  const int64_t rows = int64_t{65535} * 16 * 8 + 37;
+  const int width = 2;
+  const std::vector<float> x = Rand(static_cast<size_t>(rows) * width);
+  const std::vector<float> dp = Rand(x.size());
+  DeviceVector<float> p_d(x), dp_d(dp);
+  ASSERT_EQ(LaunchSoftmaxRows(p_d.get(), rows, width, p_d.get(), ElemType::kF32, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(LaunchSoftmaxBackward(p_d.get(), dp_d.get(), rows, width, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> p = p_d.Host(), got = dp_d.Host();
+  double worst_p = 0.0, worst_dp = 0.0;
+  for (int64_t r = rows - 4096; r < rows; ++r) {
+    const size_t i = static_cast<size_t>(r) * width;
+    const double e0 = std::exp(static_cast<double>(x[i]) - std::max(x[i], x[i + 1]));
+    const double e1 = std::exp(static_cast<double>(x[i + 1]) - std::max(x[i], x[i + 1]));
+    const double p0 = e0 / (e0 + e1), p1 = e1 / (e0 + e1);
+    const double dot = p0 * dp[i] + p1 * dp[i + 1];
+    worst_p = std::max({worst_p, std::fabs(p[i] - p0), std::fabs(p[i + 1] - p1)});
+    worst_dp = std::max({worst_dp, std::fabs(got[i] - p0 * (dp[i] - dot)),
+                         std::fabs(got[i + 1] - p1 * (dp[i + 1] - dot))});
+  }
+  EXPECT_LE(worst_p, 1e-6);
+  EXPECT_LE(worst_dp, 1e-5);
 }
 
 }  // namespace
