@@ -25,10 +25,12 @@ namespace lair::kernels::cuda::dense {
 namespace {
 
 constexpr int kWarpGroupMax = 1024;
-// Fewer groups than this leave most of the GPU idle under warp teams, and
-// each warp walks its group alone: a decode step's per-head norm (4 groups
-// of 512 at GLA 1.3B's batch 1) took 8.7 µs so. Block teams shorten the walk.
-constexpr int64_t kMinWarpTeamGroups = 128;
+// Fewer groups than this leave most of the GPU idle under warp teams (four
+// to a CTA), and each warp walks its group alone: a decode step's per-head
+// norm took 8.7 µs so at GLA 1.3B's batch 1 (4 groups of 512) and 7 µs at
+// batch 32 (128 groups, 32 CTAs; H200). Block teams shorten the walk and
+// spread the groups over more SMs.
+constexpr int64_t kMinWarpTeamGroups = 512;
 constexpr int kWarpTeamBlock = 128;  // 4 warp teams per block
 constexpr int kBlockTeam = 256;
 constexpr int kColumnThreads = 256;
