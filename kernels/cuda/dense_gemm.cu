@@ -816,7 +816,11 @@ bool GemmRunner::TakesSwiGlu(std::span<const GemmCall, 3> calls, GemmPrecision p
       gate.k <= 0 || gate.n <= 0 || up.n != gate.n || down.k != gate.n) {
     return false;
   }
-  if (TakesSiluPair(calls.first<2>(), precision)) return true;
+  if (TakesSiluPair(calls.first<2>(), precision)) {
+    // The ring kernel's pair hands down its output rounded: down must read it so.
+    return !SiluPairRounds(calls.first<2>(), precision) ||
+           ReadsRoundedActivations(calls.last<1>(), precision);
+  }
   return precision == GemmPrecision::kFast && gate.n % 4 == 0 &&
          SmallProductFor(calls.first<2>(), precision) == SmallProduct::kNone &&
          SmallProductFor(calls.last<1>(), precision) == SmallProduct::kNone;
@@ -830,18 +834,27 @@ absl::Status GemmRunner::RunSwiGlu(std::span<const GemmCall, 3> calls, GemmPreci
                                            : im.RunSwiGluIn<__half>(calls, a_norm);
   }
   std::vector<GemmCall> gate_up(calls.begin(), calls.begin() + 2);
-  if (a_norm) {
+  // The ring kernel's rows: its input and its output rounded to the weights' type.
+  const bool rounded = SiluPairRounds(calls.first<2>(), precision);
+  if (a_norm && rounded) {
+    LAIR_ASSIGN_OR_RETURN(gate_up, calls[0].b_type == DType::kBF16
+                                       ? im.FormRounded<__nv_bfloat16>(gate_up, a_norm)
+                                       : im.FormRounded<__half>(gate_up, a_norm));
+  } else if (a_norm) {
     LAIR_ASSIGN_OR_RETURN(gate_up, im.FormNormed(gate_up, *a_norm));
   }
   const GemmCall& gate = gate_up.front();
-  LAIR_ASSIGN_OR_RETURN(char* buffer,
-                        im.gated.Get(static_cast<size_t>(gate.m * gate.n) * sizeof(float)));
-  float* hidden = reinterpret_cast<float*>(buffer);
+  const size_t element = rounded ? 2 : sizeof(float);
+  LAIR_ASSIGN_OR_RETURN(char* hidden, im.gated.Get(static_cast<size_t>(gate.m * gate.n) * element));
   LAIR_RETURN_IF_ERROR(
       CudaStatus(LaunchSiluPair(std::span<const GemmCall, 2>(gate_up.data(), 2), hidden, im.stream),
                  "silu pair"));
   GemmCall down = calls[2];
-  down.a = hidden;
+  if (rounded) {
+    down.a_rounded = hidden;
+  } else {
+    down.a = reinterpret_cast<const float*>(hidden);
+  }
   return RunGroup({&down, 1}, precision);
 }
 

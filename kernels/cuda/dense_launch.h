@@ -117,16 +117,18 @@ class GemmRunner {
                         const NormParams* a_norm = nullptr);
   // A SwiGLU MLP's gate, up and down calls (16-bit weights of one type; the
   // down call's a unset), reading a normalized first with a_norm. Rows the
-  // decode GEMV takes: gate and up in one launch that writes silu(gate) ∘ up
-  // (LaunchSiluPair), which the down product reads. Prefill rows (fast
+  // decode GEMV or ring kernel takes: gate and up in one launch that writes
+  // silu(gate) ∘ up (LaunchSiluPair; rounded to the weights' type at the
+  // ring's rows), which the down product reads. Prefill rows (fast
   // precision): gate and up read a rounded to the weights' type and write
   // their [m, f] outputs in that type, which the down product reads as
   // silu(gate) ∘ up formed in place.
   // REQUIRES: TakesSwiGlu(calls, precision).
   absl::Status RunSwiGlu(std::span<const GemmCall, 3> calls, GemmPrecision precision,
                          const NormParams* a_norm);
-  // Whether RunSwiGlu takes the calls: the GEMV takes gate and up as a pair
-  // (TakesSiluPair), or fast precision and rows that no decode kernel takes
+  // Whether RunSwiGlu takes the calls: the GEMV or the ring kernel takes gate
+  // and up as a pair (TakesSiluPair; the ring's pair wants a down product of
+  // the ring too), or fast precision and rows that no decode kernel takes
   // (SmallProductFor).
   static bool TakesSwiGlu(std::span<const GemmCall, 3> calls, GemmPrecision precision);
 

@@ -121,11 +121,15 @@ cudaError_t LaunchGroup(SmallProduct kind, std::span<const GemmCall> calls, cuda
 }
 
 template <typename T>
-cudaError_t LaunchPair(std::span<const GemmCall, 2> gate_up, float* out, cudaStream_t stream) {
+cudaError_t LaunchPair(std::span<const GemmCall, 2> gate_up, void* out, cudaStream_t stream) {
   SmallGroup<T> g = GroupOf<T>(gate_up);
   g.silu_pair = true;
-  g.c[0] = out;
-  g.c[1] = nullptr;
+  g.c[0] = g.c[1] = nullptr;
+  if (g.m > kWideRows) {
+    g.silu_pair16 = static_cast<T*>(out);
+    return LaunchPipeMma(g, stream);
+  }
+  g.c[0] = static_cast<float*>(out);
   return LaunchGemv(g, stream);
 }
 
@@ -175,7 +179,10 @@ cudaError_t LaunchSmallProduct(SmallProduct kind, std::span<const GemmCall> call
 }
 
 bool TakesSiluPair(std::span<const GemmCall, 2> gate_up, GemmPrecision precision) {
-  if (SmallProductFor(gate_up, precision) != SmallProduct::kGemv) return false;
+  if (SmallProductFor(gate_up, precision) != SmallProduct::kGemv &&
+      !ReadsRoundedActivations(gate_up, precision)) {
+    return false;
+  }
   const GemmCall& gate = gate_up[0];
   for (const GemmCall& g : gate_up) {
     if (g.n != gate.n || g.bias || !g.act.identity() || g.residual || g.c16 || g.a_gate ||
@@ -186,7 +193,11 @@ bool TakesSiluPair(std::span<const GemmCall, 2> gate_up, GemmPrecision precision
   return true;
 }
 
-cudaError_t LaunchSiluPair(std::span<const GemmCall, 2> gate_up, float* out, cudaStream_t stream) {
+bool SiluPairRounds(std::span<const GemmCall, 2> gate_up, GemmPrecision precision) {
+  return TakesSiluPair(gate_up, precision) && ReadsRoundedActivations(gate_up, precision);
+}
+
+cudaError_t LaunchSiluPair(std::span<const GemmCall, 2> gate_up, void* out, cudaStream_t stream) {
   return gate_up[0].b_type == DType::kBF16
              ? small_product::LaunchPair<__nv_bfloat16>(gate_up, out, stream)
              : small_product::LaunchPair<__half>(gate_up, out, stream);

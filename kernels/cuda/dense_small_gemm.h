@@ -48,11 +48,16 @@ bool ReadsRoundedActivations(std::span<const GemmCall> calls, GemmPrecision prec
 cudaError_t LaunchSmallProduct(SmallProduct kind, std::span<const GemmCall> calls,
                                cudaStream_t stream);
 
-// Whether LaunchSiluPair takes SwiGLU's gate and up products: the GEMV takes
-// them (SmallProductFor), of equal n, without bias, activation, residual or
-// 16-bit output, alpha 1 and beta 0.
+// Whether LaunchSiluPair takes SwiGLU's gate and up products: the GEMV or
+// the ring kernel takes them (SmallProductFor, ReadsRoundedActivations), of
+// equal n, without bias, activation, residual or 16-bit output, alpha 1 and
+// beta 0.
 bool TakesSiluPair(std::span<const GemmCall, 2> gate_up, GemmPrecision precision);
-// out [m, n] ← silu(gate) ∘ up in one GEMV launch (the calls' own c unused).
-cudaError_t LaunchSiluPair(std::span<const GemmCall, 2> gate_up, float* out, cudaStream_t stream);
+// Whether the pair's output comes rounded to the weights' type (the ring
+// kernel's rows), ready for a down product that reads it so (a_rounded).
+bool SiluPairRounds(std::span<const GemmCall, 2> gate_up, GemmPrecision precision);
+// out [m, n] ← silu(gate) ∘ up in one launch (the calls' own c unused): fp32,
+// or the weights' type where SiluPairRounds.
+cudaError_t LaunchSiluPair(std::span<const GemmCall, 2> gate_up, void* out, cudaStream_t stream);
 
 }  // namespace lair::kernels::cuda::dense

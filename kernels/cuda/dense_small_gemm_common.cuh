@@ -48,10 +48,12 @@ struct SmallGroup {
   Activation act[kMembers] = {};         // applied to each output
   const float* residual[kMembers] = {};  // [m, n_i] or null, added last
   // SwiGLU's gate and up products (members 0 and 1, of equal n, without
-  // bias, activation or residual; alpha 1, beta 0): c[0] ← silu(gate) ∘ up,
-  // formed in the epilogue (the GEMV only), so that no pass of its own
-  // stands between them and the down product.
+  // bias, activation or residual; alpha 1, beta 0): silu(gate) ∘ up, formed
+  // in the epilogue, so that no pass of its own stands between them and the
+  // down product. The GEMV writes it to c[0]; the ring kernel, rounded to T,
+  // to silu_pair16 (c unused).
   bool silu_pair = false;
+  T* silu_pair16 = nullptr;  // [m, n]
 };
 
 // values[index] by constant indices: a dynamic index into a kernel parameter

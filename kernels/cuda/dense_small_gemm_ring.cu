@@ -77,6 +77,54 @@ constexpr size_t PipeSharedBytes() {
   return row * kStageK + ((chunk ^ (row & 7)) * 8);
 }
 
+// Outputs of a CTA under SmallGroup::silu_pair: gate rows j and the up rows
+// of the same j, kPairOutputs each.
+constexpr int kPairOutputs = kPipeCtaOutputs / 2;
+
+// The weight tile of the CTA's warp w: its w-th, or under silu_pair a gate
+// tile for the first half of the warps and the up tile of the same rows for
+// the second. (A gate tile past the gate's own lands on up rows whose
+// outputs the epilogue drops.)
+template <typename T>
+__device__ __forceinline__ int64_t CtaTile(const SmallGroup<T>& g, int w) {
+  constexpr int kHalf = kPipeWarps / 2;
+  if (!g.silu_pair) return blockIdx.x * static_cast<int64_t>(kPipeWarps) + w;
+  return (w < kHalf ? 0 : g.first_tile[1]) + blockIdx.x * static_cast<int64_t>(kHalf) + w % kHalf;
+}
+
+// The epilogue under silu_pair: CTA output o < kPairOutputs is gate row j =
+// kPairOutputs·blockIdx.x + o and output o + kPairOutputs the up row j, each
+// summed over the cluster's splits in split order as FinishCta sums them
+// (alpha 1, beta 0, no bias), then silu(gate) ∘ up rounded to T: the bits
+// the separate products and a rounding pass give.
+template <typename T>
+__device__ __forceinline__ void FinishSiluPairCta(const SmallGroup<T>& g,
+                                                  float (*partial)[kPipePartialStride]) {
+  constexpr int kShares = kPipeThreads / kPairOutputs;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every split's partial is in its CTA's shared memory
+  const int o = static_cast<int>(threadIdx.x) % kPairOutputs;
+  const int splits = static_cast<int>(cluster.num_blocks());
+  const int64_t n = g.first_row[1];
+  const int64_t j = blockIdx.x * static_cast<int64_t>(kPairOutputs) + o;
+  if (j < n) {
+    for (int64_t row = cluster.block_rank() * kShares + threadIdx.x / kPairOutputs; row < g.m;
+         row += static_cast<int64_t>(splits) * kShares) {
+      float gate = 0.0f, up = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kMmaMaxSplits; ++q) {
+        if (q < splits) {
+          gate += cluster.map_shared_rank(&partial[row][o], q)[0];
+          up += cluster.map_shared_rank(&partial[row][o + kPairOutputs], q)[0];
+        }
+      }
+      g.silu_pair16[row * n + j] = T(Silu(gate) * up);
+    }
+  }
+  cluster.sync();  // no CTA leaves while another reads its shared memory
+}
+
 // Launched as MmaKernel is (clusters of (1, splits, 1), blockIdx.y the
 // split), with PipeSharedBytes<kActTiles, kRounded>() of dynamic shared
 // memory; m ≤ kActTiles · 8. kRounded: the activations are g.a16, copied
@@ -115,8 +163,7 @@ __global__ void __launch_bounds__(kPipeThreads, 2)
 #pragma unroll
   for (int u = 0; u < kWeightCopies; ++u) {
     const int row = (static_cast<int>(threadIdx.x) + u * kPipeThreads) / kStageChunks;
-    TileRows(g, blockIdx.x * static_cast<int64_t>(kPipeWarps) + row / kTileRows, {row % kTileRows},
-             weight_src[u]);
+    TileRows(g, CtaTile(g, row / kTileRows), {row % kTileRows}, weight_src[u]);
     if (weight_src[u][0] != nullptr) weight_src[u][0] += copy_chunk * 8;
     weight_dst[u] = Swizzled(row, copy_chunk);
   }
@@ -228,7 +275,11 @@ __global__ void __launch_bounds__(kPipeThreads, 2)
   for (int j = 0; j < kActTiles; ++j) {
     StoreFragment(partial, acc[j], warp * kTileRows + gid, j * 8 + 2 * tig);
   }
-  FinishCta<kPipeCtaOutputs>(g, partial);
+  if (g.silu_pair) {
+    FinishSiluPairCta(g, partial);
+  } else {
+    FinishCta<kPipeCtaOutputs>(g, partial);
+  }
 #endif
 }
 
@@ -248,8 +299,10 @@ cudaError_t LaunchPipeMmaTiles(const SmallGroup<T>& g, cudaStream_t stream) {
   if (configured != cudaSuccess) return configured;
   const MmaShape s =
       ShapeFor(reinterpret_cast<const void*>(PipeMmaKernel<T, kActTiles, kRounded>), kPipeThreads,
-               (g.first_tile[g.count] + kPipeWarps - 1) / kPipeWarps, (g.k + kStageK - 1) / kStageK,
-               kCtaOverheadSteps * kMmaStepK / kStageK, [](int64_t) { return kBytes; });
+               g.silu_pair ? (g.first_row[1] + kPairOutputs - 1) / kPairOutputs
+                           : (g.first_tile[g.count] + kPipeWarps - 1) / kPipeWarps,
+               (g.k + kStageK - 1) / kStageK, kCtaOverheadSteps * kMmaStepK / kStageK,
+               [](int64_t) { return kBytes; });
   return LaunchCut(PipeMmaKernel<T, kActTiles, kRounded>, s, kPipeThreads, kBytes, stream, g,
                    s.steps_per_split);
 }

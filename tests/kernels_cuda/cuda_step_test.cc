@@ -468,10 +468,11 @@ TEST_F(CudaStepTest, LinearGroupWritesSixteenBitOutputs) {
 }
 
 // A SwiGLU MLP (with an input norm and a residual) against the two linear
-// groups it stands for, run by the same backend: at 1 and 2 rows the GEMV
-// forms silu(gate) ∘ up in its epilogue, up to 32 rows the same kernels run
-// (all equal), and from 33 rows on cuBLASLt with the gate and up outputs
-// rounded to bf16 (within the bf16 tolerance). Also against the CPU in fp32.
+// groups it stands for, run by the same backend: at 1 and 2 rows the GEMV,
+// and from 17 to 32 the ring kernel, form silu(gate) ∘ up in their epilogue,
+// with the same bits as the groups' products and passes; from 33 rows on
+// cuBLASLt with the gate and up outputs rounded to bf16 (within the bf16
+// tolerance). Also against the CPU in fp32.
 // The second shape splits the GEMV's rows over warps and leaves its last
 // CTA part of a pair of rows.
 TEST_F(CudaStepTest, SwiGluMatchesItsLinearGroups) {
@@ -480,7 +481,8 @@ TEST_F(CudaStepTest, SwiGluMatchesItsLinearGroups) {
     std::vector<int64_t> rows;
   };
   const int64_t k2 = 192;
-  for (const Case& shape : {Case{256, 344, {1, 2, 20, 33, 100}}, Case{2048, 339, {1, 2, 3}}}) {
+  for (const Case& shape :
+       {Case{256, 344, {1, 2, 17, 20, 32, 33, 100}}, Case{2048, 339, {1, 2, 3}}}) {
     const int64_t k = shape.k, f = shape.f;
     for (int64_t m : shape.rows) {
       for (bool normed : {false, true}) {
