@@ -25,6 +25,9 @@ namespace {
 // by the pass before: RunGroup) and are copied as they are; otherwise the
 // stage also holds them as fp32 copies, which each thread rounds once they
 // land. Warps read their mma fragments by ldmatrix, in the mma's own k order.
+// SwiGLU's gate and up products may come as a pair (SmallGroup::silu_pair):
+// a CTA then takes 64 gate rows and the up rows of the same outputs, and
+// writes silu(gate) ∘ up rounded for the down product (FinishSiluPairCta).
 //
 // In stage i each thread waits for its own copies of stage i (and rounds the
 // fp32 activations it copied), and one barrier publishes the stage (and
