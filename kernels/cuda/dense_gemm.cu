@@ -601,15 +601,15 @@ struct GemmRunner::Impl {
 
   // `group` (ReadsRoundedActivations) reading the norm of their shared a,
   // or silu(a_gate) ∘ a, formed in the `formed` scratch by one pass that
-  // writes it rounded to T.
-  template <typename T>
+  // writes it rounded to the weights' (16-bit) type.
   absl::StatusOr<std::vector<GemmCall>> FormRounded(std::span<const GemmCall> group,
                                                     const NormParams* a_norm) {
     std::vector<GemmCall> out(group.begin(), group.end());
     const GemmCall& first = group.front();
-    LAIR_ASSIGN_OR_RETURN(char* buffer,
-                          formed.Get(static_cast<size_t>(first.m * first.k) * sizeof(T)));
-    LAIR_RETURN_IF_ERROR(Round(first, a_norm, reinterpret_cast<T*>(buffer)));
+    LAIR_ASSIGN_OR_RETURN(char* buffer, formed.Get(static_cast<size_t>(first.m * first.k) * 2));
+    LAIR_RETURN_IF_ERROR(first.b_type == DType::kBF16
+                             ? Round(first, a_norm, reinterpret_cast<__nv_bfloat16*>(buffer))
+                             : Round(first, a_norm, reinterpret_cast<__half*>(buffer)));
     for (GemmCall& g : out) {
       g.a = nullptr;
       g.a_gate = nullptr;
@@ -777,9 +777,7 @@ absl::Status GemmRunner::RunGroup(std::span<const GemmCall> group, GemmPrecision
   if ((first.a_gate == nullptr) != (a_norm == nullptr) &&
       ReadsRoundedActivations(group, precision)) {
     // The ring kernel copies them into its stages as they come.
-    LAIR_ASSIGN_OR_RETURN(formed, first.b_type == DType::kBF16
-                                      ? im.FormRounded<__nv_bfloat16>(group, a_norm)
-                                      : im.FormRounded<__half>(group, a_norm));
+    LAIR_ASSIGN_OR_RETURN(formed, im.FormRounded(group, a_norm));
     group = formed;
   } else if (first.a_gate && !shared_narrow) {
     LAIR_ASSIGN_OR_RETURN(formed, im.FormGated(group));
@@ -818,7 +816,7 @@ bool GemmRunner::TakesSwiGlu(std::span<const GemmCall, 3> calls, GemmPrecision p
   }
   if (TakesSiluPair(calls.first<2>(), precision)) {
     // The ring kernel's pair hands down its output rounded: down must read it so.
-    return !SiluPairRounds(calls.first<2>(), precision) ||
+    return !ReadsRoundedActivations(calls.first<2>(), precision) ||
            ReadsRoundedActivations(calls.last<1>(), precision);
   }
   return precision == GemmPrecision::kFast && gate.n % 4 == 0 &&
@@ -835,11 +833,9 @@ absl::Status GemmRunner::RunSwiGlu(std::span<const GemmCall, 3> calls, GemmPreci
   }
   std::vector<GemmCall> gate_up(calls.begin(), calls.begin() + 2);
   // The ring kernel's rows: its input and its output rounded to the weights' type.
-  const bool rounded = SiluPairRounds(calls.first<2>(), precision);
+  const bool rounded = ReadsRoundedActivations(calls.first<2>(), precision);
   if (a_norm && rounded) {
-    LAIR_ASSIGN_OR_RETURN(gate_up, calls[0].b_type == DType::kBF16
-                                       ? im.FormRounded<__nv_bfloat16>(gate_up, a_norm)
-                                       : im.FormRounded<__half>(gate_up, a_norm));
+    LAIR_ASSIGN_OR_RETURN(gate_up, im.FormRounded(gate_up, a_norm));
   } else if (a_norm) {
     LAIR_ASSIGN_OR_RETURN(gate_up, im.FormNormed(gate_up, *a_norm));
   }

@@ -193,10 +193,6 @@ bool TakesSiluPair(std::span<const GemmCall, 2> gate_up, GemmPrecision precision
   return true;
 }
 
-bool SiluPairRounds(std::span<const GemmCall, 2> gate_up, GemmPrecision precision) {
-  return TakesSiluPair(gate_up, precision) && ReadsRoundedActivations(gate_up, precision);
-}
-
 cudaError_t LaunchSiluPair(std::span<const GemmCall, 2> gate_up, void* out, cudaStream_t stream) {
   return gate_up[0].b_type == DType::kBF16
              ? small_product::LaunchPair<__nv_bfloat16>(gate_up, out, stream)

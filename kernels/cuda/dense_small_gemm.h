@@ -53,11 +53,9 @@ cudaError_t LaunchSmallProduct(SmallProduct kind, std::span<const GemmCall> call
 // equal n, without bias, activation, residual or 16-bit output, alpha 1 and
 // beta 0.
 bool TakesSiluPair(std::span<const GemmCall, 2> gate_up, GemmPrecision precision);
-// Whether the pair's output comes rounded to the weights' type (the ring
-// kernel's rows), ready for a down product that reads it so (a_rounded).
-bool SiluPairRounds(std::span<const GemmCall, 2> gate_up, GemmPrecision precision);
-// out [m, n] ← silu(gate) ∘ up in one launch (the calls' own c unused): fp32,
-// or the weights' type where SiluPairRounds.
+// out [m, n] ← silu(gate) ∘ up in one launch (the calls' own c unused): fp32
+// from the GEMV, rounded to the weights' type from the ring kernel (where
+// ReadsRoundedActivations), ready for a down product that reads it so.
 cudaError_t LaunchSiluPair(std::span<const GemmCall, 2> gate_up, void* out, cudaStream_t stream);
 
 }  // namespace lair::kernels::cuda::dense
