@@ -245,6 +245,20 @@ __device__ __forceinline__ void StoreFragment(float (*partial)[kStride], const f
   partial[r + 1][o + 8] = acc[3];
 }
 
+// *at summed over the cluster's ranks in split order (`at` in this CTA's
+// shared memory, the same offset in every rank's): the order every
+// tensor-core epilogue sums in, so that they agree bit for bit.
+template <typename Cluster>
+__device__ __forceinline__ float ClusterSum(Cluster& cluster, float* at) {
+  const int splits = static_cast<int>(cluster.num_blocks());
+  float sum = 0.0f;
+#pragma unroll
+  for (int q = 0; q < kMmaMaxSplits; ++q) {
+    if (q < splits) sum += cluster.map_shared_rank(at, q)[0];
+  }
+  return sum;
+}
+
 // The tensor-core kernels' epilogue for output j (column o of the CTA's
 // partials, `partial[row][o]` in every cluster rank's shared memory) in
 // activation rows row_of(0 .. kCount - 1) below m: each summed over the
@@ -254,17 +268,13 @@ template <int kCount, int kStride, typename Cluster, typename RowOf>
 __device__ __forceinline__ void FinishRows(Cluster& cluster, float (*partial)[kStride], int o,
                                            int64_t m, float alpha, float beta, const Output& out,
                                            int64_t j, RowOf row_of) {
-  const int splits = static_cast<int>(cluster.num_blocks());
   float sum[kCount] = {};
   Prior prior[kCount];
 #pragma unroll
   for (int i = 0; i < kCount; ++i) {
     const int64_t row = row_of(i);
     if (row < m) {
-#pragma unroll
-      for (int q = 0; q < kMmaMaxSplits; ++q) {
-        if (q < splits) sum[i] += cluster.map_shared_rank(&partial[row][o], q)[0];
-      }
+      sum[i] = ClusterSum(cluster, &partial[row][o]);
       prior[i] = PriorOf(beta, out, row, j);
     }
   }

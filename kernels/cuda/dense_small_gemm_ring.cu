@@ -97,8 +97,8 @@ __device__ __forceinline__ int64_t CtaTile(const SmallGroup<T>& g, int w) {
 
 // The epilogue under silu_pair: CTA output o < kPairOutputs is gate row j =
 // kPairOutputs·blockIdx.x + o and output o + kPairOutputs the up row j, each
-// summed over the cluster's splits in split order as FinishCta sums them
-// (alpha 1, beta 0, no bias), then silu(gate) ∘ up rounded to T: the bits
+// summed over the cluster's splits (ClusterSum, as FinishCta sums them;
+// alpha 1, beta 0, no bias), then silu(gate) ∘ up rounded to T: the bits
 // the separate products and a rounding pass give.
 template <typename T>
 __device__ __forceinline__ void FinishSiluPairCta(const SmallGroup<T>& g,
@@ -114,14 +114,8 @@ __device__ __forceinline__ void FinishSiluPairCta(const SmallGroup<T>& g,
   if (j < n) {
     for (int64_t row = cluster.block_rank() * kShares + threadIdx.x / kPairOutputs; row < g.m;
          row += static_cast<int64_t>(splits) * kShares) {
-      float gate = 0.0f, up = 0.0f;
-#pragma unroll
-      for (int q = 0; q < kMmaMaxSplits; ++q) {
-        if (q < splits) {
-          gate += cluster.map_shared_rank(&partial[row][o], q)[0];
-          up += cluster.map_shared_rank(&partial[row][o + kPairOutputs], q)[0];
-        }
-      }
+      const float gate = ClusterSum(cluster, &partial[row][o]);
+      const float up = ClusterSum(cluster, &partial[row][o + kPairOutputs]);
       g.silu_pair16[row * n + j] = T(Silu(gate) * up);
     }
   }
