@@ -374,7 +374,7 @@ TEST_F(CudaVsCpu, MlstmBackward) {
 // Without a cotangent on the normalizer state the sigmoid kind takes the
 // decay family's scans (cuda_backend.cc, MlstmSigBackward), and the
 // normalized kinds (exp, and sig with its normalizer) take the tensor-core
-// scans and the normalizer's recurrence from zero states without state
+// scans, q'·n's share as one more key feature, from zero states without state
 // cotangents and with bf16 operands (MlstmNormBackward): every kind under
 // both kinds of state gradients, short and several-chunk sequences.
 TEST_F(CudaVsCpu, MlstmBackwardWithoutNormalizerCotangent) {
