@@ -1454,10 +1454,9 @@ class CudaBackend : public Backend {
   // more than the entry's product. GLA 1.3B prefill of 4096 (256 keys),
   // H200: 0.483-0.489 of the matmul rate against 0.440-0.454. GSA 1.3B's
   // passes (64 keys and a vector decay; 512 and a right decay) lost with it:
-  // 0.483-0.487 against 0.497-0.505. Outputs added to o (accumulate) take
-  // the state pass.
+  // 0.483-0.487 against 0.497-0.505.
   static bool SegmentEntryTerm(const ScanParams& p) {
-    return p.right.ptr == nullptr && p.dk >= kMinEntryTermKeys && !p.accumulate;
+    return p.right.ptr == nullptr && p.dk >= kMinEntryTermKeys;
   }
 
   // The segments' layout and the carry's parameters, then either schedule:

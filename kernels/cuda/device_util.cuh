@@ -149,18 +149,6 @@ __device__ __forceinline__ void StoreElems(void* p, ElemType t, int64_t i, const
   }
 }
 
-// x rounded through element type t, back as a float.
-__device__ __forceinline__ float RoundedTo(ElemType t, float x) {
-  switch (t) {
-    case ElemType::kBF16:
-      return __bfloat162float(__float2bfloat16_rn(x));
-    case ElemType::kF16:
-      return __half2float(__float2half_rn(x));
-    default:
-      return x;
-  }
-}
-
 // log σ(x) without overflow on either side.
 __device__ __forceinline__ float LogSigmoid(float x) {
   return x >= 0.0f ? -log1pf(expf(-x)) : x - log1pf(expf(x));

@@ -288,7 +288,6 @@ __global__ void __launch_bounds__(ScanTraits::kThreads) ScanKernel(const ScanPar
           }
         }
         const int64_t at = ((bos + token(i)) * p.heads + h) * p.dv + e0 + e;
-        if (p.accumulate) o += static_cast<const float*>(p.o)[at];
         StoreElem(p.o, p.o_type, at, o);
       }
     }
@@ -365,7 +364,6 @@ cudaError_t LaunchScanInstance(const ScanParams& p, cudaStream_t stream) {
 
 cudaError_t LaunchScan(const ScanParams& p, cudaStream_t stream) {
   if (p.dk <= 0 || p.dk > ScanTraits::kMaxDk || p.dk % 4 != 0 || p.dv <= 0 ||
-      (p.accumulate && p.o_type != ElemType::kF32) ||
       (p.left_vector && (p.stabilize || p.norm != NormKind::kNone || p.key_weight.ptr))) {
     return cudaErrorInvalidValue;
   }

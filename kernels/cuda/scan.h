@@ -119,9 +119,6 @@ struct ScanParams {
   float* m_final = nullptr;
   void* o = nullptr;  // [N, H, dv]
   ElemType o_type = ElemType::kF32;
-  // o += the scan's outputs instead of o = (fp32 o; the tensor-core path
-  // takes it with scalar decays).
-  bool accumulate = false;
   // Consecutive heads sharing one head of the value side: v and the right
   // gate are [N, H / v_head_share, dv] and head h reads their head
   // h / v_head_share (key blocks scanned as heads of their own,

@@ -911,13 +911,8 @@ __global__ void __launch_bounds__(MmaTile::kThreads, MmaTile::MinBlocks(kStateTi
             StorePair(staged, p.o_type, (g + 8 * half) * ldq + e, acc[n][2 * half] * inv_den,
                       acc[n][2 * half + 1] * inv_den);
           } else if (e < tv) {
-            float x = acc[n][2 * half] * inv_den, y = acc[n][2 * half + 1] * inv_den;
-            if (kScalar && p.accumulate) {
-              const float2 old =
-                  *reinterpret_cast<const float2*>(static_cast<float*>(p.o) + out + e);
-              x += old.x, y += old.y;
-            }
-            StorePair(p.o, p.o_type, out + e, x, y);
+            StorePair(p.o, p.o_type, out + e, acc[n][2 * half] * inv_den,
+                      acc[n][2 * half + 1] * inv_den);
           }
         }
       }
@@ -1158,11 +1153,10 @@ bool ScanMmaSupports(const ScanParams& p) {
       p.right.ptr == nullptr ||
       (p.left.ptr == nullptr && p.key_weight.ptr == nullptr && !p.stabilize &&
        p.norm == NormKind::kNone && p.n_init == nullptr && p.n_final == nullptr);
-  // Row weights, accumulated outputs and the extra key feature go with
-  // scalar decays (the feature without a norm).
+  // Row weights and the extra key feature go with scalar decays (the
+  // feature without a norm).
   const bool scalar = !p.left_vector && !p.right.ptr;
-  const bool scalar_fields_ok =
-      (p.row_weight.ptr == nullptr && !p.accumulate && !p.extra_key) || scalar;
+  const bool scalar_fields_ok = (p.row_weight.ptr == nullptr && !p.extra_key) || scalar;
   if (p.extra_key && p.norm != NormKind::kNone) return false;
   if (p.row_dots && (!p.extra_key || !Half(p.dot_with))) return false;
   return Half(p.q) && Half(p.k) && Half(p.v) && right_alone && scalar_fields_ok && p.dk > 0 &&
