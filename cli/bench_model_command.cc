@@ -3,15 +3,18 @@
 //
 //   lair bench decode  --model DIR [--device cpu|cuda] [--dtype f32|bf16] [--gemm fast|exact]
 //                      --batch B --prompt-len P --gen-len G [--warmup N] [--no-graphs]
+//                      [--keep-norm-weights]
 //   lair bench prefill --model DIR [--device cpu|cuda] [--dtype f32|bf16] [--gemm fast|exact]
-//                      --batch B --prompt-len P [--warmup N]
+//                      --batch B --prompt-len P [--warmup N] [--keep-norm-weights]
 //                      [--scan-schedule auto|one-pass|two-pass|segmented]
 //
 // Both load DIR (projection matrices as --dtype; bf16 needs CUDA) on a
 // backend multiplying as --gemm (kernels::GemmMode: fast, the serving
 // default, is bf16 tensor cores), make a StatePool of B slots and prefill B
 // random prompts of P tokens as one ForwardBatch (the mixers' chunked form)
-// into zeroed slots.
+// into zeroed slots. As `lair serve` does, the load folds the norms' weights
+// into the products that read them (models::LoadOptions::fold_norm_weights)
+// unless --keep-norm-weights.
 //
 // decode then runs N untimed and G timed steps of one token per sequence,
 // each feeding back the step's greedy tokens (Model::ForwardGreedy: the
@@ -74,6 +77,7 @@ struct BenchModelFlags {
   std::string gemm = "fast";
   std::string scan_schedule = "auto";  // kernels::ScanSchedule
   bool no_graphs = false;              // decode only
+  bool keep_norm_weights = false;      // LoadOptions::fold_norm_weights off
   int batch = 1;
   int prompt_len = 0;
   int gen_len = 0;  // decode only
@@ -175,6 +179,7 @@ absl::StatusOr<Bench> Setup(const BenchModelFlags& f, int max_context) {
   LAIR_ASSIGN_OR_RETURN(b.backend, kernels::MakeBackend(f.device, backend_options));
   models::LoadOptions options;
   options.step_graphs = !f.no_graphs;
+  options.fold_norm_weights = !f.keep_norm_weights;
   options.weight_dtype = f.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   options.max_context = max_context;
   LAIR_ASSIGN_OR_RETURN(b.model, models::Model::Load(f.model, b.backend.get(), options));
@@ -296,6 +301,7 @@ absl::Status RunDecode(const BenchModelFlags& f) {
   Row("fraction of floor", Printed("%.3f", floor_seconds / median));
   Row("graphs", f.no_graphs ? "off (op by op)"
                             : "decode steps replay CUDA graphs (where the backend has them)");
+  Row("norm weights", f.keep_norm_weights ? "kept" : "folded into the products");
   Row("host logits would add",
       Printed("%.3f ms per step (download of %.2f MB)", download_seconds * 1e3,
               static_cast<double>(device_logits.nbytes()) / 1e6));
@@ -362,6 +368,8 @@ void AddCommand(CLI::App& app, bool decode) {
   cmd->add_option("--gemm", flags->gemm, "Matrix products: fast (tensor cores) or exact (fp32)")
       ->capture_default_str();
   if (decode) cmd->add_flag("--no-graphs", flags->no_graphs, "Run every decode step op by op");
+  cmd->add_flag("--keep-norm-weights", flags->keep_norm_weights,
+                "Load the norms' weights as they are (no folding into the products)");
   cmd->add_option("--batch", flags->batch, "Sequences B")->capture_default_str();
   cmd->add_option("--prompt-len", flags->prompt_len, "Prompt tokens P per sequence")->required();
   if (decode) cmd->add_option("--gen-len", flags->gen_len, "Timed decode steps G")->required();

@@ -59,6 +59,7 @@ absl::StatusOr<std::unique_ptr<engine::ModelRunner>> LoadRunner(const ServeFlags
     return absl::InvalidArgumentError("--dtype: use f32 or bf16");
   options.weight_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
   options.max_context = flags.max_context;
+  options.fold_norm_weights = true;  // inference only
   LAIR_ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model,
                         models::Model::Load(flags.model, backend.get(), options));
   // Only softmax attention (llama) has a per-sequence context limit; the

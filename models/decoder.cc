@@ -50,13 +50,15 @@ namespace {
 class Decoder : public Model {
  public:
   Decoder(DecoderConfig config, std::unique_ptr<Params> params, DecoderSpec spec,
-          kernels::Backend* backend, int max_context, bool step_graphs)
+          kernels::Backend* backend, int max_context, bool step_graphs,
+          std::vector<int> folded_norms)
       : config_(std::move(config)),
         params_(std::move(params)),
         spec_(std::move(spec)),
         backend_(backend),
         max_context_(max_context),
-        step_graphs_(step_graphs) {
+        step_graphs_(step_graphs),
+        folded_norms_(std::move(folded_norms)) {
     StateLayout layout;
     for (size_t i = 0; i < spec_.layers.size(); ++i) {
       state_base_.push_back(static_cast<int>(layout.tensors.size()));
@@ -146,6 +148,7 @@ class Decoder : public Model {
   int max_context_;
   bool step_graphs_;
   bool has_kv_cache_ = false;  // a state sized by max_context (graph replays skip its bound check)
+  std::vector<int> folded_norms_;             // FoldNormWeights' result, or empty
   std::vector<int> state_base_;               // per layer: index of its first state tensor
   std::map<int, DecodeGraph> decode_graphs_;  // by batch size
 };
@@ -259,7 +262,8 @@ absl::StatusOr<Var> Decoder::Run(Graph& g, StepContext ctx, const Tensor& tokens
 
 absl::StatusOr<Decoder::StepOutput> Decoder::RunOps(const StepContext& ctx, const Tensor& tokens,
                                                     const Tensor& last_rows, bool greedy) {
-  Graph g(backend_, &params_->tensors(), /*record=*/false);
+  Graph g(backend_, &params_->tensors(), /*record=*/false,
+          folded_norms_.empty() ? nullptr : &folded_norms_);
   LAIR_ASSIGN_OR_RETURN(Var logits, Run(g, ctx, tokens, last_rows));
   StepOutput out{logits.t, Tensor()};
   if (greedy) {
@@ -349,6 +353,12 @@ absl::StatusOr<Decoder::StepOutput> Decoder::Step(const ForwardBatch& batch, Sta
 
 absl::StatusOr<LossAndGradients> Decoder::LossAndGrad(const std::vector<int32_t>& tokens) {
   if (tokens.size() < 2) return absl::InvalidArgumentError("LossAndGrad: needs at least 2 tokens");
+  if (!folded_norms_.empty()) {
+    return absl::FailedPreconditionError(
+        "LossAndGrad: the model was loaded with its norm weights folded into its products "
+        "(LoadOptions::fold_norm_weights), so its weights are not the checkpoint's parameters; "
+        "load it without folding to train");
+  }
   // Logits at positions 0..T-2 depend only on tokens 0..T-2 (causality).
   const int n = static_cast<int>(tokens.size()) - 1;
   std::vector<int32_t> inputs(tokens.begin(), tokens.end() - 1),
@@ -406,9 +416,38 @@ absl::StatusOr<LossAndGradients> Decoder::LossAndGrad(const std::vector<int32_t>
 
 std::unique_ptr<Model> MakeDecoder(const DecoderConfig& config, std::unique_ptr<Params> params,
                                    DecoderSpec spec, kernels::Backend* backend, int max_context,
-                                   bool step_graphs) {
+                                   bool step_graphs, std::vector<int> folded_norms) {
   return std::make_unique<Decoder>(config, std::move(params), std::move(spec), backend, max_context,
-                                   step_graphs);
+                                   step_graphs, std::move(folded_norms));
+}
+
+absl::StatusOr<std::vector<int>> FoldNormWeights(const DecoderSpec& spec, Params& params) {
+  std::vector<int> folded(params.size(), -1);
+  const auto fold = [&](int norm, std::span<const int> weights) -> absl::Status {
+    for (int w : weights) {
+      if (folded[w] >= 0) {
+        return absl::InternalError(absl::StrCat(params.name(w),
+                                                " reads two norms: ", params.name(folded[w]),
+                                                " and ", params.name(norm)));
+      }
+      LAIR_RETURN_IF_ERROR(params.ScaleColumns(w, norm));
+      folded[w] = norm;
+    }
+    return absl::OkStatus();
+  };
+  for (const LayerSpec& layer : spec.layers) {
+    LAIR_RETURN_IF_ERROR(fold(layer.mixer_norm, layer.mixer->InputProjections()));
+    if (layer.mlp_norm >= 0) {
+      const int gate_up[] = {layer.mlp_gate, layer.mlp_up};
+      LAIR_RETURN_IF_ERROR(fold(layer.mlp_norm, gate_up));
+    }
+  }
+  // A tied head is the embedding table, which the lookup reads unscaled.
+  if (spec.lm_head != spec.embedding) {
+    const int head[] = {spec.lm_head};
+    LAIR_RETURN_IF_ERROR(fold(spec.final_norm, head));
+  }
+  return folded;
 }
 
 }  // namespace lair::models

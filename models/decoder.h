@@ -56,6 +56,10 @@ class Mixer {
   // plus the mixer's output, added by its last product.
   virtual absl::StatusOr<Var> Forward(Graph& g, const LinearInput& in,
                                       const StepContext& ctx) const = 0;
+  // The weights of the products that read Forward's `in` under its norm,
+  // and are read nowhere else: FoldNormWeights may fold the norm's weight
+  // into their columns. Empty: the layer keeps its norm's weight.
+  virtual std::vector<int> InputProjections() const { return {}; }
 };
 
 // Checkpoint names of the skeleton's weights ("{i}" is the layer index).
@@ -111,9 +115,20 @@ absl::StatusOr<DecoderSpec> DeclareSkeleton(const DecoderConfig& config, const S
 // runs and never pays for padding rows; the price is one op-by-op step and
 // one recording per distinct B, and memory per graph is only its nodes
 // (activations live in the shared arena).
+//
+// `folded_norms` (FoldNormWeights; empty: none) says which weights carry a
+// norm's weight; such a model runs inference only (LossAndGrad refuses).
 std::unique_ptr<Model> MakeDecoder(const DecoderConfig& config, std::unique_ptr<Params> params,
                                    DecoderSpec spec, kernels::Backend* backend, int max_context,
-                                   bool step_graphs);
+                                   bool step_graphs, std::vector<int> folded_norms = {});
+
+// Folds the weight of each block's input norm into the products that read
+// it (a layer's MLP gate and up, its mixer's InputProjections) and the
+// final norm's into an untied head (Params::ScaleColumns), so that the norms
+// are a scale of each row, which the decode GEMV forms as it multiplies
+// (no pass of their own at batch 1). Returns, per parameter, the
+// norm weight folded into it or -1.
+absl::StatusOr<std::vector<int>> FoldNormWeights(const DecoderSpec& spec, Params& params);
 
 // The family's spec for any parsed config, weights declared through `params`
 // (models/families.h has one builder per family).

@@ -83,6 +83,8 @@ struct ProjectionTriple {
   }
   // Appends the conv windows (none without convolutions).
   void DeclareState(const std::string& prefix, StateLayout* layout) const;
+  // The three projections' weights (Mixer::InputProjections).
+  std::vector<int> Weights() const { return {proj.begin(), proj.end()}; }
   // The three projections of x (each convolved when use_conv, then put
   // through its activation: in the products' epilogue without convolutions),
   // followed by the projections `also` of x (not convolved), all from one
@@ -123,6 +125,10 @@ struct HeadOutputGate {
   std::vector<LinearWeight> Projections() const {
     if (gate < 0) return {};
     return {{gate, -1, {}, /*sixteen_bit_ok=*/true}};
+  }
+  // Appends g_proj's weight, when gated, to `weights` (Mixer::InputProjections).
+  void AppendWeights(std::vector<int>* weights) const {
+    if (gate >= 0) weights->push_back(gate);
   }
   // The input of o_proj: o [N, H, head_v_dim] as [N, H·head_v_dim] under the
   // per-head norm, gated by gate_proj = g_proj(x) [N, H·head_v_dim] when

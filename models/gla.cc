@@ -63,6 +63,13 @@ class GlaMixer : public Mixer {
     return g.Linear(output_.Input(g, qkv.size() > 4 ? qkv[4] : Var{}, o), {o_}, x.x);
   }
 
+  std::vector<int> InputProjections() const override {
+    std::vector<int> weights = qkv_.Weights();
+    weights.push_back(gk0_);
+    output_.AppendWeights(&weights);
+    return weights;
+  }
+
  private:
   GlaConfig config_;
   ProjectionTriple qkv_;

@@ -30,8 +30,13 @@ Shape WithLast(Shape shape, int64_t last) {
 
 }  // namespace
 
-Graph::Graph(kernels::Backend* backend, const std::vector<Tensor>* params, bool record)
-    : backend_(backend), params_(params), record_(record), param_grads_(params->size(), -1) {}
+Graph::Graph(kernels::Backend* backend, const std::vector<Tensor>* params, bool record,
+             const std::vector<int>* folded_norms)
+    : backend_(backend),
+      params_(params),
+      record_(record),
+      folded_norms_(folded_norms),
+      param_grads_(params->size(), -1) {}
 
 Var Graph::Param(int id) {
   LAIR_CHECK(id >= 0 && id < static_cast<int>(params_->size()));
@@ -140,14 +145,31 @@ absl::StatusOr<Var> Graph::Form(const LinearInput& in) {
   return Norm(in.x, in.norm_weight, in.norm, in.eps, in.group_size, in.gate_mode, in.gate);
 }
 
-std::optional<kernels::NormArgs> Graph::NormInProduct(const LinearInput& in) const {
-  if (record_ || in.kind != LinearInput::Kind::kNorm) return {};
+absl::StatusOr<std::optional<kernels::NormArgs>> Graph::NormInProduct(
+    const LinearInput& in, std::span<const int> weight_ids) const {
+  const bool normed = in.kind == LinearInput::Kind::kNorm;
+  size_t folded = 0;
+  for (int id : weight_ids) {
+    const int norm = FoldedNormOf(id);
+    if (norm < 0) continue;
+    if (record_ || !normed || norm != in.norm_weight) {
+      return absl::InternalError(absl::StrCat(
+          "parameter ", id, " carries norm weight ", norm, " in its columns but is read ",
+          record_ ? "by a recording graph" : "under another input"));
+    }
+    ++folded;
+  }
+  if (folded != 0 && folded != weight_ids.size()) {
+    return absl::InternalError(absl::StrCat("products under norm weight ", in.norm_weight,
+                                            " whose weights carry it only in part"));
+  }
+  if (record_ || !normed) return std::nullopt;
   kernels::NormArgs norm;
   norm.kind = in.norm;
   norm.gate_mode = in.gate_mode;
   norm.eps = in.eps;
   norm.group_size = in.group_size;
-  if (in.norm_weight >= 0) norm.weight = (*params_)[in.norm_weight];
+  if (in.norm_weight >= 0 && folded == 0) norm.weight = (*params_)[in.norm_weight];
   if (kernels::NormHasGate(in.gate_mode)) norm.gate = As2d(in.gate.t);
   return norm;
 }
@@ -160,7 +182,12 @@ absl::StatusOr<Var> Graph::SwiGlu(const LinearInput& in, int gate_id, int up_id,
     return Linear(LinearInput::SiluMul(proj[0], proj[1]), {down_id}, residual);
   }
   kernels::SwiGluArgs args;
-  args.input_norm = NormInProduct(in);
+  const int gate_up[] = {gate_id, up_id};
+  LAIR_ASSIGN_OR_RETURN(args.input_norm, NormInProduct(in, gate_up));
+  if (FoldedNormOf(down_id) >= 0) {
+    return absl::InternalError(absl::StrCat("parameter ", down_id, " carries a norm weight but ",
+                                            "is read under SwiGLU's gate"));
+  }
   Var x = in.x;
   if (!args.input_norm) {
     LAIR_ASSIGN_OR_RETURN(x, Form(in));
@@ -183,7 +210,9 @@ absl::StatusOr<std::vector<Var>> Graph::Products(const LinearInput& in,
   // (LinearGroupArgs::silu_gate, input_norm), which may form them as it
   // loads x or rounds it for its tensor cores.
   const bool gate_in_product = !record_ && in.kind == LinearInput::Kind::kSiluMul;
-  std::optional<kernels::NormArgs> norm = NormInProduct(in);
+  std::vector<int> weight_ids;
+  for (const LinearWeight& weight : weights) weight_ids.push_back(weight.weight);
+  LAIR_ASSIGN_OR_RETURN(std::optional<kernels::NormArgs> norm, NormInProduct(in, weight_ids));
   Var x = in.x;
   if (!gate_in_product && !norm) {
     LAIR_ASSIGN_OR_RETURN(x, Form(in));

@@ -133,8 +133,13 @@ struct MlstmInputs {
 
 class Graph {
  public:
-  // `params` (the model's weights, on `backend`) must outlive the graph.
-  Graph(kernels::Backend* backend, const std::vector<Tensor>* params, bool record);
+  // `params` (the model's weights, on `backend`) must outlive the graph, as
+  // must `folded_norms` when given: folded_norms[id] is the norm weight that
+  // parameter id carries in its columns (Params::ScaleColumns), or -1. The
+  // products of such a weight read its norm without the norm's weight, and
+  // only an inference graph may run them, under that norm.
+  Graph(kernels::Backend* backend, const std::vector<Tensor>* params, bool record,
+        const std::vector<int>* folded_norms = nullptr);
 
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
@@ -234,8 +239,12 @@ class Graph {
                             const Var& y);
   void Record(std::function<absl::Status()> backward) { tape_.push_back(std::move(backward)); }
   // `in`'s norm for a backend to form (LinearGroupArgs::input_norm), when
-  // not recording; unset otherwise.
-  std::optional<kernels::NormArgs> NormInProduct(const LinearInput& in) const;
+  // not recording; unset otherwise. Without its weight when the products'
+  // weights carry it; an error when only some do, or under another input.
+  absl::StatusOr<std::optional<kernels::NormArgs>> NormInProduct(
+      const LinearInput& in, std::span<const int> weight_ids) const;
+  // The norm weight parameter `id` carries in its columns, or -1.
+  int FoldedNormOf(int id) const { return folded_norms_ ? (*folded_norms_)[id] : -1; }
   // The products of Form(in) by `weights` (one LinearGroup), each plus its
   // residual when given.
   absl::StatusOr<std::vector<Var>> Products(const LinearInput& in,
@@ -245,6 +254,7 @@ class Graph {
   kernels::Backend* backend_;
   const std::vector<Tensor>* params_;
   bool record_;
+  const std::vector<int>* folded_norms_;
   std::vector<int> param_grads_;  // parameter id -> gradient slot (-1: none yet)
   std::vector<Tensor> grads_;     // gradient slot -> accumulated gradient (may be undefined)
   std::vector<std::function<absl::Status()>> tape_;

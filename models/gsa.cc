@@ -55,6 +55,12 @@ class GsaMixer : public Mixer {
     return g.Linear(out, {o_}, x.x);
   }
 
+  std::vector<int> InputProjections() const override {
+    std::vector<int> weights = qkv_.Weights();
+    weights.push_back(f_);
+    return weights;
+  }
+
  private:
   GsaConfig config_;
   ProjectionTriple qkv_;

@@ -58,6 +58,8 @@ class Hgrn2Mixer : public Mixer {
                     {o_}, x.x);
   }
 
+  std::vector<int> InputProjections() const override { return qfi_.Weights(); }
+
  private:
   Hgrn2Config config_;
   ProjectionTriple qfi_;

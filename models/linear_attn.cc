@@ -56,6 +56,8 @@ class LinearAttnMixer : public Mixer {
     return g.Linear(LinearInput{g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)})}, {o_}, x.x);
   }
 
+  std::vector<int> InputProjections() const override { return qkv_.Weights(); }
+
  private:
   absl::StatusOr<Var> FeatureMap(Graph& g, const Hadamard& map, const Var& x) const {
     const std::string& kind = config_.feature_map;

@@ -36,6 +36,8 @@ class LlamaAttention : public Mixer {
     return g.Linear(LinearInput{g.Reshape(o, {o.dim(0), o.dim(1) * o.dim(2)})}, {o_}, x.x);
   }
 
+  std::vector<int> InputProjections() const override { return {q_, k_, v_}; }
+
  private:
   LlamaConfig config_;
   int q_, k_, v_, o_;

@@ -65,6 +65,8 @@ class Mamba2Mixer : public Mixer {
     return g.Linear(out_in, {w_.out_proj, w_.out_bias}, x.x);
   }
 
+  std::vector<int> InputProjections() const override { return {w_.in_proj}; }
+
  private:
   Mamba2Config config_;
   Weights w_;

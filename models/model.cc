@@ -19,8 +19,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   CheckpointSource source(&checkpoint);
   auto params = std::make_unique<Params>(&source, backend, options.weight_dtype);
   LAIR_ASSIGN_OR_RETURN(DecoderSpec spec, BuildDecoderSpec(config, *params));
+  std::vector<int> folded_norms;
+  if (options.fold_norm_weights) {
+    LAIR_ASSIGN_OR_RETURN(folded_norms, FoldNormWeights(spec, *params));
+  }
   return MakeDecoder(BaseConfig(config), std::move(params), std::move(spec), backend,
-                     options.max_context, options.step_graphs);
+                     options.max_context, options.step_graphs, std::move(folded_norms));
 }
 
 absl::StatusOr<std::vector<int32_t>> Model::ForwardGreedy(const ForwardBatch& batch,

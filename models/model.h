@@ -29,6 +29,10 @@ struct LoadOptions {
   // logits) as a backend step graph (CUDA graphs) and replay it; see
   // models/decoder.h. Off: every step runs op by op.
   bool step_graphs = true;
+  // Fold the norms' weights into the products that read them (models/
+  // decoder.h FoldNormWeights): inference only, as the checkpoint's weights
+  // are then no longer the model's parameters (LossAndGrad refuses).
+  bool fold_norm_weights = false;
 };
 
 // One engine step's worth of tokens: several sequences, each a contiguous run

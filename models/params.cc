@@ -71,19 +71,48 @@ Params::Params(ParamSource* source, kernels::Backend* backend, DType matrix_dtyp
 absl::StatusOr<int> Params::Add(const std::string& name, const Shape& shape, InitSpec init,
                                 bool matrix) {
   LAIR_ASSIGN_OR_RETURN(Tensor host, source_->Read(name, shape, init));
-  if (backend_ == nullptr) {
-    tensors_.push_back(std::move(host));
-  } else {
-    const DType dtype = matrix ? matrix_dtype_ : DType::kF32;
-    LAIR_ASSIGN_OR_RETURN(Tensor device, backend_->Upload(host, dtype));
-    // The CPU multiplies F32 weights only: it holds 16-bit matrices as the
-    // F32 values of their rounding, so it computes exactly what they say.
-    if (backend_->device() == Device::kCpu && dtype != DType::kF32) device = device.ToF32();
-    tensors_.push_back(std::move(device));
-  }
+  LAIR_ASSIGN_OR_RETURN(Tensor stored, Place(host, matrix ? matrix_dtype_ : DType::kF32));
+  tensors_.push_back(std::move(stored));
   names_.push_back(name);
   matrix_.push_back(matrix);
   return size() - 1;
+}
+
+absl::StatusOr<Tensor> Params::Place(const Tensor& host, DType dtype) const {
+  if (backend_ == nullptr) return host;
+  LAIR_ASSIGN_OR_RETURN(Tensor device, backend_->Upload(host, dtype));
+  // The CPU multiplies F32 weights only: it holds 16-bit matrices as the
+  // F32 values of their rounding, so it computes exactly what they say.
+  if (backend_->device() == Device::kCpu && dtype != DType::kF32) device = device.ToF32();
+  return device;
+}
+
+absl::Status Params::ScaleColumns(int matrix, int vector) {
+  const Tensor& m = tensors_.at(matrix);
+  const Tensor& v = tensors_.at(vector);
+  if (!matrix_[matrix] || m.rank() != 2 || v.numel() != m.dim(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ScaleColumns: ", names_[vector], " ", v.DebugString(),
+                     " does not scale the columns of ", names_[matrix], " ", m.DebugString()));
+  }
+  Tensor w, scale;
+  if (backend_ == nullptr) {
+    w = m.ToF32();
+    scale = v.ToF32();
+  } else {
+    LAIR_ASSIGN_OR_RETURN(w, backend_->Download(m));
+    LAIR_ASSIGN_OR_RETURN(scale, backend_->Download(v));
+    w = w.ToF32();
+    scale = scale.ToF32();
+  }
+  const int64_t rows = m.dim(0), cols = m.dim(1);
+  float* p = w.f32();
+  const float* s = scale.f32();
+  ParallelFor(rows, 0, [&](int64_t r) {
+    for (int64_t c = 0; c < cols; ++c) p[r * cols + c] *= s[c];
+  });
+  LAIR_ASSIGN_OR_RETURN(tensors_[matrix], Place(w, backend_ ? matrix_dtype_ : m.dtype()));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Tensor> Params::Constant(const Tensor& host) {

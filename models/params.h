@@ -90,6 +90,12 @@ class Params {
   // A constant (not a parameter) on the same device as the weights.
   absl::StatusOr<Tensor> Constant(const Tensor& host);
 
+  // Matrix `matrix` [out, in] becomes matrix · diag(vector) (vector [in], F32):
+  // a norm's weight folded into the products that read the norm, so that
+  // they may read it without its weight (models/decoder.h). Computed in F32
+  // from the stored values, then stored as the matrix was.
+  absl::Status ScaleColumns(int matrix, int vector);
+
   int size() const { return static_cast<int>(names_.size()); }
   const std::string& name(int id) const { return names_[id]; }
   const std::vector<Tensor>& tensors() const { return tensors_; }
@@ -98,6 +104,9 @@ class Params {
   int64_t NumElements() const;
 
  private:
+  // `host` (F32) as parameter storage: on the backend in `dtype`, or kept.
+  absl::StatusOr<Tensor> Place(const Tensor& host, DType dtype) const;
+
   ParamSource* source_;
   kernels::Backend* backend_;
   DType matrix_dtype_;

@@ -45,6 +45,12 @@ class RetentionMixer : public Mixer {
     return g.Linear(output_.Input(g, qkv.size() > 3 ? qkv[3] : Var{}, o), {o_}, x.x);
   }
 
+  std::vector<int> InputProjections() const override {
+    std::vector<int> weights = qkv_.Weights();
+    output_.AppendWeights(&weights);
+    return weights;
+  }
+
  private:
   RetNetConfig config_;
   ProjectionTriple qkv_;

@@ -60,6 +60,10 @@ class MlstmMixer : public Mixer {
     return g.Linear(LinearInput{gated}, {w_.out}, x.x);
   }
 
+  std::vector<int> InputProjections() const override {
+    return {w_.q, w_.k, w_.v, w_.i_gate, w_.f_gate, w_.o_gate};
+  }
+
  private:
   XlstmConfig config_;
   Weights w_;

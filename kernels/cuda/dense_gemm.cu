@@ -737,6 +737,28 @@ struct GemmRunner::Impl {
   std::map<PlanKey, cublasLtMatmulAlgo_t> tuned;  // Tune's choices by Plan::tune_key
 };
 
+namespace {
+
+// Whether the decode GEMV forms `norm` of the group's a itself
+// (GemmCall::a_rms): an RMS norm over whole fp32 rows, without weight or
+// gate, as a block norm is once its weight is folded into the products'.
+bool GemvFormsNorm(const NormParams& norm, const GemmCall& first) {
+  return norm.kind == NormKind::kRms && norm.gate_mode == NormGate::kNone &&
+         norm.weight == nullptr && norm.group == norm.cols && norm.x_type == DType::kF32 &&
+         norm.x == first.a && first.a != nullptr && first.m <= kGemvNormMaxRows;
+}
+
+std::vector<GemmCall> WithRowRms(std::span<const GemmCall> group, float eps) {
+  std::vector<GemmCall> out(group.begin(), group.end());
+  for (GemmCall& g : out) {
+    g.a_rms = true;
+    g.a_rms_eps = eps;
+  }
+  return out;
+}
+
+}  // namespace
+
 GemmRunner::GemmRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GemmRunner::~GemmRunner() = default;
 
@@ -781,6 +803,9 @@ absl::Status GemmRunner::RunGroup(std::span<const GemmCall> group, GemmPrecision
     group = formed;
   } else if (first.a_gate && !shared_narrow) {
     LAIR_ASSIGN_OR_RETURN(formed, im.FormGated(group));
+    group = formed;
+  } else if (a_norm && kind == SmallProduct::kGemv && GemvFormsNorm(*a_norm, first)) {
+    formed = WithRowRms(group, a_norm->eps);
     group = formed;
   } else if (a_norm && !shared_narrow) {
     LAIR_ASSIGN_OR_RETURN(formed, im.FormNormed(group, *a_norm));
@@ -836,6 +861,8 @@ absl::Status GemmRunner::RunSwiGlu(std::span<const GemmCall, 3> calls, GemmPreci
   const bool rounded = ReadsRoundedActivations(calls.first<2>(), precision);
   if (a_norm && rounded) {
     LAIR_ASSIGN_OR_RETURN(gate_up, im.FormRounded(gate_up, a_norm));
+  } else if (a_norm && GemvFormsNorm(*a_norm, gate_up.front())) {
+    gate_up = WithRowRms(gate_up, a_norm->eps);
   } else if (a_norm) {
     LAIR_ASSIGN_OR_RETURN(gate_up, im.FormNormed(gate_up, *a_norm));
   }

@@ -100,6 +100,8 @@ SmallGroup<T> GroupOf(std::span<const GemmCall> calls) {
   g.alpha = first.alpha;
   g.beta = first.beta;
   g.count = static_cast<int>(calls.size());
+  g.row_rms = first.a_rms;
+  g.rms_eps = first.a_rms_eps;
   for (int i = 0; i < g.count; ++i) {
     g.first_row[i + 1] = g.first_row[i] + calls[i].n;
     g.first_tile[i + 1] = g.first_tile[i] + TilesOf(calls[i].n);
@@ -152,11 +154,15 @@ SmallProduct SmallProductFor(std::span<const GemmCall> calls, GemmPrecision prec
     if ((g.b_type != DType::kBF16 && g.b_type != DType::kF16) || g.trans_a || !g.trans_b ||
         g.m == 0 || g.n == 0 || g.k == 0 || g.k % 8 != 0 || !Aligned16(g.a) || !Aligned16(g.b) ||
         g.a != first.a || g.a_gate != first.a_gate || g.m != first.m || g.k != first.k ||
-        g.b_type != first.b_type || g.alpha != first.alpha || g.beta != first.beta) {
+        g.b_type != first.b_type || g.alpha != first.alpha || g.beta != first.beta ||
+        g.a_rms != first.a_rms || g.a_rms_eps != first.a_rms_eps) {
       return SmallProduct::kNone;
     }
   }
   const bool fast = precision == GemmPrecision::kFast;
+  if (first.a_rms) {  // only the GEMV forms the norm, up to kGemvNormMaxRows
+    return first.m <= kGemvNormMaxRows ? SmallProduct::kGemv : SmallProduct::kNone;
+  }
   if (first.m <= (fast ? kGemvFastMaxRows : kGemvMaxRows)) return SmallProduct::kGemv;
   if (first.k <= kNarrowK && first.m <= kNarrowKMaxRows) return SmallProduct::kNarrowK;
   // Clusters and the dependent launch's wait need sm_90.

@@ -28,6 +28,11 @@ namespace lair::kernels::cuda::dense {
 constexpr int kSmallProductMembers = 8;
 // No kernel here takes more activation rows, but for k ≤ 64 (kNarrowK).
 constexpr int64_t kSmallProductMaxRows = 32;
+// The GEMV forms a weightless RMS norm of its input (GemmCall::a_rms) up to
+// this many rows. On an H100 it took GLA 1.3B's decode step at batch 1 from
+// 1.47 to 1.36–1.38 ms and GSA 1.3B's from 1.67–1.69 to 1.56–1.57, but at
+// batch 2 it lost to the norm pass: 1.71 → 1.76 ms and 1.87–1.91 → 1.99.
+constexpr int64_t kGemvNormMaxRows = 1;
 
 enum class SmallProduct { kNone, kGemv, kNarrowK, kTensorCore };
 

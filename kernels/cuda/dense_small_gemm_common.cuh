@@ -54,6 +54,10 @@ struct SmallGroup {
   // to silu_pair16 (c unused).
   bool silu_pair = false;
   T* silu_pair16 = nullptr;  // [m, n]
+  // The GEMV only (GemmCall::a_rms): every output of row r scaled by
+  // 1/√(mean(a[r]²) + rms_eps) before the bias and activation.
+  bool row_rms = false;
+  float rms_eps = 0.0f;
 };
 
 // values[index] by constant indices: a dynamic index into a kernel parameter

@@ -12,7 +12,10 @@ namespace {
 // GEMV: kSplits warps (1, 2 or 4) stream one weight row, each a run of
 // whole chunks of it, in 16-byte loads (kGemvUnroll in flight per lane)
 // against fp32 activations read through the cache, keeping one fp32 sum per
-// activation row; split rows add their warps' sums in a fixed order.
+// activation row; split rows add their warps' sums in a fixed order. A
+// block norm without weight (SmallGroup::row_rms) costs no pass of its own:
+// the CTA sums each row's squares after its weight loop and scales its
+// outputs.
 
 constexpr int kGemvWarps = 8;
 // 8 (a whole 2048-wide row per round trip) measured slower on an H100: GLA
@@ -68,12 +71,45 @@ struct GemvRows {
   static_assert(!kPair || kPerCta % 2 == 0, "a paired CTA holds gate and up rows alike");
 };
 
+// scale[r] ← 1/√(mean(a[r]²) + eps) over the k activations of each row
+// (SmallGroup::row_rms), summed by the whole CTA in a fixed order. Called
+// after the weight loop, whose warps have just read every activation, so
+// the loads hit L1; `squares` is the CTA's shared scratch.
+template <int kRows>
+__device__ __forceinline__ void RowRmsScales(const float* a, int64_t k, float eps,
+                                             float (&squares)[kGemvWarps][kRows],
+                                             float (&scale)[kRows]) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t vectors = k / 4;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const float4* row = reinterpret_cast<const float4*>(a + r * k);
+    float sum = 0.0f;
+    for (int64_t v = threadIdx.x; v < vectors; v += kGemvWarps * 32) {
+      const float4 x = __ldg(row + v);
+      sum += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+    }
+    sum = WarpSum(sum);
+    if (lane == 0) squares[warp][r] = sum;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kGemvWarps; ++w) sum += squares[w][r];
+    scale[r] = rsqrtf(sum / static_cast<float>(k) + eps);
+  }
+}
+
 // c[0][r, j] ← silu(gate) ∘ up for the CTA's outputs j, from every warp's
-// sums in `sums` (warp w holds local row w / kSplits); split rows add their
-// warps' sums in the unpaired kernel's order.
-template <typename T, int kRows, int kSplits>
+// sums in `sums` (warp w holds local row w / kSplits), with kRowRms each
+// row's scaled by scale[r]; split rows add their warps' sums in the
+// unpaired kernel's order.
+template <typename T, int kRows, int kSplits, bool kRowRms>
 __device__ __forceinline__ void StoreSiluPairs(const SmallGroup<T>& g,
-                                               const float (&sums)[kGemvWarps][kRows]) {
+                                               const float (&sums)[kGemvWarps][kRows],
+                                               const float (&scale)[kRows]) {
   constexpr int kHalf = GemvRows<kSplits, true>::kOutputsPerCta;
   static_assert(kHalf * kRows <= kGemvWarps * 32, "a thread per output");
   const int64_t n = g.first_row[1];
@@ -86,13 +122,20 @@ __device__ __forceinline__ void StoreSiluPairs(const SmallGroup<T>& g,
       gate += sums[i * kSplits + p][r];
       up += sums[(i + kHalf) * kSplits + p][r];
     }
+    if constexpr (kRowRms) {
+      float s = scale[0];
+#pragma unroll
+      for (int q = 1; q < kRows; ++q) s = r == q ? scale[q] : s;
+      gate *= s;
+      up *= s;
+    }
     g.c[0][r * n + j] = Silu(gate) * up;
   }
 }
 
 // Launched as a dependent (dependent_launch.cuh): the first weight chunk is
 // in flight before the wait for the kernel that writes the activations.
-template <typename T, int kRows, int kSplits, bool kPair>
+template <typename T, int kRows, int kSplits, bool kPair, bool kRowRms>
 __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const SmallGroup<T> g) {
   AllowDependents();
   using Rows = GemvRows<kSplits, kPair>;
@@ -144,16 +187,23 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const SmallGroup<T
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) sum[r] = WarpSum(sum[r]);
-  // Paired or split rows meet in shared memory.
+  // The row norm's scales (kRowRms), whose barrier also publishes the
+  // partial sums in which paired or split rows meet.
+  [[maybe_unused]] float scale[kRows];
+  [[maybe_unused]] __shared__ float squares[kRowRms ? kGemvWarps : 1][kRows];
   if constexpr (kPair || kSplits > 1) {
     __shared__ float partial[kGemvWarps][kRows];
     if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) partial[warp][r] = sum[r];
     }
-    __syncthreads();
+    if constexpr (kRowRms) {
+      RowRmsScales<kRows>(g.a, k, g.rms_eps, squares, scale);
+    } else {
+      __syncthreads();
+    }
     if constexpr (kPair) {
-      StoreSiluPairs<T, kRows, kSplits>(g, partial);
+      StoreSiluPairs<T, kRows, kSplits, kRowRms>(g, partial, scale);
       return;
     }
     if (warp % kSplits != 0) return;
@@ -163,6 +213,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const SmallGroup<T
 #pragma unroll
       for (int p = 0; p < kSplits; ++p) sum[r] += partial[warp + p][r];
     }
+  } else if constexpr (kRowRms) {
+    RowRmsScales<kRows>(g.a, k, g.rms_eps, squares, scale);
+  }
+  if constexpr (kRowRms) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) sum[r] *= scale[r];
   }
   if (!valid || lane != 0) return;
   Output out = {g.c[0], g.first_row[1], g.bias[0], g.act[0], g.residual[0]};
@@ -194,19 +250,30 @@ int SplitsFor(int64_t rows, int64_t k) {
   return splits;
 }
 
-template <typename T, int kRows, int kSplits, bool kPair>
+template <typename T, int kRows, int kSplits, bool kPair, bool kRowRms>
 cudaError_t LaunchGemvShape(const SmallGroup<T>& g, cudaStream_t stream) {
   using Rows = GemvRows<kSplits, kPair>;
   const int64_t outputs = kPair ? g.first_row[1] : g.first_row[g.count];
   const int64_t ctas = (outputs + Rows::kOutputsPerCta - 1) / Rows::kOutputsPerCta;
-  return LaunchDependent(GemvKernel<T, kRows, kSplits, kPair>, dim3(static_cast<unsigned>(ctas)),
-                         dim3(kGemvWarps * 32), stream, g);
+  return LaunchDependent(GemvKernel<T, kRows, kSplits, kPair, kRowRms>,
+                         dim3(static_cast<unsigned>(ctas)), dim3(kGemvWarps * 32), stream, g);
 }
 
+template <typename T, int kRows, int kSplits, bool kRowRms>
+cudaError_t LaunchGemvPaired(const SmallGroup<T>& g, cudaStream_t stream) {
+  return g.silu_pair ? LaunchGemvShape<T, kRows, kSplits, true, kRowRms>(g, stream)
+                     : LaunchGemvShape<T, kRows, kSplits, false, kRowRms>(g, stream);
+}
+
+// The row norm has instances up to kGemvNormMaxRows rows.
 template <typename T, int kRows, int kSplits>
 cudaError_t LaunchGemvSplits(const SmallGroup<T>& g, cudaStream_t stream) {
-  return g.silu_pair ? LaunchGemvShape<T, kRows, kSplits, true>(g, stream)
-                     : LaunchGemvShape<T, kRows, kSplits, false>(g, stream);
+  if constexpr (kRows <= kGemvNormMaxRows) {
+    if (g.row_rms) return LaunchGemvPaired<T, kRows, kSplits, true>(g, stream);
+  } else {
+    if (g.row_rms) return cudaErrorInvalidValue;
+  }
+  return LaunchGemvPaired<T, kRows, kSplits, false>(g, stream);
 }
 
 // Rows are split at up to kGemvFastMaxRows activation rows (the fast path's

@@ -292,7 +292,9 @@ TEST_F(CudaStepTest, FastProductsAreExactOnRoundedActivations) {
       LinearGroupArgs gated_args{gpu_x, weights, biases, {}, activations};
       gated_args.silu_gate = gate;
       expect_formed_input(gated, gated_args, "silu(gate)·x");
-      // Norms of every kind, gate and grouping, against the norm kernel's.
+      // Norms of every kind, gate and grouping, against the norm kernel's
+      // (an RMS norm of whole rows without weight, a block norm folded into
+      // its products, the GEMV forms itself at one row).
       struct NormCase {
         NormKind kind;
         NormGate gate;
@@ -300,6 +302,7 @@ TEST_F(CudaStepTest, FastProductsAreExactOnRoundedActivations) {
         bool weight;
       };
       for (const NormCase& nc : {NormCase{NormKind::kRms, NormGate::kNone, 0, true},
+                                 NormCase{NormKind::kRms, NormGate::kNone, 0, false},
                                  NormCase{NormKind::kLayer, NormGate::kNone, 8, false},
                                  NormCase{NormKind::kRms, NormGate::kAfter, 8, true},
                                  NormCase{NormKind::kLayer, NormGate::kBefore, 0, true},
@@ -474,7 +477,9 @@ TEST_F(CudaStepTest, LinearGroupWritesSixteenBitOutputs) {
 // cuBLASLt with the gate and up outputs rounded to bf16 (within the bf16
 // tolerance). Also against the CPU in fp32.
 // The second shape splits the GEMV's rows over warps and leaves its last
-// CTA part of a pair of rows.
+// CTA part of a pair of rows. The input norm comes with a weight, and
+// without (a block norm folded into gate and up, which the GEMV forms at
+// one row).
 TEST_F(CudaStepTest, SwiGluMatchesItsLinearGroups) {
   struct Case {
     int64_t k, f;
@@ -485,14 +490,15 @@ TEST_F(CudaStepTest, SwiGluMatchesItsLinearGroups) {
        {Case{256, 344, {1, 2, 17, 20, 32, 33, 100}}, Case{2048, 339, {1, 2, 3}}}) {
     const int64_t k = shape.k, f = shape.f;
     for (int64_t m : shape.rows) {
-      for (bool normed : {false, true}) {
-        const std::string what = absl::StrCat("k=", k, " f=", f, " m=", m, normed ? " normed" : "");
+      for (int normed : {0, 1, 2}) {
+        const std::string what =
+            absl::StrCat("k=", k, " f=", f, " m=", m, " normed ", normed, " (0: no, 2: no weight)");
         const Tensor x = Rand({m, k}), residual = Rand({m, k2});
         const Tensor wg = Rand({f, k}), wu = Rand({f, k}), wd = Rand({k2, f});
         std::optional<NormArgs> norm;
-        if (normed) {
+        if (normed > 0) {
           norm.emplace().eps = 1e-5f;
-          norm->weight = Rand({k});
+          if (normed == 1) norm->weight = Rand({k});
         }
         SwiGluArgs args;
         args.x = Up(x);

@@ -2,9 +2,9 @@
 // preset: a ragged prefill into shuffled slots, then greedy decode steps of
 // two batch sizes. Decode steps replayed from recorded CUDA graphs must match
 // the same steps run op by op (to rounding), kExact must match the CPU at
-// fp32 tolerance and kFast on bf16 weights (bf16 tensor cores) at the bf16
-// one. Skips
-// without a GPU.
+// fp32 tolerance and kFast on bf16 weights (bf16 tensor cores), loaded as
+// `lair serve` loads them (norm weights folded into the products), at the
+// bf16 one. Skips without a GPU.
 #include <algorithm>
 #include <filesystem>
 #include <memory>
@@ -51,7 +51,7 @@ class CudaStepTest : public ::testing::TestWithParam<std::string> {
   }
 
   Runner Make(const std::string& device, kernels::GemmMode gemm, bool graphs,
-              DType weights = DType::kF32) {
+              DType weights = DType::kF32, bool fold_norms = false) {
     Runner r;
     kernels::BackendOptions backend_options;
     backend_options.gemm = gemm;
@@ -62,6 +62,7 @@ class CudaStepTest : public ::testing::TestWithParam<std::string> {
     options.max_context = 64;
     options.step_graphs = graphs;
     options.weight_dtype = weights;
+    options.fold_norm_weights = fold_norms;
     auto model = Model::Load(dir_, r.backend.get(), options);
     EXPECT_TRUE(model.ok()) << model.status();
     r.model = std::move(*model);
@@ -87,7 +88,7 @@ TEST_P(CudaStepTest, GraphReplayMatchesEagerAndCpu) {
   Runner cpu = Make("cpu", kernels::GemmMode::kExact, false);
   Runner eager = Make("cuda", kernels::GemmMode::kExact, false);
   Runner graphs = Make("cuda", kernels::GemmMode::kExact, true);
-  Runner fast = Make("cuda", kernels::GemmMode::kFast, true, DType::kBF16);
+  Runner fast = Make("cuda", kernels::GemmMode::kFast, true, DType::kBF16, /*fold_norms=*/true);
   Runner* all[] = {&cpu, &eager, &graphs, &fast};
 
   // Ragged prompts into slots 2, 0, 1.
@@ -150,7 +151,7 @@ TEST_P(CudaStepTest, GraphReplayMatchesEagerAndCpu) {
 // mixers that take them. It and the step after it match the CPU.
 TEST_P(CudaStepTest, LongPrefillOnTheFastPathMatchesCpu) {
   Runner cpu = Make("cpu", kernels::GemmMode::kExact, false);
-  Runner fast = Make("cuda", kernels::GemmMode::kFast, false, DType::kBF16);
+  Runner fast = Make("cuda", kernels::GemmMode::kFast, false, DType::kBF16, /*fold_norms=*/true);
   ForwardBatch prefill;
   for (int32_t i = 0; i < 54; ++i) prefill.tokens.push_back((i * 37 + 5) % 400);
   prefill.cu_seqlens = {0, 30, 54};

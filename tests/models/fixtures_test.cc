@@ -29,8 +29,9 @@ TEST_P(FixtureModelTest, MatchesGoldens) {
 
 // With bf16 weights the CPU multiplies the F32 values of the rounded
 // matrices, the reference a bf16 device run is judged against: rounding
-// linear_attn-tiny's matrices alone moves prompt_b's logits by 1.2e-1, past
-// the 2e-2 bf16 tolerance, so each logits tolerance adds what rounding costs.
+// linear_attn-tiny's matrices alone moves prompt_b's logits by 1.3e-2 (1.2e-1
+// with the norms' weights kept out of the matrices, past the 2e-2 bf16
+// tolerance), so each logits tolerance adds what rounding costs.
 TEST(FixtureModelBf16Test, ToleranceAddsWhatRoundingTheWeightsCosts) {
   LAIR_FIXTURE_OR_SKIP(dir, "models/linear_attn-tiny");
   std::unique_ptr<kernels::Backend> cpu = kernels::MakeCpuBackend(2);
@@ -44,7 +45,7 @@ TEST(FixtureModelBf16Test, ToleranceAddsWhatRoundingTheWeightsCosts) {
     EXPECT_TRUE(check.passed()) << check.label;
     if (check.label.starts_with("prefill logits_b")) {
       saw_b = true;
-      EXPECT_GT(check.relative_error, 5e-2);  // rounding alone, far past 2e-2
+      EXPECT_GT(check.relative_error, 5e-3);  // rounding alone
       EXPECT_NEAR(check.tolerance, 2e-2 + check.relative_error, 1e-9);
     }
   }

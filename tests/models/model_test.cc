@@ -180,6 +180,55 @@ INSTANTIATE_TEST_SUITE_P(Families, ModelBehaviourTest,
                            return info.param.substr(0, info.param.find('-'));
                          });
 
+// --- Norm weights folded into the products (LoadOptions::fold_norm_weights) --
+
+class FoldedNormsTest : public ::testing::TestWithParam<std::string> {};
+
+// Folding changes only where the norms' weights are applied (f32: rounding),
+// so prefill and decode give the unfolded model's logits; the folded model
+// refuses to train, since its weights are no longer the checkpoint's.
+TEST_P(FoldedNormsTest, GiveTheUnfoldedLogitsAndRefuseToTrain) {
+  const std::string dir = testing::FixturesDir() + "/models/" + GetParam();
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << "fixture " << dir << " is absent";
+  auto backend = kernels::MakeCpuBackend(2);
+  const std::vector<int32_t> prompt = Prompt(dir);
+  std::vector<Tensor> logits[2];
+  for (bool fold : {false, true}) {
+    LoadOptions options;
+    options.max_context = 128;
+    options.fold_norm_weights = fold;
+    auto model = Model::Load(dir, backend.get(), options);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto pool = StatePool::Create(backend.get(), (*model)->state_layout(), 1);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    const std::vector<int32_t> head(prompt.begin(), prompt.begin() + 40);
+    auto prefill = (*model)->Forward(Single(head, 0, 0, true), *pool);
+    ASSERT_TRUE(prefill.ok()) << prefill.status();
+    logits[fold].push_back(*prefill);
+    for (int i = 40; i < 43; ++i) {
+      auto step = (*model)->Forward(Single({prompt[i]}, 0, i, false), *pool);
+      ASSERT_TRUE(step.ok()) << step.status();
+      logits[fold].push_back(*step);
+    }
+    const absl::StatusOr<LossAndGradients> trained = (*model)->LossAndGrad(head);
+    if (fold) {
+      EXPECT_EQ(trained.status().code(), absl::StatusCode::kFailedPrecondition);
+    } else {
+      EXPECT_TRUE(trained.ok()) << trained.status();
+    }
+  }
+  for (size_t i = 0; i < logits[0].size(); ++i)
+    EXPECT_LT(RelativeError(logits[1][i], logits[0][i]), 1e-5) << "forward " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, FoldedNormsTest,
+                         ::testing::Values("gla-tiny", "gsa-tiny", "hgrn2-tiny", "linear_attn-tiny",
+                                           "llama-tiny", "mamba2-tiny", "retnet-tiny",
+                                           "xlstm-tiny"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param.substr(0, info.param.find('-'));
+                         });
+
 // --- Load-time errors ----------------------------------------------------
 
 class LoadErrorTest : public ::testing::Test {
