@@ -95,10 +95,11 @@ struct GemmCall {
   // rounded to the weights' type, which the decode ring kernel reads instead
   // of a (ReadsRoundedActivations).
   const void* a_rounded = nullptr;
-  // RunGroup only, on the decode GEMV's rows (SmallProductFor: kGemv): the
-  // product reads each row of a under an RMS norm without weight,
-  // a / √(mean(a²) + a_rms_eps), as a scale of its outputs that the GEMV
-  // forms itself (a block norm whose weight is folded into b's columns).
+  // RunGroup only, up to kGemvNormMaxRows rows (dense_small_gemm.h; the
+  // GEMV takes them): the product reads each row of a under an RMS norm
+  // without weight, a / √(mean(a²) + a_rms_eps), as a scale of its outputs
+  // that the GEMV forms itself (a block norm whose weight is folded into
+  // b's columns).
   bool a_rms = false;
   float a_rms_eps = 0.0f;
 };
