@@ -95,24 +95,23 @@ absl::Status Params::ScaleColumns(int matrix, int vector) {
         absl::StrCat("ScaleColumns: ", names_[vector], " ", v.DebugString(),
                      " does not scale the columns of ", names_[matrix], " ", m.DebugString()));
   }
-  Tensor w, scale;
-  if (backend_ == nullptr) {
-    w = m.ToF32();
-    scale = v.ToF32();
-  } else {
-    LAIR_ASSIGN_OR_RETURN(w, backend_->Download(m));
-    LAIR_ASSIGN_OR_RETURN(scale, backend_->Download(v));
-    w = w.ToF32();
-    scale = scale.ToF32();
-  }
   const int64_t rows = m.dim(0), cols = m.dim(1);
+  LAIR_ASSIGN_OR_RETURN(Tensor w, HostF32Copy(m));
+  LAIR_ASSIGN_OR_RETURN(const Tensor scale, HostF32Copy(v));
   float* p = w.f32();
   const float* s = scale.f32();
   ParallelFor(rows, 0, [&](int64_t r) {
     for (int64_t c = 0; c < cols; ++c) p[r * cols + c] *= s[c];
   });
-  LAIR_ASSIGN_OR_RETURN(tensors_[matrix], Place(w, backend_ ? matrix_dtype_ : m.dtype()));
+  LAIR_ASSIGN_OR_RETURN(tensors_[matrix], Place(w, matrix_dtype_));
   return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> Params::HostF32Copy(const Tensor& stored) const {
+  if (backend_ == nullptr) return stored.ToF32();
+  // Download copies already; only 16-bit values need a second, widening one.
+  LAIR_ASSIGN_OR_RETURN(Tensor host, backend_->Download(stored));
+  return host.dtype() == DType::kF32 ? host : host.ToF32();
 }
 
 absl::StatusOr<Tensor> Params::Constant(const Tensor& host) {

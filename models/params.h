@@ -106,6 +106,8 @@ class Params {
  private:
   // `host` (F32) as parameter storage: on the backend in `dtype`, or kept.
   absl::StatusOr<Tensor> Place(const Tensor& host, DType dtype) const;
+  // A host F32 copy of stored parameter values, which the caller may change.
+  absl::StatusOr<Tensor> HostF32Copy(const Tensor& stored) const;
 
   ParamSource* source_;
   kernels::Backend* backend_;
