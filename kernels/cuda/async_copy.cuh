@@ -21,6 +21,11 @@ __device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
                "r"(valid ? 16 : 0));
 }
+// 4 bytes global → shared (through L1), zero-filled when !valid.
+__device__ __forceinline__ void CpAsync4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(SmemAddr(dst)), "l"(src),
+               "r"(valid ? 4 : 0));
+}
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most kPending of this thread's committed groups are in flight.
 template <int kPending>

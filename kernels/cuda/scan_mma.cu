@@ -48,6 +48,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/mma_fragments.cuh"
 #include "kernels/cuda/scan_mma.h"
+#include "kernels/cuda/scan_wgmma.h"
 
 namespace lair::kernels::cuda {
 namespace {
@@ -1165,6 +1166,7 @@ bool ScanMmaSupports(const ScanParams& p) {
 }
 
 cudaError_t LaunchScanMma(const ScanParams& p, cudaStream_t stream) {
+  if (ScanWgmmaSupports(p) && WgmmaAvailable()) return LaunchScanWgmma(p, stream);
   return LaunchPass<MmaPass::kFused>(p, nullptr, 0, stream);
 }
 

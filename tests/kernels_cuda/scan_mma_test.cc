@@ -1,10 +1,10 @@
-// The tensor-core scan (kernels/cuda/scan_mma.cu), reached through CudaBackend
-// with bf16 and f16 inputs, against CpuBackend fed the same rounded inputs:
-// log-decays down to −20 per step (the diagonal blocks' exact fallback; the
-// fp32 path overflows there), lengths off the 64-token chunk, packed sequences
-// with initial states from shuffled slots, several dv tiles (128 wide for
-// dk ≤ 128, 64 above; a partial last one), key_dim 256, right decays (GSA's
-// key pass and the decay backward's dq and dk scans), the reverse scans of
+// The tensor-core scans (kernels/cuda/scan_mma.cu; on sm_90, scan_wgmma.cu for
+// bf16 forwards at 128 keys with scalar or no decay: K = 128, V = 128 and 192
+// here), reached through CudaBackend with bf16 and f16 inputs, against CpuBackend fed the same
+// rounded inputs: log-decays down to −20 per step (the diagonal blocks' exact fallback; the fp32
+// path overflows there), lengths off the 64-token chunk, packed sequences with initial states from
+// shuffled slots, several dv tiles (128 wide for dk ≤ 128, 64 above; a partial last one), key_dim
+// 256, right decays (GSA's key pass and the decay backward's dq and dk scans), the reverse scans of
 // the backward, and mLSTM; the forward in every schedule (one pass; the
 // state pass then the chunk-parallel output pass; segments carried, with the
 // entry term at 128 keys and more and a state pass below). Skips without a
@@ -48,8 +48,8 @@ constexpr DecayRange kRanges[] = {
     {-0.3f, -0.01f, "mild"}, {-5.0f, -0.5f, "mixed"}, {-20.0f, -5.0f, "strong"}};
 
 TEST_P(MmaScanScheduleVsCpu, DecayForward) {
-  for (const auto& [K, V] : {std::pair{128, 128}, std::pair{64, 96}, std::pair{64, 256},
-                             std::pair{256, 192}, std::pair{128, 80}})
+  for (const auto& [K, V] : {std::pair{128, 128}, std::pair{128, 192}, std::pair{64, 96},
+                             std::pair{64, 256}, std::pair{256, 192}, std::pair{128, 80}})
     for (DType dt : {DType::kBF16, DType::kF16})
       for (DecayKind kind :
            {DecayKind::kNone, DecayKind::kConstant, DecayKind::kScalar, DecayKind::kVector})
@@ -147,7 +147,10 @@ INSTANTIATE_TEST_SUITE_P(Schedules, MmaScanScheduleVsCpu,
 // states entering the segments are sums in another order (fp32 rounding);
 // at 64 keys each chunk rounds its S to bf16 from them, at 256 the entry
 // term rounds each segment's once and adds its product to outputs scanned
-// from zero.
+// from zero. At 256 keys with scalar decay on sm_90 the segments' blocks of
+// 128 run the wgmma scan, which rounds the state update's V̂ to bf16 where
+// the mma.sync scan (the one pass's blocks of 64) rounds K̂: their final
+// states then agree to that rounding.
 TEST_F(MmaScanVsCpu, SchedulesMatchOnePass) {
   absl::StatusOr<std::unique_ptr<Backend>> one = MakeBackend("cuda", {{}, ScanSchedule::kOnePass});
   absl::StatusOr<std::unique_ptr<Backend>> two = MakeBackend("cuda", {{}, ScanSchedule::kTwoPass});
@@ -183,7 +186,8 @@ TEST_F(MmaScanVsCpu, SchedulesMatchOnePass) {
       EXPECT_LE(RelativeError(outs[1], outs[0]), tol) << what << " two-pass o";
       EXPECT_EQ(RelativeError(states[1], states[0]), 0.0) << what << " two-pass final state";
       EXPECT_LE(RelativeError(outs[2], outs[0]), 1e-2) << what << " segmented o";
-      EXPECT_LE(RelativeError(states[2], states[0]), 1e-5) << what << " segmented final state";
+      EXPECT_LE(RelativeError(states[2], states[0]), K == 256 ? 1e-2 : 1e-5)
+          << what << " segmented final state";
     }
 }
 
