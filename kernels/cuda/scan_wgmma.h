@@ -1,5 +1,5 @@
-// The scalar-decay forward scan on Hopper's warpgroup products (wgmma), for
-// the shapes that dominate simple GLA and RetNet prefill: LaunchScanMma
+// The scalar-decay scan on Hopper's warpgroup products (wgmma), for the
+// shapes of simple GLA, RetNet and mLSTM at 128 keys, forward and backward: LaunchScanMma
 // (scan_mma.h) sends a launch here when ScanWgmmaSupports holds and the
 // device runs sm_90a code, and keeps its mma.sync kernel for the rest.
 #pragma once
@@ -10,9 +10,10 @@
 
 namespace lair::kernels::cuda {
 
-// A forward scan (not reversed) with a scalar or no left decay (unshifted),
-// no right decay and none of the mLSTM or backward fields; bf16 q, k, v on
-// 16-byte boundaries, dk = 128 and dv a multiple of 64.
+// A scan with a scalar or no left decay and no right decay, in either
+// direction, with any of the mLSTM fields (key and row weights, stabilizer,
+// normalizer) or the extra key feature with its row dots (not both); bf16 q,
+// k, v (and dot_with) on 16-byte boundaries, dk = 128 and dv a multiple of 64.
 bool ScanWgmmaSupports(const ScanParams& p);
 
 // Whether the current device can run the kernel: compute capability 9.0 and

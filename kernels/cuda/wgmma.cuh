@@ -45,6 +45,18 @@ __device__ __forceinline__ uint64_t SwizzledMnMajor(const void* start, int rows)
   return Descriptor(start, static_cast<uint32_t>(rows) * 128, kAtomBytes);
 }
 
+// The descriptor of the same matrix `bytes` further on (the start address is
+// its low field, in 16-byte units, and shared memory ends below 256 KB).
+__host__ __device__ constexpr uint64_t Advance(uint64_t desc, int bytes) {
+  return desc + static_cast<uint64_t>(bytes >> 4);
+}
+// A descriptor the compiler must form where it is (not hoisted out of a loop
+// into registers held across it).
+__device__ __forceinline__ uint64_t Here(uint64_t desc) {
+  asm volatile("" : "+l"(desc));
+  return desc;
+}
+
 // Orders this thread's generic-proxy shared-memory writes (stores, cp.async
 // data it waited for) before later async-proxy reads (wgmma operands).
 __device__ __forceinline__ void FenceSharedForAsync() {

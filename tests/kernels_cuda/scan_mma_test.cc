@@ -1,14 +1,13 @@
 // The tensor-core scans (kernels/cuda/scan_mma.cu; on sm_90, scan_wgmma.cu for
-// bf16 forwards at 128 keys with scalar or no decay: K = 128, V = 128 and 192
-// here), reached through CudaBackend with bf16 and f16 inputs, against CpuBackend fed the same
-// rounded inputs: log-decays down to −20 per step (the diagonal blocks' exact fallback; the fp32
-// path overflows there), lengths off the 64-token chunk, packed sequences with initial states from
-// shuffled slots, several dv tiles (128 wide for dk ≤ 128, 64 above; a partial last one), key_dim
-// 256, right decays (GSA's key pass and the decay backward's dq and dk scans), the reverse scans of
-// the backward, and mLSTM; the forward in every schedule (one pass; the
-// state pass then the chunk-parallel output pass; segments carried, with the
-// entry term at 128 keys and more and a state pass below). Skips without a
-// GPU.
+// bf16 scans at 128 keys with scalar or no decay, forward and reverse, mLSTM's
+// included: K = 128 here), reached through CudaBackend with bf16 and f16 inputs, against CpuBackend
+// fed the same rounded inputs: log-decays down to −20 per step (the diagonal blocks' exact
+// fallback; the fp32 path overflows there), lengths off the 64-token chunk, packed sequences with
+// initial states from shuffled slots, several dv tiles (128 wide for dk ≤ 128, 64 above; a partial
+// last one), key_dim 256, right decays (GSA's key pass and the decay backward's dq and dk scans),
+// the reverse scans of the backward, and mLSTM; the forward in every schedule (one pass; the state
+// pass then the chunk-parallel output pass; segments carried, with the entry term at 128 keys and
+// more and a state pass below). Skips without a GPU.
 #include <cmath>
 #include <memory>
 #include <random>
