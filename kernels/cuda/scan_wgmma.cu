@@ -60,7 +60,7 @@ struct Layout {
 };
 static_assert(2 * (Layout::kBytes + 1024) <= 228 * 1024, "two CTAs per SM");
 
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+[[maybe_unused]] __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   uint32_t r;
   memcpy(&r, &v, 4);
