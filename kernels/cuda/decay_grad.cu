@@ -11,6 +11,7 @@
 // Any feature dimension works: columns are tiled over gridDim.x.
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/scan.h"
+#include "kernels/cuda/warp_reduce.cuh"
 
 namespace lair::kernels::cuda {
 namespace {
@@ -47,7 +48,7 @@ __global__ void DecayTermKernel(const DecayGradParams p) {
       }
     }
     if (p.reduce_features) {
-      for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+      part = WarpSum(part);
       if (lane == 0) p.out[r] = part;
     }
   }

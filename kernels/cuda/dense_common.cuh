@@ -1,5 +1,5 @@
-// Device helpers shared by the dense kernels (dense_*.cu): warp and block
-// reductions, the sequence of a packed token, 16-byte vector access, packing
+// Device helpers shared by the dense kernels (dense_*.cu): block reductions
+// (over warp_reduce.cuh's), the sequence of a packed token, 16-byte vector access, packing
 // four floats into 16 bits each, and the column-sum finisher; the elementwise functions come from
 // kernels/elementwise_math.h, shared with the CPU reference.
 #pragma once
@@ -12,23 +12,10 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/warp_reduce.cuh"
 #include "kernels/elementwise_math.h"
 
 namespace lair::kernels::cuda::dense {
-
-constexpr unsigned kFullMask = 0xffffffffu;
-
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
-
-__device__ __forceinline__ float WarpMax(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
 
 // Σ over a team of kTeam threads: one warp (32) or the whole block (a multiple
 // of 32, kTeam/32 floats of `shared`). Every thread of the team gets the sum.

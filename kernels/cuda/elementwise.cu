@@ -4,6 +4,7 @@
 // lives in decay_grad.cu.
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/scan.h"
+#include "kernels/cuda/warp_reduce.cuh"
 
 namespace lair::kernels::cuda {
 namespace {
@@ -34,10 +35,10 @@ __global__ void SoftmaxKernel(const float* x, int64_t rows, int width, void* out
     const float* row = x + r * width;
     float mx = -INFINITY;
     for (int i = lane; i < width; i += 32) mx = fmaxf(mx, row[i]);
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    mx = WarpMax(mx);
     float sum = 0.0f;
     for (int i = lane; i < width; i += 32) sum += expf(row[i] - mx);
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    sum = WarpSum(sum);
     const float inv = 1.0f / sum;
     for (int i = lane; i < width; i += 32)
       StoreElem(out, out_type, r * width + i, expf(row[i] - mx) * inv);

@@ -21,6 +21,7 @@
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/mixer_backward.h"
+#include "kernels/cuda/warp_reduce.cuh"
 
 namespace lair::kernels::cuda {
 namespace {
@@ -46,7 +47,7 @@ __global__ void SoftmaxBackwardKernel(const float* p, float* dp, int64_t rows, i
     float* dr = dp + r * width;
     float dot = 0.0f;
     for (int c = lane; c < width; c += 32) dot += pr[c] * dr[c];
-    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    dot = WarpSum(dot);
     for (int c = lane; c < width; c += 32) dr[c] = pr[c] * (dr[c] - dot);
   }
 }
@@ -98,7 +99,7 @@ __global__ void MlstmSigGateGradsKernel(Operand k_scaled, const float* dk_scaled
       }
       StoreElems(dk, dk_type, r * K + a, g);
     }
-    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    dot = WarpSum(dot);
     if (lane == 0) {
       di[r] = dot * expf(LogSigmoid(-i[r]));
       df[r] = dg[r] * expf(LogSigmoid(-f[r]));
@@ -248,7 +249,7 @@ __global__ void MlstmGatesKernel(const MlstmBackwardParams p) {
 
 // Sum over the CTA of kThreads; every thread gets it. red holds kRowGroups floats.
 __device__ __forceinline__ float CtaSum(float x, float* red) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  x = WarpSum(x);
   __syncthreads();
   if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = x;
   __syncthreads();
@@ -437,11 +438,6 @@ __device__ __forceinline__ void DecayedScores(float* out, const float* x, const 
   }
 }
 
-__device__ __forceinline__ float RowSum(float x) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
 // The register tile of a chunk product: this thread's rows ty + kRowGroups·a
 // and columns tx + 32·b. acc[a][b] += Σ_{i<n} weight(row, i)·x[i·ldx + col],
 // columns at or past `cols` reading 0.
@@ -550,7 +546,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (s < n && v < V)
         part += acc[a][b] * LoadElem(p.dh.ptr, p.dh.type, ((bos + t0 + s) * H + h) * V + v);
     }
-    const float dh_num = RowSum(part);
+    const float dh_num = WarpSum(part);
     if (tx == 0 && s < n) {
       const float den = den_s[s], dh_h = dh_num / den;
       const int64_t pt = TokenAt(p, seq, t0 + s, h);
@@ -669,7 +665,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlstmChunkGradKernel(const MlstmB
         StoreElem(dst, type, ((bos + t0 + s) * H + h) * dim + x, mul * acc[a][b]);
       }
       if (dot_out) {
-        part = RowSum(part);
+        part = WarpSum(part);
         if (tx == 0 && s < n) dot_out[TokenAt(p, seq, t0 + s, h)] = part;
       }
     }
@@ -823,7 +819,7 @@ __global__ void MlstmNormCotangentKernel(const MlstmBackwardParams p, Operand h_
     }
     StoreElems(d_num, type, row * p.dv + c, g);
   }
-  for (int off = 16; off > 0; off >>= 1) dh_h += __shfl_xor_sync(0xffffffffu, dh_h, off);
+  dh_h = WarpSum(dh_h);
   if (lane == 0) {
     const float sign = fabsf(qn) >= lower ? (qn >= 0.0f ? 1.0f : -1.0f) : 0.0f;
     x_out[row] = -dh_h / den * sign;

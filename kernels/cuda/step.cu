@@ -27,6 +27,7 @@
 #include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/scan.h"
+#include "kernels/cuda/warp_reduce.cuh"
 
 namespace lair::kernels::cuda {
 namespace {
@@ -233,7 +234,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
       if (blockIdx.x == 0) p.n_final[off] = n;
       part += q[a] * n;
     }
-    for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+    part = WarpSum(part);
     if (tid == 0) scal[2] = part;
   }
 
