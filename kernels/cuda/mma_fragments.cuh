@@ -43,15 +43,21 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// (lo, hi) rounded to bf16 as one 32-bit fragment register.
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t r;
+  memcpy(&r, &v, 4);
+  return r;
+}
+
 // A pair of bf16 values (one 32-bit fragment register) times (f0, f1),
 // rounded to bf16.
 __device__ __forceinline__ uint32_t Scale2(uint32_t x, float f0, float f1) {
   __nv_bfloat162 v;
   memcpy(&v, &x, 4);
   const float2 f = __bfloat1622float2(v);
-  v = __floats2bfloat162_rn(f.x * f0, f.y * f1);
-  memcpy(&x, &v, 4);
-  return x;
+  return PackBf16(f.x * f0, f.y * f1);
 }
 
 // o[off], o[off + 1] (off even, so the pair is aligned).

@@ -60,13 +60,6 @@ struct Layout {
 };
 static_assert(2 * (Layout::kBytes + 1024) <= 228 * 1024, "two CTAs per SM");
 
-[[maybe_unused]] __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  uint32_t r;
-  memcpy(&r, &v, 4);
-  return r;
-}
-
 // kGated: key and row weights and the stabilizer (mLSTM's scans) may be
 // set; kNormalizer: n is carried (a norm or n_final). The plain instance is
 // simple GLA's and RetNet's.
