@@ -14,10 +14,12 @@
 // Every factor is at most 1, the per-token scalars are scanned by every warp
 // for itself (shuffles, no tables), A is rounded to bf16 in registers and V̂
 // in shared memory. mLSTM's normalizer n (a [128] vector, one key a thread)
-// is summed on the CUDA cores beside the products. The copies of chunk c + 1 (cp.async,
-// two stages) fly while chunk c computes; V̂ and A's factors are formed while
-// Q Kᵀ and Q S run, A's fragments while the state update runs. Three
-// barriers a chunk.
+// is summed on the CUDA cores beside the products, as is the row S gains
+// with the extra key feature (the normalized mLSTM backward's dq and dk
+// scans, whose output rows are also dotted with ScanParams::dot_with). The
+// copies of chunk c + 1 (cp.async, two stages) fly while chunk c computes;
+// V̂ and A's factors are formed while Q Kᵀ and Q S run, A's fragments while
+// the state update runs. Three barriers a chunk.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -41,8 +43,18 @@ constexpr int kThreads = 128;  // one warpgroup
 constexpr int kStages = 2;
 static_assert(kThreads == kKeys, "the normalizer: one key a thread");
 
-// The per-token fp32 rows of a stage: the log decay, key weight and row weight.
-enum TokenRow { kDecayRow, kKeyWeightRow, kRowWeightRow, kTokenRows };
+// The per-token fp32 rows of a stage: the log decay, key weight, row weight
+// and the extra key feature of q' and of k'.
+enum TokenRow { kDecayRow, kKeyWeightRow, kRowWeightRow, kExtraQRow, kExtraKRow, kTokenRows };
+
+// The optional fields an instance serves; each adds registers the leaner
+// ones do without.
+enum class Fields {
+  kPlain,       // the decay alone: simple GLA's and RetNet's scans
+  kGated,       // + key and row weights and the stabilizer (mLSTM's scans)
+  kNormalizer,  // + n carried (a norm or n_final)
+  kExtraKey,    // + the extra key feature and its row dots (no norm)
+};
 
 // Byte offsets of the dynamic shared memory from its first 1024-byte boundary
 // (tiles swizzled, wgmma.cuh).
@@ -56,23 +68,46 @@ struct Layout {
   static constexpr int kVhat = kStages * kStageBytes;     // V̂ [C][TV]
   static constexpr int kS = kVhat + kChunk * kTileV * 2;  // S in bf16 [dk][TV]
   static constexpr int kN = kS + kKeys * kTileV * 2;      // n entering the chunk, fp32 [dk]
-  static constexpr int kBytes = kN + kKeys * 4 + wgmma::kAtomBytes;  // + alignment
+  // The extra key feature: S's extra row entering the chunk, and the two
+  // halves of the chunk's addition to it, fp32 [TV] each.
+  static constexpr int kExtraRow = kN + kKeys * 4;
+  static constexpr int kExtraParts = kExtraRow + kTileV * 4;
+  static constexpr int kBytes = kExtraParts + 2 * kTileV * 4 + wgmma::kAtomBytes;  // + alignment
 };
 static_assert(2 * (Layout::kBytes + 1024) <= 228 * 1024, "two CTAs per SM");
 
-// kGated: key and row weights and the stabilizer (mLSTM's scans) may be
-// set; kNormalizer: n is carried (a norm or n_final). The plain instance is
-// simple GLA's and RetNet's.
-template <bool kGated, bool kNormalizer>
+// Byte offsets in a swizzled tile (wgmma.cuh) of this thread's pairs of an
+// m64n64 accumulator: pair i, row 16w + g + 8·(i/2 % 2) and column
+// 8·(i/4) + 2t4, lies at row·128 + (i/4 ⊕ g)·16 + 4t4, since row % 8 = g.
+// Made where it is used from opaque copies of the thread's coordinates: left
+// to itself, the compiler forms every offset once and holds them in
+// registers across the chunk loop, which the kernel's 255 cannot spare.
+struct PairOffsets {
+  int first;  // (16w + g)·128 + 4t4
+  int g;
+  __device__ static PairOffsets Here(int warp, int lane) {
+    return {wgmma::Here(128 * (16 * warp + lane / 4) + 4 * (lane % 4)), wgmma::Here(lane / 4)};
+  }
+  __device__ int operator()(int i) const { return first + (i / 2 % 2) * 1024 + ((i / 4) ^ g) * 16; }
+};
+
+template <Fields kFields>
 __global__ void __launch_bounds__(kThreads, 2) ScanWgmmaKernel(const ScanParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int C = kChunk;
   constexpr unsigned kAll = 0xffffffffu;
-  constexpr bool kEarlyFactors = !kNormalizer;
+  constexpr bool kGated = kFields != Fields::kPlain;
+  constexpr bool kNormalizer = kFields == Fields::kNormalizer;
+  constexpr bool kExtra = kFields == Fields::kExtraKey;
+  // A's factors formed while Q Kᵀ runs take 32 registers the normalizer's
+  // and the extra feature's instances lack; they form them after the wait.
+  constexpr bool kEarlyFactors = !kNormalizer && !kExtra;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem =
       smem_raw + (wgmma::kAtomBytes - SmemAddr(smem_raw) % wgmma::kAtomBytes) % wgmma::kAtomBytes;
   [[maybe_unused]] float* n_prev = reinterpret_cast<float*>(smem + Layout::kN);
+  [[maybe_unused]] float* extra_row = reinterpret_cast<float*>(smem + Layout::kExtraRow);
+  [[maybe_unused]] float* extra_parts = reinterpret_cast<float*>(smem + Layout::kExtraParts);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int h = blockIdx.y, seq = blockIdx.z, e0 = blockIdx.x * kTileV;
@@ -127,19 +162,24 @@ __global__ void __launch_bounds__(kThreads, 2) ScanWgmmaKernel(const ScanParams 
       float* rows = reinterpret_cast<float*>(base + Layout::kTokens);
       const int t = t0 + dir * tid;
       const auto* any = static_cast<const float*>(p.q.ptr);  // mapped; read by no dead copy
+      const auto copy_row = [&](const float* ptr, int64_t token_stride, int64_t head_stride,
+                                bool shift, int row) {
+        const int src = t + (shift ? 1 : 0);
+        const bool live = tid < lc && ptr != nullptr && src < len;
+        CpAsync4(rows + row * C + tid,
+                 live ? ptr + (bos + src) * token_stride + h * head_stride : any, live);
+      };
       const auto copy_gate = [&](const LogGate& gt, int row) {
-        const int src = t + (gt.shift ? 1 : 0);
-        const bool live = tid < lc && gt.ptr != nullptr && src < len;
-        CpAsync4(
-            rows + row * C + tid,
-            live ? gt.ptr + (bos + src) * gt.token_stride + static_cast<int64_t>(h) * gt.head_stride
-                 : any,
-            live);
+        copy_row(gt.ptr, gt.token_stride, gt.head_stride, gt.shift, row);
       };
       copy_gate(p.left, kDecayRow);
       if constexpr (kGated) {
         copy_gate(p.key_weight, kKeyWeightRow);
         copy_gate(p.row_weight, kRowWeightRow);
+      }
+      if constexpr (kExtra) {
+        copy_row(p.extra_q, p.heads, 1, false, kExtraQRow);
+        copy_row(p.extra_k, p.heads, 1, false, kExtraKRow);
       }
     }
     CpAsyncCommit();
@@ -167,6 +207,10 @@ __global__ void __launch_bounds__(kThreads, 2) ScanWgmmaKernel(const ScanParams 
   }
   float m_prev = 0.0f;
   if (stabilize && p.m_init) m_prev = p.m_init[static_cast<int64_t>(slot_in) * p.heads + h];
+  // The extra row of S, which starts at 0: column tid of it in extra_reg
+  // (threads below TV), decayed, without the last chunk's parts.
+  [[maybe_unused]] float extra_reg = 0.0f;
+  if constexpr (kExtra) extra_parts[tid] = 0.0f;  // both halves; the first barrier orders it
 
   if (num_chunks > 0) issue(0, 0);
   for (int chunk = 0; chunk < num_chunks; ++chunk) {
@@ -176,13 +220,15 @@ __global__ void __launch_bounds__(kThreads, 2) ScanWgmmaKernel(const ScanParams 
     const float* rows = reinterpret_cast<const float*>(base + Layout::kTokens);
     CpAsyncWait<0>();
     // S entering the chunk, rounded to bf16: the B operand of Q S; n too.
+    {
+      const PairOffsets at = PairOffsets::Here(warp, lane);
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
+      for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int i = 0; i < 32; i += 2)
-        *reinterpret_cast<uint32_t*>(smem + Layout::kS +
-                                     wgmma::Swizzled(kKeys, s_row(r, i), s_col(i))) =
-            PackBf16(sacc[r][i], sacc[r][i + 1]);
+        for (int i = 0; i < 32; i += 2)
+          *reinterpret_cast<uint32_t*>(smem + Layout::kS + wgmma::Swizzled(kKeys, 64 * r, 0) +
+                                       at(i)) = PackBf16(sacc[r][i], sacc[r][i + 1]);
+    }
     if constexpr (kNormalizer) n_prev[tid] = n_reg;
     wgmma::FenceSharedForAsync();
     // Past this barrier every warp is done with chunk − 1, so the next
@@ -239,6 +285,15 @@ __global__ void __launch_bounds__(kThreads, 2) ScanWgmmaKernel(const ScanParams 
     const float w1 = i1 < lc ? p.k_scale * __expf(b_last - b1 + lw1 - m_last) : 0.0f;
     const float decay = __expf(b_last + mp - m_last);
     if (stabilize) m_prev = m_last;
+    if constexpr (kExtra) {
+      // The extra row entering the chunk, from the previous chunk's parts
+      // (which the first barrier made visible); read past the second.
+      if (tid < kTileV) {
+        extra_reg += extra_parts[tid] + extra_parts[kTileV + tid];
+        extra_row[tid] = extra_reg;
+        extra_reg *= decay;
+      }
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -359,8 +414,9 @@ __global__ void __launch_bounds__(kThreads, 2) ScanWgmmaKernel(const ScanParams 
     wgmma::Wait<0>();
     wgmma::Pin(acc_a);
     wgmma::Pin(acc_o);
-    // Past this barrier V̂ is whole and no warp reads this chunk's S copy any
-    // more (the next chunk rewrites it before its first barrier).
+    // Past this barrier V̂ and the extra row are whole, and no warp reads
+    // this chunk's S copy or q tile any more (the next chunk rewrites S
+    // before its first barrier).
     __syncthreads();
 
     // 6. S += Kᵀ V̂ (Kᵀ: k's tile read MN-major, keys as M); meanwhile A,
@@ -378,6 +434,12 @@ __global__ void __launch_bounds__(kThreads, 2) ScanWgmmaKernel(const ScanParams 
     wgmma::Commit();
     uint32_t afrag[4][4];
     float row_sum[2] = {0.0f, 0.0f};  // a norm's in-chunk share of q'ᵀn
+    // The extra feature of q' in rows row0 and row0 + 8 (1 where not given).
+    [[maybe_unused]] float q_extra[2] = {1.0f, 1.0f};
+    if constexpr (kExtra) {
+      if (p.extra_q)
+        q_extra[0] = rows[kExtraQRow * C + row0], q_extra[1] = rows[kExtraQRow * C + row0 + 8];
+    }
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
       float f[4];
@@ -386,11 +448,27 @@ __global__ void __launch_bounds__(kThreads, 2) ScanWgmmaKernel(const ScanParams 
       } else {
         factors_of(nb, f);
       }
+      if constexpr (kExtra) {
+        // q'_i·k'_j gains extra_q[i]·extra_k[j].
+        const float2 ek =
+            p.extra_k ? *reinterpret_cast<const float2*>(rows + kExtraKRow * C + 8 * nb + 2 * t4)
+                      : make_float2(1.0f, 1.0f);
+        acc_a[4 * nb] += q_extra[0] * ek.x, acc_a[4 * nb + 1] += q_extra[0] * ek.y;
+        acc_a[4 * nb + 2] += q_extra[1] * ek.x, acc_a[4 * nb + 3] += q_extra[1] * ek.y;
+      }
       const float v0 = acc_a[4 * nb] * f[0], v1 = acc_a[4 * nb + 1] * f[1];
       const float v2 = acc_a[4 * nb + 2] * f[2], v3 = acc_a[4 * nb + 3] * f[3];
       if constexpr (kNormalizer) row_sum[0] += v0 + v1, row_sum[1] += v2 + v3;
       afrag[nb / 2][nb % 2 * 2] = PackBf16(v0, v1);
       afrag[nb / 2][nb % 2 * 2 + 1] = PackBf16(v2, v3);
+    }
+    if constexpr (kExtra) {
+      // Q S gains extra_q[i] times S's extra row.
+#pragma unroll
+      for (int i = 0; i < 32; i += 2) {
+        const float2 s = *reinterpret_cast<const float2*>(extra_row + s_col(i));
+        acc_o[i] += q_extra[i / 2 % 2] * s.x, acc_o[i + 1] += q_extra[i / 2 % 2] * s.y;
+      }
     }
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc_o[i] *= i / 2 % 2 ? rs8 : rs0;
@@ -403,8 +481,38 @@ __global__ void __launch_bounds__(kThreads, 2) ScanWgmmaKernel(const ScanParams 
     wgmma::Commit();
 
     // 7. While the products run: the rows' output scales (with a norm's
-    //    1/den).
+    //    1/den), and the extra row's addition, Σ_j extra_k[j] V̂_j, in two
+    //    halves of the chunk's tokens.
+    if constexpr (kExtra) {
+      // The dot_with rows of this warp's outputs, into the q tile's second
+      // block of 64 keys (its first stages the outputs), 16 bytes a piece.
+      if (p.row_dots) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int r = 16 * warp + (lane + 32 * u) / 8, col = 8 * (lane % 8);
+          const bool live = r < lc;
+          const int64_t off = live ? ((bos + t0 + dir * r) * p.heads + h) * p.dv + e0 + col : 0;
+          CpAsync16(base + Layout::kQ + wgmma::Swizzled(C, r, kTileV + col),
+                    static_cast<const bf16*>(p.dot_with.ptr) + off, live);
+        }
+        CpAsyncCommit();
+      }
+    }
     if constexpr (!kNormalizer) row_scales();
+    if constexpr (kExtra) {
+      // Column col of row j lies at j·128 + (col/8 ⊕ j % 8)·16 + (col % 8)·2
+      // (opaque here, as S's stores above).
+      const int col = wgmma::Here(tid % kTileV), half = tid / kTileV;
+      const unsigned char* column = smem + Layout::kVhat + (col % 8) * 2;
+      float add = 0.0f;
+#pragma unroll 8
+      for (int j = half * C / 2; j < (half + 1) * C / 2; ++j) {
+        const float ek = p.extra_k ? rows[kExtraKRow * C + j] : 1.0f;
+        add += ek * __bfloat162float(*reinterpret_cast<const bf16*>(column + j * 128 +
+                                                                    ((col / 8) ^ (j % 8)) * 16));
+      }
+      extra_parts[tid] = add;
+    }
     if constexpr (kNormalizer) {
       if (norm) {
 #pragma unroll
@@ -426,6 +534,34 @@ __global__ void __launch_bounds__(kThreads, 2) ScanWgmmaKernel(const ScanParams 
     wgmma::Pin(sacc[1]);
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc_o[i] *= out_scale[i / 2 % 2];
+    if constexpr (kExtra) {
+      // Each output row's dot with its dot_with row, in fp32 before the
+      // rounding; the value tiles' parts add in row_dots.
+      if (p.row_dots) {
+        CpAsyncWait<0>();
+        __syncwarp();
+        float dot[2] = {0.0f, 0.0f};
+        const PairOffsets at = PairOffsets::Here(warp, lane);
+#pragma unroll
+        for (int i = 0; i < 32; i += 2) {
+          __nv_bfloat162 pair;
+          memcpy(&pair, base + Layout::kQ + wgmma::Swizzled(C, 0, kTileV) + at(i), 4);
+          const float2 d = __bfloat1622float2(pair);
+          dot[i / 2 % 2] += acc_o[i] * d.x + acc_o[i + 1] * d.y;
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float d = dot[half];
+          d += __shfl_xor_sync(kAll, d, 1);
+          d += __shfl_xor_sync(kAll, d, 2);
+          const int r = row0 + 8 * half;
+          if (t4 == 0 && r < lc)
+            atomicAdd(p.row_dots + seq * p.row_dots_seq_stride +
+                          static_cast<int64_t>(t0 + dir * r) * p.heads + h,
+                      d);
+        }
+      }
+    }
     if constexpr (kNormalizer) {
       // n's update (key tid: Σ_j w_j k_j), after the products: fewer
       // registers are live.
@@ -442,10 +578,10 @@ __global__ void __launch_bounds__(kThreads, 2) ScanWgmmaKernel(const ScanParams 
     //    next chunk's barrier) and copies them out by rows.
     if (stage_out) {
       void* staged = base + Layout::kQ;
+      const PairOffsets at = PairOffsets::Here(warp, lane);
 #pragma unroll
       for (int i = 0; i < 32; i += 2)
-        StorePair(staged, p.o_type, wgmma::Swizzled(C, row0 + 8 * (i / 2 % 2), s_col(i)) / 2,
-                  acc_o[i], acc_o[i + 1]);
+        StorePair(staged, p.o_type, at(i) / 2, acc_o[i], acc_o[i + 1]);
       __syncwarp();
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
@@ -492,9 +628,9 @@ bool Bf16Aligned(const Operand& op) {
   return op.type == ElemType::kBF16 && reinterpret_cast<uintptr_t>(op.ptr) % 16 == 0;
 }
 
-template <bool kGated, bool kNormalizer>
+template <Fields kFields>
 cudaError_t LaunchInstance(const ScanParams& p, cudaStream_t stream) {
-  auto* kernel = ScanWgmmaKernel<kGated, kNormalizer>;
+  auto* kernel = ScanWgmmaKernel<kFields>;
   const cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::kBytes);
   if (err != cudaSuccess) return err;
@@ -506,9 +642,12 @@ cudaError_t LaunchInstance(const ScanParams& p, cudaStream_t stream) {
 }  // namespace
 
 bool ScanWgmmaSupports(const ScanParams& p) {
+  const bool normalizer = p.norm != NormKind::kNone || p.n_init || p.n_final;
+  const bool extra_ok = !p.extra_key || !normalizer;
+  const bool dots_ok = p.row_dots == nullptr || (p.extra_key && Bf16Aligned(p.dot_with));
   return Bf16Aligned(p.q) && Bf16Aligned(p.k) && Bf16Aligned(p.v) && p.dk == kKeys && p.dv > 0 &&
-         p.dv % kTileV == 0 && !p.left_vector && p.right.ptr == nullptr && !p.extra_key &&
-         p.row_dots == nullptr && p.heads % p.v_head_share == 0;
+         p.dv % kTileV == 0 && !p.left_vector && p.right.ptr == nullptr && extra_ok && dots_ok &&
+         p.heads % p.v_head_share == 0;
 }
 
 bool WgmmaAvailable() {
@@ -521,7 +660,7 @@ bool WgmmaAvailable() {
   }
   if (major != 9 || minor != 0) return false;
   cudaFuncAttributes attributes;
-  if (cudaFuncGetAttributes(&attributes, ScanWgmmaKernel<false, false>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&attributes, ScanWgmmaKernel<Fields::kPlain>) != cudaSuccess) {
     cudaGetLastError();  // no image for this device: not an error of the launch to come
     return false;
   }
@@ -531,9 +670,10 @@ bool WgmmaAvailable() {
 cudaError_t LaunchScanWgmma(const ScanParams& p, cudaStream_t stream) {
   const bool gated = p.key_weight.ptr || p.row_weight.ptr || p.stabilize;
   const bool normalizer = p.norm != NormKind::kNone || p.n_init || p.n_final;
-  if (normalizer) return LaunchInstance<true, true>(p, stream);
-  if (gated) return LaunchInstance<true, false>(p, stream);
-  return LaunchInstance<false, false>(p, stream);
+  if (p.extra_key) return LaunchInstance<Fields::kExtraKey>(p, stream);
+  if (normalizer) return LaunchInstance<Fields::kNormalizer>(p, stream);
+  if (gated) return LaunchInstance<Fields::kGated>(p, stream);
+  return LaunchInstance<Fields::kPlain>(p, stream);
 }
 
 }  // namespace lair::kernels::cuda

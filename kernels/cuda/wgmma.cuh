@@ -57,6 +57,13 @@ __device__ __forceinline__ uint64_t Here(uint64_t desc) {
   return desc;
 }
 
+// An int the compiler must take as unknown where it is: what is formed from
+// it is formed there, not hoisted out of a loop into registers held across it.
+__device__ __forceinline__ int Here(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 // Orders this thread's generic-proxy shared-memory writes (stores, cp.async
 // data it waited for) before later async-proxy reads (wgmma operands).
 __device__ __forceinline__ void FenceSharedForAsync() {
