@@ -19,11 +19,11 @@
 // decode then runs N untimed and G timed steps of one token per sequence,
 // each feeding back the step's greedy tokens (Model::ForwardGreedy: the
 // argmax runs on the device; decode steps replay CUDA graphs unless
-// --no-graphs). A step is timed from a synchronized backend to its host
-// token ids. It also times the download of a [B, vocab] F32 tensor, what
-// a host sampler's logits would add to each step. It reports
-// B·G / (sum of the timed steps) in tokens/s, the mean and median step, and
-// the step's memory floor: the weights a forward reads whole
+// --no-graphs, and one sequence's run as the persistent decode kernel where
+// the model and backend have it unless --no-persistent). A step is timed from a synchronized
+// backend to its host token ids. It also times the download of a [B, vocab] F32 tensor, what a host
+// sampler's logits would add to each step. It reports B·G / (sum of the timed steps) in tokens/s,
+// the mean and median step, and the step's memory floor: the weights a forward reads whole
 // (ModelSize::forward_weight_bytes: an untied embedding table is left out,
 // a lookup reads only B rows of it) plus every slot's state read and written
 // (2 × BytesPerSlot × B), over the copy bandwidth measured in the same run
@@ -77,6 +77,7 @@ struct BenchModelFlags {
   std::string gemm = "fast";
   std::string scan_schedule = "auto";  // kernels::ScanSchedule
   bool no_graphs = false;              // decode only
+  bool no_persistent = false;          // decode only: LoadOptions::persistent_decode off
   bool keep_norm_weights = false;      // LoadOptions::fold_norm_weights off
   int batch = 1;
   int prompt_len = 0;
@@ -179,6 +180,7 @@ absl::StatusOr<Bench> Setup(const BenchModelFlags& f, int max_context) {
   LAIR_ASSIGN_OR_RETURN(b.backend, kernels::MakeBackend(f.device, backend_options));
   models::LoadOptions options;
   options.step_graphs = !f.no_graphs;
+  options.persistent_decode = !f.no_persistent;
   options.fold_norm_weights = !f.keep_norm_weights;
   options.weight_dtype = f.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   options.max_context = max_context;
@@ -301,16 +303,24 @@ absl::Status RunDecode(const BenchModelFlags& f) {
   Row("fraction of floor", Printed("%.3f", floor_seconds / median));
   Row("graphs", f.no_graphs ? "off (op by op)"
                             : "decode steps replay CUDA graphs (where the backend has them)");
+  const int64_t persistent_steps = b.model->persistent_decode_steps();
+  std::string persistent = "off";
+  if (persistent_steps > 0) {
+    persistent = Printed("%lld of the steps", static_cast<long long>(persistent_steps));
+  } else if (!f.no_persistent) {
+    persistent = "not taken: " + std::string(b.model->persistent_decode_status().message());
+  }
+  Row("persistent kernel", persistent);
   Row("norm weights", f.keep_norm_weights ? "kept" : "folded into the products");
   Row("host logits would add",
       Printed("%.3f ms per step (download of %.2f MB)", download_seconds * 1e3,
               static_cast<double>(device_logits.nbytes()) / 1e6));
   std::printf(
-      "lair bench decode: %s B=%d P=%d G=%d %s %s gemm=%s graphs=%s: %.1f tokens/s, %.3f ms/step "
-      "(median), %.3f of the memory floor\n",
+      "lair bench decode: %s B=%d P=%d G=%d %s %s gemm=%s graphs=%s persistent=%s: %.1f tokens/s, "
+      "%.3f ms/step (median), %.3f of the memory floor\n",
       b.model->family().c_str(), f.batch, f.prompt_len, f.gen_len, f.device.c_str(),
-      f.dtype.c_str(), f.gemm.c_str(), f.no_graphs ? "off" : "on", tokens_per_second, median * 1e3,
-      floor_seconds / median);
+      f.dtype.c_str(), f.gemm.c_str(), f.no_graphs ? "off" : "on",
+      persistent_steps > 0 ? "on" : "off", tokens_per_second, median * 1e3, floor_seconds / median);
   return absl::OkStatus();
 }
 
@@ -368,6 +378,9 @@ void AddCommand(CLI::App& app, bool decode) {
   cmd->add_option("--gemm", flags->gemm, "Matrix products: fast (tensor cores) or exact (fp32)")
       ->capture_default_str();
   if (decode) cmd->add_flag("--no-graphs", flags->no_graphs, "Run every decode step op by op");
+  if (decode)
+    cmd->add_flag("--no-persistent", flags->no_persistent,
+                  "Run one-sequence decode steps on the step graphs, not the persistent kernel");
   cmd->add_flag("--keep-norm-weights", flags->keep_norm_weights,
                 "Load the norms' weights as they are (no folding into the products)");
   cmd->add_option("--batch", flags->batch, "Sequences B")->capture_default_str();

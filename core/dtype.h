@@ -11,6 +11,10 @@ enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64 };
 
 // Bytes per element.
 size_t DTypeSize(DType dtype);
+// F32, BF16 or F16.
+inline bool IsFloat(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
 // BF16 or F16: the 16-bit floats that products and scans read and write.
 inline bool IsSixteenBitFloat(DType dtype) { return dtype == DType::kBF16 || dtype == DType::kF16; }
 // The safetensors spelling: "F32", "BF16", "F16", "I32", "I64".

@@ -114,4 +114,9 @@ absl::StatusOr<std::unique_ptr<StepGraph>> Backend::CaptureStep(
   return absl::UnimplementedError(absl::StrCat(Name(), " does not record steps"));
 }
 
+absl::StatusOr<std::unique_ptr<PersistentDecode>> Backend::MakePersistentDecode(
+    const PersistentDecodeModel& /*model*/) {
+  return absl::UnimplementedError(absl::StrCat(Name(), " has no persistent decode kernel"));
+}
+
 }  // namespace lair::kernels

@@ -22,6 +22,7 @@
 #include "core/tensor.h"
 #include "kernels/dense.h"
 #include "kernels/mixer.h"
+#include "kernels/persistent_decode.h"
 
 namespace lair::kernels {
 
@@ -113,6 +114,12 @@ class Backend {
   // Changes whenever memory a recorded step may use (arena, scratch, staging
   // buffer) moves: graphs recorded under another epoch must be taken again.
   virtual uint64_t memory_epoch() const { return 0; }
+  // A one-sequence decode step of `model` as one persistent kernel
+  // (kernels/persistent_decode.h), its weights laid out here once (a copy:
+  // the model's own stay for its other steps). Unimplemented where the
+  // backend has none or the model's shapes do not fit it.
+  virtual absl::StatusOr<std::unique_ptr<PersistentDecode>> MakePersistentDecode(
+      const PersistentDecodeModel& model);
 
   // --- Mixers (see kernels/mixer.h for the math and layouts) ---------------
   virtual absl::Status DecayForward(const SequenceBatch& batch, const DecayForwardArgs& args,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -51,13 +52,14 @@ class Decoder : public Model {
  public:
   Decoder(DecoderConfig config, std::unique_ptr<Params> params, DecoderSpec spec,
           kernels::Backend* backend, int max_context, bool step_graphs,
-          std::vector<int> folded_norms)
+          std::vector<int> folded_norms, bool persistent_decode)
       : config_(std::move(config)),
         params_(std::move(params)),
         spec_(std::move(spec)),
         backend_(backend),
         max_context_(max_context),
         step_graphs_(step_graphs),
+        persistent_wanted_(persistent_decode),
         folded_norms_(std::move(folded_norms)) {
     StateLayout layout;
     for (size_t i = 0; i < spec_.layers.size(); ++i) {
@@ -89,6 +91,8 @@ class Decoder : public Model {
     LAIR_ASSIGN_OR_RETURN(Tensor ids, backend_->Download(out.ids));
     return std::vector<int32_t>(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
   }
+  int64_t persistent_decode_steps() const override { return persistent_steps_; }
+  absl::Status persistent_decode_status() const override { return persistent_status_; }
   int recorded_step_graphs() const override {
     int count = 0;
     for (const auto& [size, entry] : decode_graphs_) count += entry.graph != nullptr;
@@ -136,6 +140,15 @@ class Decoder : public Model {
 
   absl::Status CheckBatch(const ForwardBatch& batch, const StatePool& pool) const;
 
+  // The model as the backend's persistent decode kernel takes it, or
+  // nullopt where a layer has no such form (or no MLP, or the head is
+  // soft-capped, or layers take extras).
+  std::optional<kernels::PersistentDecodeModel> PersistentModel() const;
+  // A one-sequence decode step through the persistent kernel; nullopt
+  // where the model or the backend has none (decided at the first call).
+  absl::StatusOr<std::optional<StepOutput>> PersistentStep(const Tensor& tokens, int slot,
+                                                           const StatePool& pool, bool greedy);
+
   // Embedding through the head for the batch in `ctx`; with `last_rows`
   // defined only those rows of the final hidden state reach the head.
   absl::StatusOr<Var> Run(Graph& g, StepContext ctx, const Tensor& tokens,
@@ -147,6 +160,11 @@ class Decoder : public Model {
   kernels::Backend* backend_;
   int max_context_;
   bool step_graphs_;
+  bool persistent_wanted_;
+  bool persistent_tried_ = false;
+  std::unique_ptr<kernels::PersistentDecode> persistent_;
+  absl::Status persistent_status_;  // why persistent_ is null once tried
+  int64_t persistent_steps_ = 0;
   bool has_kv_cache_ = false;  // a state sized by max_context (graph replays skip its bound check)
   std::vector<int> folded_norms_;             // FoldNormWeights' result, or empty
   std::vector<int> state_base_;               // per layer: index of its first state tensor
@@ -273,6 +291,79 @@ absl::StatusOr<Decoder::StepOutput> Decoder::RunOps(const StepContext& ctx, cons
   return out;
 }
 
+std::optional<kernels::PersistentDecodeModel> Decoder::PersistentModel() const {
+  if (spec_.logit_soft_cap > 0 || spec_.layer_extras || spec_.layers.empty()) return std::nullopt;
+  const std::vector<Tensor>& t = params_->tensors();
+  const auto tensor = [&](int id) { return id >= 0 ? t[id] : Tensor(); };
+  // A norm's weight, undefined where FoldNormWeights folded it into `into`.
+  const auto norm = [&](int id, int into) {
+    return !folded_norms_.empty() && folded_norms_[into] == id ? Tensor() : tensor(id);
+  };
+  kernels::PersistentDecodeModel m;
+  m.block_eps = static_cast<float>(config_.norm_eps);
+  m.embedding = tensor(spec_.embedding);
+  for (const LayerSpec& layer : spec_.layers) {
+    const std::optional<VectorDecayDecodeForm> f = layer.mixer->PersistentDecodeForm();
+    if (!f || layer.mlp_norm < 0) return std::nullopt;
+    if (m.layers.empty()) {
+      m.heads = f->heads, m.dk = f->dk, m.dv = f->dv, m.rank = f->rank;
+      m.gate_scale = f->gate_scale, m.head_eps = f->head_eps;
+    } else if (f->heads != m.heads || f->dk != m.dk || f->dv != m.dv || f->rank != m.rank ||
+               f->gate_scale != m.gate_scale || f->head_eps != m.head_eps) {
+      return std::nullopt;
+    }
+    kernels::PersistentDecodeLayer l;
+    l.mixer_norm = norm(layer.mixer_norm, f->q);
+    l.q = tensor(f->q), l.k = tensor(f->k), l.v = tensor(f->v), l.g = tensor(f->g);
+    l.gate_in = tensor(f->gate_in), l.gate_out = tensor(f->gate_out);
+    l.gate_bias = tensor(f->gate_bias), l.head_norm = tensor(f->head_norm), l.o = tensor(f->o);
+    l.mlp_norm = norm(layer.mlp_norm, layer.mlp_gate);
+    l.up_gate = tensor(layer.mlp_gate), l.up = tensor(layer.mlp_up),
+    l.down = tensor(layer.mlp_down);
+    m.layers.push_back(std::move(l));
+  }
+  m.final_norm = norm(spec_.final_norm, spec_.lm_head);
+  m.lm_head = tensor(spec_.lm_head);
+  return m;
+}
+
+absl::StatusOr<std::optional<Decoder::StepOutput>> Decoder::PersistentStep(const Tensor& tokens,
+                                                                           int slot,
+                                                                           const StatePool& pool,
+                                                                           bool greedy) {
+  if (!persistent_wanted_) return std::nullopt;
+  if (!persistent_tried_) {
+    persistent_tried_ = true;
+    const std::optional<kernels::PersistentDecodeModel> m = PersistentModel();
+    if (!m) {
+      persistent_status_ = absl::UnimplementedError(
+          "persistent decode: a layer is not GLA-shaped with an MLP, or the head is soft-capped");
+      return std::nullopt;
+    }
+    absl::StatusOr<std::unique_ptr<kernels::PersistentDecode>> made =
+        backend_->MakePersistentDecode(*m);
+    // Unimplemented: the backend has no such kernel, or not for these
+    // shapes; the step graphs serve.
+    if (!made.ok()) {
+      persistent_status_ = made.status();
+      if (!absl::IsUnimplemented(made.status())) return made.status();
+      return std::nullopt;
+    }
+    persistent_ = std::move(*made);
+  }
+  if (!persistent_) return std::nullopt;
+  std::vector<Tensor> states;
+  for (int base : state_base_) states.push_back(pool.tensor(base));
+  StepOutput out;
+  LAIR_ASSIGN_OR_RETURN(out.logits, persistent_->Step(tokens, slot, states));
+  if (greedy) {
+    LAIR_ASSIGN_OR_RETURN(out.ids, backend_->AllocateScratch(DType::kI32, {1}));
+    LAIR_RETURN_IF_ERROR(backend_->ArgmaxRows(out.logits, out.ids));
+  }
+  ++persistent_steps_;
+  return out;
+}
+
 absl::StatusOr<Decoder::StepOutput> Decoder::Step(const ForwardBatch& batch, StatePool& pool,
                                                   bool greedy) {
   LAIR_RETURN_IF_ERROR(CheckBatch(batch, pool));
@@ -312,13 +403,16 @@ absl::StatusOr<Decoder::StepOutput> Decoder::Step(const ForwardBatch& batch, Sta
   const Tensor& tokens = staged[0];
   const Tensor last_rows = batch.all_logits ? Tensor() : staged[4];
 
-  // A decode step: replay its graph, record one, or run op by op.
-  const bool decode =
-      step_graphs_ && !batch.all_logits && batch.logit_rows.empty() && max_seqlen == 1;
-  bool in_context = true;
-  for (int s = 0; has_kv_cache_ && s < seqs; ++s)
-    in_context &= batch.start_positions[s] < max_context_;
-  if (!decode || !in_context) return RunOps(ctx, tokens, last_rows, greedy);
+  // A decode step: the persistent kernel (one sequence), else replay its
+  // graph, record one, or run op by op.
+  bool decode = !batch.all_logits && batch.logit_rows.empty() && max_seqlen == 1;
+  for (int s = 0; has_kv_cache_ && s < seqs; ++s) decode &= batch.start_positions[s] < max_context_;
+  if (decode && seqs == 1) {
+    LAIR_ASSIGN_OR_RETURN(std::optional<StepOutput> out,
+                          PersistentStep(tokens, batch.slots[0], pool, greedy));
+    if (out) return *std::move(out);
+  }
+  if (!decode || !step_graphs_) return RunOps(ctx, tokens, last_rows, greedy);
   DecodeGraph& entry = decode_graphs_[seqs];
   const uint64_t epoch = backend_->memory_epoch();
   const void* state = pool.layout().tensors.empty() ? nullptr : pool.tensor(0).raw();
@@ -416,9 +510,10 @@ absl::StatusOr<LossAndGradients> Decoder::LossAndGrad(const std::vector<int32_t>
 
 std::unique_ptr<Model> MakeDecoder(const DecoderConfig& config, std::unique_ptr<Params> params,
                                    DecoderSpec spec, kernels::Backend* backend, int max_context,
-                                   bool step_graphs, std::vector<int> folded_norms) {
+                                   bool step_graphs, std::vector<int> folded_norms,
+                                   bool persistent_decode) {
   return std::make_unique<Decoder>(config, std::move(params), std::move(spec), backend, max_context,
-                                   step_graphs, std::move(folded_norms));
+                                   step_graphs, std::move(folded_norms), persistent_decode);
 }
 
 absl::StatusOr<std::vector<int>> FoldNormWeights(const DecoderSpec& spec, Params& params) {

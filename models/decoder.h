@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -43,6 +44,17 @@ struct StepContext {
   const Tensor& State(int i) const { return pool->tensor(state_base + i); }
 };
 
+// A GLA-shaped mixer for kernels::PersistentDecodeModel: parameter ids
+// (-1: none) and its shape.
+struct VectorDecayDecodeForm {
+  int q = -1, k = -1, v = -1, g = -1;               // g: the output gate's g_proj
+  int gate_in = -1, gate_out = -1, gate_bias = -1;  // gk_proj.0, gk_proj.1 and its bias
+  int head_norm = -1, o = -1;
+  int heads = 0, dk = 0, dv = 0, rank = 0;
+  float gate_scale = 1.0f;
+  float head_eps = 1e-6f;
+};
+
 // A layer's token mixer: the only per-family computation.
 class Mixer {
  public:
@@ -60,6 +72,9 @@ class Mixer {
   // and are read nowhere else: FoldNormWeights may fold the norm's weight
   // into their columns. Empty: the layer keeps its norm's weight.
   virtual std::vector<int> InputProjections() const { return {}; }
+  // The mixer's parameters as a backend's persistent decode kernel takes
+  // them (kernels/persistent_decode.h), where it is GLA-shaped; else nullopt.
+  virtual std::optional<VectorDecayDecodeForm> PersistentDecodeForm() const { return std::nullopt; }
 };
 
 // Checkpoint names of the skeleton's weights ("{i}" is the layer index).
@@ -116,11 +131,18 @@ absl::StatusOr<DecoderSpec> DeclareSkeleton(const DecoderConfig& config, const S
 // one recording per distinct B, and memory per graph is only its nodes
 // (activations live in the shared arena).
 //
+// With `persistent_decode`, a decode step of one sequence runs as the
+// backend's persistent decode kernel instead (Backend::MakePersistentDecode,
+// built at the first such step), where every layer's mixer has a
+// PersistentDecodeForm and an MLP and the backend has the kernel; otherwise
+// as above. The kernel holds its own copy of the weights.
+//
 // `folded_norms` (FoldNormWeights; empty: none) says which weights carry a
 // norm's weight; such a model runs inference only (LossAndGrad refuses).
 std::unique_ptr<Model> MakeDecoder(const DecoderConfig& config, std::unique_ptr<Params> params,
                                    DecoderSpec spec, kernels::Backend* backend, int max_context,
-                                   bool step_graphs, std::vector<int> folded_norms = {});
+                                   bool step_graphs, std::vector<int> folded_norms = {},
+                                   bool persistent_decode = false);
 
 // Folds the weight of each block's input norm into the products that read
 // it (a layer's MLP gate and up, its mixer's InputProjections) and the

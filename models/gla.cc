@@ -3,6 +3,7 @@
 //   S_t = diag(exp gk_t) S_{t-1} + k_t v_tᵀ,  o_t = K^-0.5 · S_tᵀ q_t,
 // then a per-head RMSNorm gated by swish(g_proj(x)) and o_proj.
 #include <cmath>
+#include <optional>
 
 #include "models/families.h"
 
@@ -61,6 +62,20 @@ class GlaMixer : public Mixer {
     }
     LAIR_ASSIGN_OR_RETURN(Var o, g.Decay(ctx.batch, in, ctx.State(0), ctx.form));
     return g.Linear(output_.Input(g, qkv.size() > 4 ? qkv[4] : Var{}, o), {o_}, x.x);
+  }
+
+  std::optional<VectorDecayDecodeForm> PersistentDecodeForm() const override {
+    if (qkv_.use_conv || !config_.feature_map.empty() || config_.num_kv_heads != config_.num_heads)
+      return std::nullopt;
+    VectorDecayDecodeForm f;
+    f.q = qkv_.proj[0], f.k = qkv_.proj[1], f.v = qkv_.proj[2], f.g = output_.gate;
+    f.gate_in = gk0_, f.gate_out = gk1_, f.gate_bias = gk1_bias_;
+    f.head_norm = output_.norm, f.o = o_;
+    f.heads = config_.num_heads, f.dk = config_.head_k_dim, f.dv = config_.head_v_dim;
+    f.rank = config_.gate_low_rank_dim;
+    f.gate_scale = 1.0f / static_cast<float>(config_.gate_logit_normalizer);
+    f.head_eps = output_.eps;
+    return f;
   }
 
   std::vector<int> InputProjections() const override {

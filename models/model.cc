@@ -24,7 +24,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
     LAIR_ASSIGN_OR_RETURN(folded_norms, FoldNormWeights(spec, *params));
   }
   return MakeDecoder(BaseConfig(config), std::move(params), std::move(spec), backend,
-                     options.max_context, options.step_graphs, std::move(folded_norms));
+                     options.max_context, options.step_graphs, std::move(folded_norms),
+                     options.persistent_decode);
 }
 
 absl::StatusOr<std::vector<int32_t>> Model::ForwardGreedy(const ForwardBatch& batch,

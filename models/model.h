@@ -33,6 +33,9 @@ struct LoadOptions {
   // decoder.h FoldNormWeights): inference only, as the checkpoint's weights
   // are then no longer the model's parameters (LossAndGrad refuses).
   bool fold_norm_weights = false;
+  // Run a decode step of one sequence as the backend's persistent decode
+  // kernel where it has one for the model (models/decoder.h).
+  bool persistent_decode = true;
 };
 
 // One engine step's worth of tokens: several sequences, each a contiguous run
@@ -100,6 +103,14 @@ class Model {
   // How many decode batch sizes currently replay a recorded step graph
   // (LoadOptions::step_graphs); 0 where the backend records none.
   virtual int recorded_step_graphs() const { return 0; }
+  // Decode steps run so far by the backend's persistent decode kernel
+  // (LoadOptions::persistent_decode), and why it runs none: OK while it
+  // does or has not been tried (no one-sequence step yet), else the reason
+  // (Unimplemented: the backend or the model has no such form).
+  virtual int64_t persistent_decode_steps() const { return 0; }
+  virtual absl::Status persistent_decode_status() const {
+    return absl::UnimplementedError("this model has no persistent decode step");
+  }
 
   // Loss and every parameter's gradient for `tokens` (positions 0..T-2
   // predict tokens 1..T-1), from a zero state.

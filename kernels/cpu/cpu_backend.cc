@@ -13,8 +13,6 @@
 namespace lair::kernels::cpu {
 namespace {
 
-bool IsFloat(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
-
 absl::Status CheckHost(const Tensor& t, std::string_view name) {
   if (!t.defined())
     return absl::InvalidArgumentError(absl::StrCat(std::string(name), ": missing tensor"));

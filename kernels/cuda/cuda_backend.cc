@@ -18,6 +18,7 @@
 #include "kernels/cuda/argmax.h"
 #include "kernels/cuda/dense_ops.h"
 #include "kernels/cuda/mixer_backward.h"
+#include "kernels/cuda/persistent_decode_program.h"
 #include "kernels/cuda/scan.h"
 #include "kernels/cuda/scan_mma.h"
 #include "kernels/cuda/scan_segments.h"
@@ -50,8 +51,6 @@ struct StreamHolder {
     }
   }
 };
-
-bool IsFloat(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
 
 ElemType Elem(DType d) {
   switch (d) {
@@ -364,6 +363,15 @@ class CudaBackend : public Backend {
     return CudaStatus(cuda::LaunchArgmaxRows(logits.f32(), logits.dim(0), logits.dim(1),
                                              ids.data<int32_t>(), s()),
                       "argmax");
+  }
+
+  // The kernel rounds every product's input to bf16, as the fast mode's
+  // products do; the exact mode keeps the op-by-op step.
+  absl::StatusOr<std::unique_ptr<PersistentDecode>> MakePersistentDecode(
+      const PersistentDecodeModel& model) override {
+    if (!tensor_core_scans_)
+      return absl::UnimplementedError("persistent decode: the exact GEMM mode runs steps op by op");
+    return cuda::MakeCudaPersistentDecode(this, s(), model);
   }
 
   absl::StatusOr<std::unique_ptr<StepGraph>> CaptureStep(

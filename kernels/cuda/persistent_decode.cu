@@ -1,0 +1,517 @@
+// The persistent decode kernel (persistent_decode.h). A CTA is eight
+// consumer warps and one producer warp:
+//   producer: for each stage-sized chunk j of the CTA's weight stream, wait
+//     until ring stage j % S is free, then bulk-copy the chunk into it
+//     (completing on the stage's `full` mbarrier);
+//   consumers: for each phase, form the product's input in shared memory
+//     (bf16), take the CTA's tiles (warp w those with stream index ≡ w mod
+//     8), sum each tile's m16n8k16 products into its rows, free the tile's
+//     stage (`empty`, four tiles a stage), then finish the rows and meet the
+//     other CTAs at a grid barrier.
+// A layer's phases, with x the residual stream (fp32, in global memory):
+//   1. y = W_in · rms(x)                (q, k, v, g, z = gk_proj.0's output)
+//   2. the state step, 16 value columns of one head a CTA, its key a thread:
+//        gk = scale · log σ(W_gk z + b),  S ← diag(e^{gk}) S + k vᵀ,
+//        o = S ᵀ(q_scale · q),  head_sq[h] += Σ o²
+//   3. x += W_o · (o · rms_h · w_head · swish(g))
+//   4. h = silu(W_gate · rms(x)) · (W_up · rms(x))
+//   5. x += W_down · h
+// then logits = W_head · rms(x). Cross-CTA data is read through L2 (ld.cg).
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/async_copy.cuh"
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/mma_fragments.cuh"
+#include "kernels/cuda/persistent_decode.h"
+
+namespace lair::kernels::cuda {
+namespace {
+
+constexpr int kConsumerWarps = 8;
+constexpr int kConsumers = kConsumerWarps * 32;
+constexpr int kThreads = kConsumers + 32;  // + the producer warp
+constexpr int kTilesPerStage = 4;
+constexpr int kStageBytes = kTilesPerStage * kDecodeTileBytes;
+constexpr int kStages = 6;
+constexpr int kStepColumns = 16;  // value columns of a CTA's share of the state step
+constexpr int kMaxRank = 16;      // gk_proj's low rank (fla's default)
+// A product's input is read as float4s, all issued before any use (one
+// round trip to L2): at most kQuads a thread of x or of the gated head
+// output, kMlpQuads of h.
+constexpr int kQuads = 2;
+constexpr int kMlpQuads = 6;
+constexpr int kMaxInput = 4 * kQuads * kConsumers;
+constexpr int kMaxMlp = 4 * kMlpQuads * kConsumers;
+
+// Shared memory beyond the ring.
+struct Smem {
+  uint64_t full[kStages], empty[kStages];
+  float warp_sums[kConsumerWarps][kStepColumns];
+  float z[kMaxRank];  // the state step's low-rank gate input
+};
+
+// The device code exists for sm_90 alone (bulk copies and mbarriers); other
+// architectures compile an empty kernel that no launch reaches.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr unsigned kAll = 0xffffffffu;
+
+// --- mbarriers and bulk copies (sm_90) ---------------------------------------
+
+__device__ __forceinline__ void MbarInit(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(count));
+}
+__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
+}
+__device__ __forceinline__ void MbarExpectBytes(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void MbarWait(uint64_t* bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(SmemAddr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// `bytes` (a multiple of 16) from global src to shared dst, counted on bar.
+__device__ __forceinline__ void BulkCopy(void* dst, const void* src, unsigned bytes,
+                                         uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(SmemAddr(dst)),
+      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
+      : "memory");
+}
+
+// The consumers' own barrier (named barrier 1; the producer never joins).
+__device__ __forceinline__ void ConsumerSync() {
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+}
+
+__device__ __forceinline__ unsigned LoadAcquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ float Silu(float x) { return x / (1.0f + __expf(-x)); }
+
+class Consumer {
+ public:
+  __device__ Consumer(const PersistentDecodeParams& p, unsigned char* ring, Smem* s,
+                      __nv_bfloat16* input, float* rows)
+      : p_(p), d_(p.dims), ring_(ring), s_(s), input_(input), rows_(rows) {}
+
+  __device__ void Run() {
+    Embed();
+    for (int l = 0; l < d_.layers; ++l) {
+      const PersistentDecodeLayerRefs layer = p_.layer[l];
+      float state[kStepColumns];
+      const bool stepping = LoadState(layer, state);
+      NormedInput(layer.mixer_norm);
+      Product(DecodePhase::kMixerIn);
+      float scale = InputScale();
+      for (int r = tid_; r < rows_here_; r += kConsumers) p_.y[row0_ + r] = scale * rows_[r];
+      GridSync();
+      if (stepping) Step(layer, l, state);
+      GridSync();
+      GatedHeadInput(layer, l);
+      Product(DecodePhase::kMixerOut);
+      AddToResidual();
+      GridSync();
+      NormedInput(layer.mlp_norm);
+      Product(DecodePhase::kMlpIn);
+      scale = InputScale();
+      for (int r = tid_; r < rows_here_ / 2; r += kConsumers) {
+        const int group = r / 8, pair = r % 8;
+        p_.h[row0_ / 2 + r] =
+            Silu(scale * rows_[16 * group + pair]) * (scale * rows_[16 * group + 8 + pair]);
+      }
+      GridSync();
+      MlpInput();
+      Product(DecodePhase::kMlpOut);
+      AddToResidual();
+      GridSync();
+    }
+    NormedInput(p_.final_norm);
+    Product(DecodePhase::kHead);
+    const float scale = InputScale();
+    for (int r = tid_; r < rows_here_; r += kConsumers) p_.logits[row0_ + r] = scale * rows_[r];
+  }
+
+ private:
+  // x = the token's embedding row, this CTA's share; CTA 0 zeroes head_sq.
+  __device__ void Embed() {
+    const int token = *p_.token, c = blockIdx.x;
+    const int begin = GroupBegin(d_.hidden, p_.ctas, c),
+              end = GroupBegin(d_.hidden, p_.ctas, c + 1);
+    const float* row = p_.embedding + static_cast<int64_t>(token) * d_.hidden;
+    for (int j = begin + tid_; j < end; j += kConsumers) p_.x[j] = row[j];
+    if (c == 0)
+      for (int j = tid_; j < d_.layers * d_.heads; j += kConsumers) p_.head_sq[j] = 0.0f;
+    GridSync();
+  }
+
+  // The state rows this thread updates (key tid of 16 columns of one head),
+  // read before the mixer's product so their loads fly under it.
+  __device__ bool LoadState(const PersistentDecodeLayerRefs& layer, float (&state)[kStepColumns]) {
+    const int unit = blockIdx.x, units = d_.heads * d_.dv / kStepColumns;
+    if (unit >= units) return false;
+    const float4* src = reinterpret_cast<const float4*>(StateRow(layer, unit));
+#pragma unroll
+    for (int q = 0; q < kStepColumns / 4; ++q) {
+      const float4 v = __ldcs(src + q);
+      state[4 * q] = v.x, state[4 * q + 1] = v.y, state[4 * q + 2] = v.z, state[4 * q + 3] = v.w;
+    }
+    return true;
+  }
+  __device__ float* StateRow(const PersistentDecodeLayerRefs& layer, int unit) const {
+    const int per_head = d_.dv / kStepColumns, h = unit / per_head;
+    const int col0 = (unit % per_head) * kStepColumns;
+    return layer.state + p_.slot * p_.state_slot_stride +
+           (static_cast<int64_t>(h) * d_.dk + tid_) * d_.dv + col0;
+  }
+
+  __device__ void Step(const PersistentDecodeLayerRefs& layer, int l,
+                       float (&state)[kStepColumns]) {
+    const int unit = blockIdx.x, per_head = d_.dv / kStepColumns, h = unit / per_head;
+    const int col0 = (unit % per_head) * kStepColumns, key = h * d_.dk + tid_;
+    const int hk = d_.heads * d_.dk, hv = d_.heads * d_.dv;
+    // Every load first (L2 round trips overlap): q, k, this CTA's v, the
+    // gate input z (to shared memory), the key's gate row and bias.
+    const float* y = p_.y;
+    const float q = p_.q_scale * __ldcg(y + key), k = __ldcg(y + hk + key);
+    const float* z = y + 2 * hk + (d_.output_gate ? 2 : 1) * hv;
+    if (tid_ < d_.rank) s_->z[tid_] = __ldcg(z + tid_);
+    float v[kStepColumns];
+    const float4* v4 = reinterpret_cast<const float4*>(y + 2 * hk + h * d_.dv + col0);
+#pragma unroll
+    for (int c = 0; c < kStepColumns / 4; ++c) {
+      const float4 x = __ldcg(v4 + c);
+      v[4 * c] = x.x, v[4 * c + 1] = x.y, v[4 * c + 2] = x.z, v[4 * c + 3] = x.w;
+    }
+    const float4* w =
+        reinterpret_cast<const float4*>(layer.gate + static_cast<int64_t>(key) * d_.rank);
+    float4 wr[kMaxRank / 4];
+#pragma unroll
+    for (int r = 0; r < kMaxRank / 4; ++r)
+      if (4 * r < d_.rank) wr[r] = w[r];
+    float logit = layer.gate[static_cast<int64_t>(hk) * d_.rank + key];
+    ConsumerSync();  // z in shared memory
+#pragma unroll
+    for (int r = 0; r < kMaxRank / 4; ++r)
+      if (4 * r < d_.rank)
+        logit += s_->z[4 * r] * wr[r].x + s_->z[4 * r + 1] * wr[r].y + s_->z[4 * r + 2] * wr[r].z +
+                 s_->z[4 * r + 3] * wr[r].w;
+    // The key's log decay from the low-rank input.
+    const float decay = __expf(p_.gate_scale * LogSigmoid(logit));
+    float part[kStepColumns];
+#pragma unroll
+    for (int j = 0; j < kStepColumns; ++j) {
+      state[j] = decay * state[j] + k * v[j];
+      part[j] = state[j] * q;
+    }
+    float4* dst = reinterpret_cast<float4*>(StateRow(layer, unit));
+#pragma unroll
+    for (int c = 0; c < kStepColumns / 4; ++c)
+      __stcs(dst + c,
+             make_float4(state[4 * c], state[4 * c + 1], state[4 * c + 2], state[4 * c + 3]));
+      // o = Σ over the keys (the CTA's threads): warps, then their sums.
+#pragma unroll
+    for (int j = 0; j < kStepColumns; ++j) {
+      float s = part[j];
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(kAll, s, off);
+      if (lane_ == 0) s_->warp_sums[warp_][j] = s;
+    }
+    ConsumerSync();
+    if (warp_ == 0) {
+      float o = 0.0f;
+      if (lane_ < kStepColumns) {
+        for (int wi = 0; wi < kConsumerWarps; ++wi) o += s_->warp_sums[wi][lane_];
+        p_.o[h * d_.dv + col0 + lane_] = o;
+      }
+      float sq = o * o;
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) sq += __shfl_xor_sync(kAll, sq, off);
+      if (lane_ == 0) atomicAdd(p_.head_sq + l * d_.heads + h, sq);
+    }
+  }
+
+  // o_proj's input: o · rms of its head · the head norm's weight · swish(g).
+  __device__ void GatedHeadInput(const PersistentDecodeLayerRefs& layer, int l) {
+    const int hv = d_.heads * d_.dv;
+    const float4* o = reinterpret_cast<const float4*>(p_.o);
+    const float4* g = reinterpret_cast<const float4*>(p_.y + 2 * d_.heads * d_.dk + hv);
+    float4 ov[kQuads], gv[kQuads];
+    float sq[kQuads];
+#pragma unroll
+    for (int i = 0; i < kQuads; ++i) {
+      const int q = tid_ + i * kConsumers;
+      if (4 * q < hv) {
+        ov[i] = __ldcg(o + q);
+        if (d_.output_gate) gv[i] = __ldcg(g + q);
+        sq[i] = __ldcg(p_.head_sq + l * d_.heads + 4 * q / d_.dv);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kQuads; ++i) {
+      const int q = tid_ + i * kConsumers;
+      if (4 * q < hv) {
+        const float scale = rsqrtf(sq[i] / d_.dv + p_.head_eps);
+        float v[4] = {ov[i].x * scale, ov[i].y * scale, ov[i].z * scale, ov[i].w * scale};
+        if (layer.head_norm) {
+          const float4 w = *reinterpret_cast<const float4*>(layer.head_norm + 4 * q % d_.dv);
+          v[0] *= w.x, v[1] *= w.y, v[2] *= w.z, v[3] *= w.w;
+        }
+        if (d_.output_gate)
+          v[0] *= Silu(gv[i].x), v[1] *= Silu(gv[i].y), v[2] *= Silu(gv[i].z),
+              v[3] *= Silu(gv[i].w);
+        StoreInput(q, v);
+      }
+    }
+  }
+
+  // input = x · weight (weight null: folded into the product), one read of
+  // x; its 1/rms, the same for every row, scales the product's rows after
+  // (InputScale): the warps' sums of squares wait in warp_sums.
+  __device__ void NormedInput(const float* weight) {
+    const float4* x = reinterpret_cast<const float4*>(p_.x);
+    float4 xv[kQuads];
+#pragma unroll
+    for (int i = 0; i < kQuads; ++i) {
+      const int q = tid_ + i * kConsumers;
+      if (4 * q < d_.hidden) xv[i] = __ldcg(x + q);
+    }
+    float sq = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kQuads; ++i) {
+      const int q = tid_ + i * kConsumers;
+      if (4 * q < d_.hidden) {
+        float v[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
+        sq += v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
+        if (weight) {
+          const float4 w = *reinterpret_cast<const float4*>(weight + 4 * q);
+          v[0] *= w.x, v[1] *= w.y, v[2] *= w.z, v[3] *= w.w;
+        }
+        StoreInput(q, v);
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sq += __shfl_xor_sync(kAll, sq, off);
+    if (lane_ == 0) s_->warp_sums[warp_][0] = sq;
+  }
+
+  // input = h, the MLP's silu(gate)·up.
+  __device__ void MlpInput() {
+    const float4* h = reinterpret_cast<const float4*>(p_.h);
+    float4 hv[kMlpQuads];
+#pragma unroll
+    for (int i = 0; i < kMlpQuads; ++i) {
+      const int q = tid_ + i * kConsumers;
+      if (4 * q < d_.ffn) hv[i] = __ldcg(h + q);
+    }
+#pragma unroll
+    for (int i = 0; i < kMlpQuads; ++i) {
+      const int q = tid_ + i * kConsumers;
+      if (4 * q < d_.ffn) {
+        const float v[4] = {hv[i].x, hv[i].y, hv[i].z, hv[i].w};
+        StoreInput(q, v);
+      }
+    }
+  }
+
+  // Input elements 4q..4q+3, rounded to bf16.
+  __device__ void StoreInput(int q, const float (&v)[4]) {
+    uint2 packed;
+    packed.x = PackBf16(v[0], v[1]), packed.y = PackBf16(v[2], v[3]);
+    *reinterpret_cast<uint2*>(input_ + 4 * q) = packed;
+  }
+
+  // rsqrt(mean(x²) + eps) of the last NormedInput (after the product's sync).
+  __device__ float InputScale() const {
+    float total = 0.0f;
+#pragma unroll
+    for (int wi = 0; wi < kConsumerWarps; ++wi) total += s_->warp_sums[wi][0];
+    return rsqrtf(total / d_.hidden + p_.block_eps);
+  }
+
+  // rows_[r] = row r of this CTA's groups of `phase` times the input (which
+  // the consumers have just formed); sets row0_ and rows_here_.
+  __device__ void Product(DecodePhase phase) {
+    const int groups = d_.Groups(phase), c = blockIdx.x;
+    const int g0 = GroupBegin(groups, p_.ctas, c), mine = GroupBegin(groups, p_.ctas, c + 1) - g0;
+    row0_ = kDecodeTileRows * g0;
+    rows_here_ = kDecodeTileRows * mine;
+    for (int r = tid_; r < rows_here_; r += kConsumers) rows_[r] = 0.0f;
+    ConsumerSync();  // the input formed, the rows zeroed
+    const int tiles = mine * (d_.Cols(phase) / kDecodeTileCols);
+    const int g = lane_ / 4, t4 = lane_ % 4;
+    const uint32_t* input = reinterpret_cast<const uint32_t*>(input_);
+    for (int t = (warp_ - tile_ % kConsumerWarps + kConsumerWarps) % kConsumerWarps; t < tiles;
+         t += kConsumerWarps) {
+      const int64_t index = tile_ + t, stage = index / kTilesPerStage;
+      const int slot = static_cast<int>(stage % kStages);
+      MbarWait(&s_->full[slot], static_cast<unsigned>(stage / kStages) & 1u);
+      const unsigned char* tile =
+          ring_ + slot * kStageBytes + (index % kTilesPerStage) * kDecodeTileBytes;
+      const int block = t / mine, group = t % mine;
+      // Two accumulators halve the chain of dependent products.
+      float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll 8
+      for (int step = 0; step < kDecodeTileCols / 16; ++step) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(tile + step * 512 + lane_ * 16);
+        const uint32_t a[4] = {raw.x, raw.y, raw.z, raw.w};
+        // x is the B operand's column 0 (the lanes of g = 0); the rest are 0.
+        uint32_t b0 = 0, b1 = 0;
+        if (g == 0) {
+          const int k = block * kDecodeTileCols + step * 16 + 2 * t4;
+          b0 = input[k / 2], b1 = input[k / 2 + 4];
+        }
+        Mma(acc[step % 2], a, b0, b1);
+      }
+      __syncwarp();
+      if (lane_ == 0) MbarArrive(&s_->empty[slot]);
+      if (t4 == 0) {
+        atomicAdd(rows_ + kDecodeTileRows * group + g, acc[0][0] + acc[1][0]);
+        atomicAdd(rows_ + kDecodeTileRows * group + g + 8, acc[0][2] + acc[1][2]);
+      }
+    }
+    tile_ += tiles;
+    ConsumerSync();  // every tile summed into rows_
+  }
+
+  // x[row] += rows_[row] for this CTA's rows of an output product.
+  __device__ void AddToResidual() {
+    for (int r = tid_; r < rows_here_; r += kConsumers)
+      p_.x[row0_ + r] = __ldcg(p_.x + row0_ + r) + rows_[r];
+  }
+
+  // Every CTA's consumers past their writes before any reads on.
+  __device__ void GridSync() {
+    ConsumerSync();
+    if (tid_ == 0) {
+      ++barriers_;
+      // Release: the CTA's writes, ordered before this by the sync above.
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p_.arrivals) : "memory");
+      const unsigned target = barriers_ * static_cast<unsigned>(p_.ctas);
+      while (LoadAcquire(p_.arrivals) < target) {
+      }
+    }
+    ConsumerSync();
+  }
+
+  const PersistentDecodeParams& p_;
+  const PersistentDecodeDims& d_;
+  unsigned char* ring_;
+  Smem* s_;
+  __nv_bfloat16* input_;  // the product's input, bf16 [its k]
+  float* rows_;           // this CTA's rows of the current product
+  const int tid_ = static_cast<int>(threadIdx.x), warp_ = tid_ / 32, lane_ = tid_ % 32;
+  int64_t tile_ = 0;  // this CTA's tiles taken so far: the stream's position
+  int row0_ = 0, rows_here_ = 0;
+  unsigned barriers_ = 0;  // grid barriers passed (thread 0's count)
+};
+
+__device__ void Produce(const PersistentDecodeParams& p, unsigned char* ring, Smem* s) {
+  const int64_t begin = p.stream_offsets[blockIdx.x],
+                bytes = p.stream_offsets[blockIdx.x + 1] - begin;
+  const int64_t chunks = (bytes + kStageBytes - 1) / kStageBytes;
+  for (int64_t j = 0; j < chunks; ++j) {
+    const int slot = static_cast<int>(j % kStages);
+    if (j >= kStages) MbarWait(&s->empty[slot], static_cast<unsigned>(j / kStages - 1) & 1u);
+    const int64_t left = bytes - j * kStageBytes;
+    const unsigned n = static_cast<unsigned>(left < kStageBytes ? left : kStageBytes);
+    MbarExpectBytes(&s->full[slot], n);
+    BulkCopy(ring + slot * kStageBytes, p.stream + begin + j * kStageBytes, n, &s->full[slot]);
+  }
+}
+
+#endif  // __CUDA_ARCH__ >= 900
+
+// Dynamic shared memory: the ring, Smem, the input (bf16, the widest k) and
+// the rows (fp32, the most a CTA takes of a product), in that order.
+struct SmemLayout {
+  int input, rows, bytes;
+  __host__ __device__ SmemLayout(const PersistentDecodeDims& d, int ctas) {
+    int widest = d.hidden > d.ffn ? d.hidden : d.ffn;
+    widest = widest > d.heads * d.dv ? widest : d.heads * d.dv;
+    int most = 0;
+    for (int phase = 0; phase <= static_cast<int>(DecodePhase::kHead); ++phase) {
+      const int groups = (d.Groups(static_cast<DecodePhase>(phase)) + ctas - 1) / ctas;
+      most = groups > most ? groups : most;
+    }
+    input = kStages * kStageBytes + static_cast<int>(sizeof(Smem));
+    rows = input + (widest * 2 + 15) / 16 * 16;
+    bytes = rows + most * kDecodeTileRows * 4;
+  }
+};
+
+__global__ void __launch_bounds__(kThreads, 1)
+    PersistentDecodeKernel(const __grid_constant__ PersistentDecodeParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char smem[];
+  const SmemLayout layout(p.dims, p.ctas);
+  unsigned char* ring = smem;
+  Smem* s = reinterpret_cast<Smem*>(smem + kStages * kStageBytes);
+  auto* input = reinterpret_cast<__nv_bfloat16*>(smem + layout.input);
+  float* rows = reinterpret_cast<float*>(smem + layout.rows);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      MbarInit(&s->full[i], 1);
+      MbarInit(&s->empty[i], kTilesPerStage);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x >= kConsumers) {
+    if (threadIdx.x == kConsumers) Produce(p, ring, s);
+    return;
+  }
+  Consumer(p, ring, s, input, rows).Run();
+#else
+  (void)p;
+#endif
+}
+
+}  // namespace
+
+bool PersistentDecodeSupports(const PersistentDecodeDims& d, int ctas) {
+  const int hv = d.heads * d.dv;
+  return ctas > 0 && d.layers > 0 && d.dk == kConsumers && d.dv % kStepColumns == 0 &&
+         hv / kStepColumns <= ctas && d.hidden % kDecodeTileCols == 0 &&
+         hv % kDecodeTileCols == 0 && d.ffn % kDecodeTileCols == 0 &&
+         d.vocab % kDecodeTileRows == 0 && d.MixerInRows() % kDecodeTileRows == 0 &&
+         d.heads * d.dk % kDecodeTileRows == 0 && d.rank > 0 && d.rank <= kMaxRank &&
+         d.rank % 4 == 0 && d.hidden <= kMaxInput && hv <= kMaxInput && d.ffn <= kMaxMlp &&
+         SmemLayout(d, ctas).bytes <= 227 * 1024;
+}
+
+int PersistentDecodeCtas() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return sms;
+}
+
+cudaError_t LaunchPersistentDecode(const PersistentDecodeParams& p, cudaStream_t stream) {
+  const int bytes = SmemLayout(p.dims, p.ctas).bytes;
+  cudaError_t err = cudaFuncSetAttribute(PersistentDecodeKernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) return err;
+  err = cudaMemsetAsync(p.arrivals, 0, sizeof(unsigned), stream);
+  if (err != cudaSuccess) return err;
+  void* args[] = {const_cast<PersistentDecodeParams*>(&p)};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(PersistentDecodeKernel),
+                                     dim3(p.ctas), dim3(kThreads), args, bytes, stream);
+}
+
+}  // namespace lair::kernels::cuda
