@@ -4,11 +4,11 @@
 #include <cmath>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/parallel.h"
 #include "core/status.h"
 #include "kernels/cuda/persistent_decode.h"
 
@@ -78,18 +78,6 @@ int64_t PhaseBytes(const PersistentDecodeDims& d, DecodePhase phase, int ctas, i
 
 constexpr DecodePhase kLayerPhases[] = {DecodePhase::kMixerIn, DecodePhase::kMixerOut,
                                         DecodePhase::kMlpIn, DecodePhase::kMlpOut};
-
-// Runs fn(c) for every CTA c on the host's cores.
-template <typename Fn>
-void ForEachCta(int ctas, const Fn& fn) {
-  const int workers = std::max(1, std::min<int>(ctas, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (int w = 0; w < workers; ++w)
-    pool.emplace_back([&, w] {
-      for (int c = w; c < ctas; c += workers) fn(c);
-    });
-  for (std::thread& t : pool) t.join();
-}
 
 class CudaPersistentDecode : public PersistentDecode {
  public:
@@ -221,7 +209,8 @@ class CudaPersistentDecode : public PersistentDecode {
     Tensor host_stream = Tensor::Zeros(DType::kBF16, {offsets[ctas] / 2});
     auto* stream = static_cast<uint16_t*>(host_stream.raw());
     const auto write = [&](int64_t at_layer, DecodePhase phase, const HostRows& rows) {
-      ForEachCta(ctas, [&](int c) {
+      ParallelFor(ctas, 0, [&](int64_t cta) {
+        const int c = static_cast<int>(cta);
         int64_t at =
             offsets[c] + (at_layer < 0 ? d.layers * layer_bytes[c] : at_layer * layer_bytes[c]);
         for (DecodePhase before : kLayerPhases) {
