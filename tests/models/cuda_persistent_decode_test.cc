@@ -20,6 +20,7 @@
 #include "models/init.h"
 #include "models/model.h"
 #include "models/state_pool.h"
+#include "tests/support/model_runner.h"
 
 #ifdef LAIR_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -41,46 +42,18 @@ bool HasHopper() {
 #endif
 }
 
-struct Runner {
-  std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<StatePool> pool;
-
-  Tensor Forward(const ForwardBatch& batch) {
-    auto logits = model->Forward(batch, *pool);
-    EXPECT_TRUE(logits.ok()) << logits.status();
-    return logits.ok() ? *logits : Tensor();
-  }
-};
+using testing::HostArgmax;
+using Runner = testing::ModelRunner;
 
 Runner Make(const std::string& dir, const std::string& device, bool fast, bool fold,
             bool persistent) {
-  Runner r;
   kernels::BackendOptions backend_options;
   backend_options.gemm = fast ? kernels::GemmMode::kFast : kernels::GemmMode::kExact;
-  auto backend = kernels::MakeBackend(device, backend_options);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  r.backend = std::move(*backend);
   LoadOptions options;
   options.weight_dtype = fast ? DType::kBF16 : DType::kF32;
   options.fold_norm_weights = fold;
   options.persistent_decode = persistent;
-  auto model = Model::Load(dir, r.backend.get(), options);
-  EXPECT_TRUE(model.ok()) << model.status();
-  r.model = std::move(*model);
-  auto pool = StatePool::Create(r.backend.get(), r.model->state_layout(), 4);
-  EXPECT_TRUE(pool.ok()) << pool.status();
-  r.pool = std::make_unique<StatePool>(std::move(*pool));
-  return r;
-}
-
-std::vector<int32_t> HostArgmax(const Tensor& logits) {
-  std::vector<int32_t> ids;
-  for (int64_t r = 0; r < logits.dim(0); ++r) {
-    const float* row = logits.f32() + r * logits.dim(1);
-    ids.push_back(static_cast<int32_t>(std::max_element(row, row + logits.dim(1)) - row));
-  }
-  return ids;
+  return testing::LoadRunner(dir, device, backend_options, options);
 }
 
 // Gives every norm weight of the checkpoint in `dir` values around 1 (init

@@ -16,6 +16,7 @@
 #include "models/init.h"
 #include "models/model.h"
 #include "models/state_pool.h"
+#include "tests/support/model_runner.h"
 
 namespace lair::models {
 namespace {
@@ -24,18 +25,8 @@ constexpr double kRoundingTol = 1e-6;
 constexpr double kF32Tol = 1e-4;
 constexpr double kBf16Tol = 3e-2;
 
-// A model, its backend and a pool of 4 slots.
-struct Runner {
-  std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<StatePool> pool;
-
-  Tensor Forward(const ForwardBatch& batch) {
-    auto logits = model->Forward(batch, *pool);
-    EXPECT_TRUE(logits.ok()) << logits.status();
-    return logits.ok() ? *logits : Tensor();
-  }
-};
+using testing::HostArgmax;
+using Runner = testing::ModelRunner;
 
 class CudaStepTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -52,37 +43,18 @@ class CudaStepTest : public ::testing::TestWithParam<std::string> {
 
   Runner Make(const std::string& device, kernels::GemmMode gemm, bool graphs,
               DType weights = DType::kF32, bool fold_norms = false) {
-    Runner r;
     kernels::BackendOptions backend_options;
     backend_options.gemm = gemm;
-    auto backend = kernels::MakeBackend(device, backend_options);
-    EXPECT_TRUE(backend.ok()) << backend.status();
-    r.backend = std::move(*backend);
     LoadOptions options;
     options.max_context = 64;
     options.step_graphs = graphs;
     options.weight_dtype = weights;
     options.fold_norm_weights = fold_norms;
-    auto model = Model::Load(dir_, r.backend.get(), options);
-    EXPECT_TRUE(model.ok()) << model.status();
-    r.model = std::move(*model);
-    auto pool = StatePool::Create(r.backend.get(), r.model->state_layout(), 4);
-    EXPECT_TRUE(pool.ok()) << pool.status();
-    r.pool = std::make_unique<StatePool>(std::move(*pool));
-    return r;
+    return testing::LoadRunner(dir_, device, backend_options, options);
   }
 
   std::string dir_;
 };
-
-std::vector<int32_t> HostArgmax(const Tensor& logits) {
-  std::vector<int32_t> ids;
-  for (int64_t r = 0; r < logits.dim(0); ++r) {
-    const float* row = logits.f32() + r * logits.dim(1);
-    ids.push_back(static_cast<int32_t>(std::max_element(row, row + logits.dim(1)) - row));
-  }
-  return ids;
-}
 
 TEST_P(CudaStepTest, GraphReplayMatchesEagerAndCpu) {
   Runner cpu = Make("cpu", kernels::GemmMode::kExact, false);
