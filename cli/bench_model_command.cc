@@ -171,7 +171,7 @@ struct Bench {
   std::vector<int32_t> prompts;  // [B·P] packed, sequence s at s·P
 };
 
-absl::StatusOr<Bench> Setup(const BenchModelFlags& f, int max_context) {
+absl::StatusOr<Bench> Setup(const BenchModelFlags& f, int max_context, bool decode) {
   Bench b;
   kernels::BackendOptions backend_options;
   LAIR_ASSIGN_OR_RETURN(backend_options.gemm, kernels::ParseGemmMode(f.gemm, "--gemm"));
@@ -180,7 +180,7 @@ absl::StatusOr<Bench> Setup(const BenchModelFlags& f, int max_context) {
   LAIR_ASSIGN_OR_RETURN(b.backend, kernels::MakeBackend(f.device, backend_options));
   models::LoadOptions options;
   options.step_graphs = !f.no_graphs;
-  options.persistent_decode = !f.no_persistent;
+  options.persistent_decode = decode && !f.no_persistent;
   options.fold_norm_weights = !f.keep_norm_weights;
   options.weight_dtype = f.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   options.max_context = max_context;
@@ -250,7 +250,7 @@ std::string Printed(const char* format, Args... args) {
 
 absl::Status RunDecode(const BenchModelFlags& f) {
   LAIR_RETURN_IF_ERROR(Validate(f, /*decode=*/true));
-  LAIR_ASSIGN_OR_RETURN(Bench b, Setup(f, f.prompt_len + f.warmup + f.gen_len));
+  LAIR_ASSIGN_OR_RETURN(Bench b, Setup(f, f.prompt_len + f.warmup + f.gen_len, /*decode=*/true));
   PrintHeader(b, f);
   LAIR_ASSIGN_OR_RETURN(const double copy_rate, CopyBandwidth(*b.backend));
   double prefill_seconds = 0;
@@ -326,7 +326,7 @@ absl::Status RunDecode(const BenchModelFlags& f) {
 
 absl::Status RunPrefill(const BenchModelFlags& f) {
   LAIR_RETURN_IF_ERROR(Validate(f, /*decode=*/false));
-  LAIR_ASSIGN_OR_RETURN(Bench b, Setup(f, f.prompt_len));
+  LAIR_ASSIGN_OR_RETURN(Bench b, Setup(f, f.prompt_len, /*decode=*/false));
   PrintHeader(b, f);
   LAIR_ASSIGN_OR_RETURN(const double gemm_rate,
                         GemmRate(*b.backend, f.dtype == "bf16" ? DType::kBF16 : DType::kF32));

@@ -60,8 +60,15 @@ absl::StatusOr<std::unique_ptr<engine::ModelRunner>> LoadRunner(const ServeFlags
   options.weight_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
   options.max_context = flags.max_context;
   options.fold_norm_weights = true;  // inference only
+  options.persistent_decode = true;
   LAIR_ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model,
                         models::Model::Load(flags.model, backend.get(), options));
+  if (const absl::Status persistent = model->persistent_decode_status(); persistent.ok()) {
+    spdlog::info("one-sequence decode steps run as the persistent decode kernel");
+  } else {
+    spdlog::info("one-sequence decode steps run on the step graphs ({})",
+                 std::string(persistent.message()));
+  }
   // Only softmax attention (llama) has a per-sequence context limit; the
   // recurrent families carry a fixed-size state.
   const int max_context = model->family() == "llama" ? flags.max_context : 0;

@@ -52,14 +52,13 @@ class Decoder : public Model {
  public:
   Decoder(DecoderConfig config, std::unique_ptr<Params> params, DecoderSpec spec,
           kernels::Backend* backend, int max_context, bool step_graphs,
-          std::vector<int> folded_norms, bool persistent_decode)
+          std::vector<int> folded_norms)
       : config_(std::move(config)),
         params_(std::move(params)),
         spec_(std::move(spec)),
         backend_(backend),
         max_context_(max_context),
         step_graphs_(step_graphs),
-        persistent_wanted_(persistent_decode),
         folded_norms_(std::move(folded_norms)) {
     StateLayout layout;
     for (size_t i = 0; i < spec_.layers.size(); ++i) {
@@ -91,6 +90,10 @@ class Decoder : public Model {
     LAIR_ASSIGN_OR_RETURN(Tensor ids, backend_->Download(out.ids));
     return std::vector<int32_t>(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
   }
+  // Lays the model out for the backend's persistent decode kernel, where
+  // both have one; else records why not (persistent_decode_status). Never
+  // fails the model: the step graphs serve without it.
+  void PreparePersistentDecode();
   int64_t persistent_decode_steps() const override { return persistent_steps_; }
   absl::Status persistent_decode_status() const override { return persistent_status_; }
   int recorded_step_graphs() const override {
@@ -144,10 +147,9 @@ class Decoder : public Model {
   // nullopt where a layer has no such form (or no MLP, or the head is
   // soft-capped, or layers take extras).
   std::optional<kernels::PersistentDecodeModel> PersistentModel() const;
-  // A one-sequence decode step through the persistent kernel; nullopt
-  // where the model or the backend has none (decided at the first call).
-  absl::StatusOr<std::optional<StepOutput>> PersistentStep(const Tensor& tokens, int slot,
-                                                           const StatePool& pool, bool greedy);
+  // A one-sequence decode step through the persistent kernel.
+  absl::StatusOr<StepOutput> PersistentStep(const Tensor& tokens, int slot, const StatePool& pool,
+                                            bool greedy);
 
   // Embedding through the head for the batch in `ctx`; with `last_rows`
   // defined only those rows of the final hidden state reach the head.
@@ -160,10 +162,9 @@ class Decoder : public Model {
   kernels::Backend* backend_;
   int max_context_;
   bool step_graphs_;
-  bool persistent_wanted_;
-  bool persistent_tried_ = false;
   std::unique_ptr<kernels::PersistentDecode> persistent_;
-  absl::Status persistent_status_;  // why persistent_ is null once tried
+  absl::Status persistent_status_ =
+      absl::UnimplementedError("persistent decode not requested (LoadOptions::persistent_decode)");
   int64_t persistent_steps_ = 0;
   bool has_kv_cache_ = false;  // a state sized by max_context (graph replays skip its bound check)
   std::vector<int> folded_norms_;             // FoldNormWeights' result, or empty
@@ -327,31 +328,25 @@ std::optional<kernels::PersistentDecodeModel> Decoder::PersistentModel() const {
   return m;
 }
 
-absl::StatusOr<std::optional<Decoder::StepOutput>> Decoder::PersistentStep(const Tensor& tokens,
-                                                                           int slot,
-                                                                           const StatePool& pool,
-                                                                           bool greedy) {
-  if (!persistent_wanted_) return std::nullopt;
-  if (!persistent_tried_) {
-    persistent_tried_ = true;
-    const std::optional<kernels::PersistentDecodeModel> m = PersistentModel();
-    if (!m) {
-      persistent_status_ = absl::UnimplementedError(
-          "persistent decode: a layer is not GLA-shaped with an MLP, or the head is soft-capped");
-      return std::nullopt;
-    }
-    absl::StatusOr<std::unique_ptr<kernels::PersistentDecode>> made =
-        backend_->MakePersistentDecode(*m);
-    // Unimplemented: the backend has no such kernel, or not for these
-    // shapes; the step graphs serve.
-    if (!made.ok()) {
-      persistent_status_ = made.status();
-      if (!absl::IsUnimplemented(made.status())) return made.status();
-      return std::nullopt;
-    }
-    persistent_ = std::move(*made);
+void Decoder::PreparePersistentDecode() {
+  const std::optional<kernels::PersistentDecodeModel> m = PersistentModel();
+  if (!m) {
+    persistent_status_ = absl::UnimplementedError(
+        "persistent decode: a layer is not GLA-shaped with an MLP, or the head is soft-capped");
+    return;
   }
-  if (!persistent_) return std::nullopt;
+  absl::StatusOr<std::unique_ptr<kernels::PersistentDecode>> made =
+      backend_->MakePersistentDecode(*m);
+  if (!made.ok()) {
+    persistent_status_ = made.status();
+    return;
+  }
+  persistent_ = std::move(*made);
+  persistent_status_ = absl::OkStatus();
+}
+
+absl::StatusOr<Decoder::StepOutput> Decoder::PersistentStep(const Tensor& tokens, int slot,
+                                                            const StatePool& pool, bool greedy) {
   std::vector<Tensor> states;
   for (int base : state_base_) states.push_back(pool.tensor(base));
   StepOutput out;
@@ -407,11 +402,8 @@ absl::StatusOr<Decoder::StepOutput> Decoder::Step(const ForwardBatch& batch, Sta
   // graph, record one, or run op by op.
   bool decode = !batch.all_logits && batch.logit_rows.empty() && max_seqlen == 1;
   for (int s = 0; has_kv_cache_ && s < seqs; ++s) decode &= batch.start_positions[s] < max_context_;
-  if (decode && seqs == 1) {
-    LAIR_ASSIGN_OR_RETURN(std::optional<StepOutput> out,
-                          PersistentStep(tokens, batch.slots[0], pool, greedy));
-    if (out) return *std::move(out);
-  }
+  if (decode && seqs == 1 && persistent_)
+    return PersistentStep(tokens, batch.slots[0], pool, greedy);
   if (!decode || !step_graphs_) return RunOps(ctx, tokens, last_rows, greedy);
   DecodeGraph& entry = decode_graphs_[seqs];
   const uint64_t epoch = backend_->memory_epoch();
@@ -512,8 +504,10 @@ std::unique_ptr<Model> MakeDecoder(const DecoderConfig& config, std::unique_ptr<
                                    DecoderSpec spec, kernels::Backend* backend, int max_context,
                                    bool step_graphs, std::vector<int> folded_norms,
                                    bool persistent_decode) {
-  return std::make_unique<Decoder>(config, std::move(params), std::move(spec), backend, max_context,
-                                   step_graphs, std::move(folded_norms), persistent_decode);
+  auto decoder = std::make_unique<Decoder>(config, std::move(params), std::move(spec), backend,
+                                           max_context, step_graphs, std::move(folded_norms));
+  if (persistent_decode) decoder->PreparePersistentDecode();
+  return decoder;
 }
 
 absl::StatusOr<std::vector<int>> FoldNormWeights(const DecoderSpec& spec, Params& params) {

@@ -133,9 +133,10 @@ absl::StatusOr<DecoderSpec> DeclareSkeleton(const DecoderConfig& config, const S
 //
 // With `persistent_decode`, a decode step of one sequence runs as the
 // backend's persistent decode kernel instead (Backend::MakePersistentDecode,
-// built at the first such step), where every layer's mixer has a
-// PersistentDecodeForm and an MLP and the backend has the kernel; otherwise
-// as above. The kernel holds its own copy of the weights.
+// built here, before any state pool takes the device's memory), where every
+// layer's mixer has a PersistentDecodeForm and an MLP and the backend has
+// the kernel; otherwise (Model::persistent_decode_status says why) as
+// above. The kernel holds its own copy of the weights.
 //
 // `folded_norms` (FoldNormWeights; empty: none) says which weights carry a
 // norm's weight; such a model runs inference only (LossAndGrad refuses).

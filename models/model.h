@@ -34,8 +34,10 @@ struct LoadOptions {
   // are then no longer the model's parameters (LossAndGrad refuses).
   bool fold_norm_weights = false;
   // Run a decode step of one sequence as the backend's persistent decode
-  // kernel where it has one for the model (models/decoder.h).
-  bool persistent_decode = true;
+  // kernel where it has one for the model (models/decoder.h): a copy of the
+  // weights laid out at load, so serving loads ask for it (serve, generate,
+  // bench decode), others not.
+  bool persistent_decode = false;
 };
 
 // One engine step's worth of tokens: several sequences, each a contiguous run
@@ -104,9 +106,10 @@ class Model {
   // (LoadOptions::step_graphs); 0 where the backend records none.
   virtual int recorded_step_graphs() const { return 0; }
   // Decode steps run so far by the backend's persistent decode kernel
-  // (LoadOptions::persistent_decode), and why it runs none: OK while it
-  // does or has not been tried (no one-sequence step yet), else the reason
-  // (Unimplemented: the backend or the model has no such form).
+  // (LoadOptions::persistent_decode), and whether it serves them: OK when it
+  // does, else why not (Unimplemented: not asked for, or the backend or the
+  // model has no such form; another code: its layout failed, as out of
+  // memory).
   virtual int64_t persistent_decode_steps() const { return 0; }
   virtual absl::Status persistent_decode_status() const {
     return absl::UnimplementedError("this model has no persistent decode step");
