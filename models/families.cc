@@ -160,6 +160,11 @@ LinearInput HeadOutputGate::Input(Graph& g, const Var& gate_proj, const Var& o) 
   return in;
 }
 
+std::vector<int> WithWeights(std::vector<int> first, std::span<const LinearWeight> products) {
+  for (const LinearWeight& w : products) first.push_back(w.weight);
+  return first;
+}
+
 absl::StatusOr<kernels::Activation> ActivationNamed(const std::string& name) {
   if (name.empty()) return kernels::Activation{};
   if (name == "relu") return kernels::Activation{kernels::UnaryOp::kRelu};

@@ -126,15 +126,15 @@ struct HeadOutputGate {
     if (gate < 0) return {};
     return {{gate, -1, {}, /*sixteen_bit_ok=*/true}};
   }
-  // Appends g_proj's weight, when gated, to `weights` (Mixer::InputProjections).
-  void AppendWeights(std::vector<int>* weights) const {
-    if (gate >= 0) weights->push_back(gate);
-  }
   // The input of o_proj: o [N, H, head_v_dim] as [N, H·head_v_dim] under the
   // per-head norm, gated by gate_proj = g_proj(x) [N, H·head_v_dim] when
   // gated (else unused); o_proj's product forms it.
   LinearInput Input(Graph& g, const Var& gate_proj, const Var& o) const;
 };
+
+// The weights of `products` after `first` (Mixer::InputProjections from the
+// products a Forward takes of its input).
+std::vector<int> WithWeights(std::vector<int> first, std::span<const LinearWeight> products);
 
 // An activation by its fla/transformers ACT2FN name (relu, sigmoid,
 // silu/swish; "" is the identity), for a projection's epilogue.

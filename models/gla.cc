@@ -32,13 +32,10 @@ class GlaMixer : public Mixer {
   absl::StatusOr<Var> Forward(Graph& g, const LinearInput& x,
                               const StepContext& ctx) const override {
     const int groups = config_.num_heads / config_.num_kv_heads;
-    // q, k, v, the gate's low-rank input and g_proj all read x: one group.
-    std::vector<LinearWeight> also = {{gk0_}};
-    for (const LinearWeight& w : output_.Projections()) also.push_back(w);
     // q and k through the feature map (if any), in the products.
     LAIR_ASSIGN_OR_RETURN(const kernels::Activation feature, ActivationNamed(config_.feature_map));
     LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv,
-                          qkv_.Forward(g, x, ctx, 1, also, {feature, feature, {}},
+                          qkv_.Forward(g, x, ctx, 1, AlsoOfInput(), {feature, feature, {}},
                                        /*to_mixer=*/groups == 1));
     // gk = logsigmoid(gk_proj.1(·)) / gate_logit_normalizer: formed by the
     // decay op (the CUDA decode step reads gk_proj.1's weights itself), or
@@ -79,13 +76,17 @@ class GlaMixer : public Mixer {
   }
 
   std::vector<int> InputProjections() const override {
-    std::vector<int> weights = qkv_.Weights();
-    weights.push_back(gk0_);
-    output_.AppendWeights(&weights);
-    return weights;
+    return WithWeights(qkv_.Weights(), AlsoOfInput());
   }
 
  private:
+  // q, k, v, the gate's low-rank input and g_proj all read x: one group.
+  std::vector<LinearWeight> AlsoOfInput() const {
+    std::vector<LinearWeight> also = {{gk0_}};
+    for (const LinearWeight& w : output_.Projections()) also.push_back(w);
+    return also;
+  }
+
   GlaConfig config_;
   ProjectionTriple qkv_;
   int gk0_, gk1_, gk1_bias_;

@@ -27,14 +27,12 @@ class GsaMixer : public Mixer {
                               const StepContext& ctx) const override {
     const int groups = config_.num_heads / config_.num_kv_heads;
     // The forget gate, logsigmoid(f_proj(x)) / gate_logit_normalizer, in the group's epilogue.
-    const LinearWeight forget[] = {
-        {f_, -1, {UnaryOp::kLogSigmoid, 1.0f / config_.gate_logit_normalizer}}};
     // q and k through the feature map, v through silu, in the products.
     LAIR_ASSIGN_OR_RETURN(const kernels::Activation feature, ActivationNamed(config_.feature_map));
-    LAIR_ASSIGN_OR_RETURN(
-        std::vector<Var> qkv,
-        qkv_.Forward(g, x, ctx, 2, forget, {feature, feature, kernels::Activation{UnaryOp::kSilu}},
-                     /*to_mixer=*/groups == 1));
+    LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv,
+                          qkv_.Forward(g, x, ctx, 2, Forget(),
+                                       {feature, feature, kernels::Activation{UnaryOp::kSilu}},
+                                       /*to_mixer=*/groups == 1));
     GsaInputs in;
     in.scale = static_cast<float>(config_.scale);
     in.q = SplitHeads(g, qkv[0], config_.num_heads);
@@ -56,12 +54,15 @@ class GsaMixer : public Mixer {
   }
 
   std::vector<int> InputProjections() const override {
-    std::vector<int> weights = qkv_.Weights();
-    weights.push_back(f_);
-    return weights;
+    return WithWeights(qkv_.Weights(), Forget());
   }
 
  private:
+  // The forget gate's product of x, beside q, k, v.
+  std::array<LinearWeight, 1> Forget() const {
+    return {{{f_, -1, {UnaryOp::kLogSigmoid, 1.0f / config_.gate_logit_normalizer}}}};
+  }
+
   GsaConfig config_;
   ProjectionTriple qkv_;
   int f_, norm_, o_;

@@ -46,9 +46,7 @@ class RetentionMixer : public Mixer {
   }
 
   std::vector<int> InputProjections() const override {
-    std::vector<int> weights = qkv_.Weights();
-    output_.AppendWeights(&weights);
-    return weights;
+    return WithWeights(qkv_.Weights(), output_.Projections());
   }
 
  private:

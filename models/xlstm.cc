@@ -30,21 +30,10 @@ class MlstmMixer : public Mixer {
   absl::StatusOr<Var> Forward(Graph& g, const LinearInput& x,
                               const StepContext& ctx) const override {
     const int h = config_.num_heads;
-    const float cap = static_cast<float>(config_.gate_soft_cap);
     MlstmInputs in;
     in.kind = kernels::MlstmKind::kExp;
     in.eps = static_cast<float>(config_.eps);
-    // Every projection of x in one group: q, k, v, the input and forget gates
-    // (soft-capped: cap·tanh(·/cap)) and the output gate (sigmoid), the
-    // gates' functions in the group's epilogue.
-    const kernels::Activation soft_cap{UnaryOp::kTanh, cap, 0.0f, 1.0f / cap};
-    const LinearWeight projections[] = {{w_.q},
-                                        {w_.k},
-                                        {w_.v},
-                                        {w_.i_gate, w_.i_bias, soft_cap},
-                                        {w_.f_gate, w_.f_bias, soft_cap},
-                                        {w_.o_gate, -1, {UnaryOp::kSigmoid}}};
-    LAIR_ASSIGN_OR_RETURN(std::vector<Var> p, g.Linears(x, projections));
+    LAIR_ASSIGN_OR_RETURN(std::vector<Var> p, g.Linears(x, Projections()));
     in.q = SplitHeads(g, p[0], h);
     in.k = SplitHeads(g, p[1], h);
     in.v = SplitHeads(g, p[2], h);
@@ -60,11 +49,23 @@ class MlstmMixer : public Mixer {
     return g.Linear(LinearInput{gated}, {w_.out}, x.x);
   }
 
-  std::vector<int> InputProjections() const override {
-    return {w_.q, w_.k, w_.v, w_.i_gate, w_.f_gate, w_.o_gate};
-  }
+  std::vector<int> InputProjections() const override { return WithWeights({}, Projections()); }
 
  private:
+  // Every projection of x in one group: q, k, v, the input and forget gates
+  // (soft-capped: cap·tanh(·/cap)) and the output gate (sigmoid), the
+  // gates' functions in the group's epilogue.
+  std::array<LinearWeight, 6> Projections() const {
+    const float cap = static_cast<float>(config_.gate_soft_cap);
+    const kernels::Activation soft_cap{UnaryOp::kTanh, cap, 0.0f, 1.0f / cap};
+    return {{{w_.q},
+             {w_.k},
+             {w_.v},
+             {w_.i_gate, w_.i_bias, soft_cap},
+             {w_.f_gate, w_.f_bias, soft_cap},
+             {w_.o_gate, -1, {UnaryOp::kSigmoid}}}};
+  }
+
   XlstmConfig config_;
   Weights w_;
 };
