@@ -18,9 +18,9 @@
 namespace lair::kernels {
 
 // One layer's weights, as the model holds them on the backend's device:
-// matrices [out, in] of a float dtype (the kernel's copy holds them in
-// bf16), vectors F32. A norm weight left undefined is folded into the
-// products that read the norm (models/decoder.h FoldNormWeights).
+// matrices [out, in] in bf16 (the kernel rounds nothing the model's own
+// products would not), vectors F32. A norm weight left undefined is folded
+// into the products that read the norm (models/decoder.h FoldNormWeights).
 struct PersistentDecodeLayer {
   Tensor mixer_norm;         // [hidden] or undefined
   Tensor q, k, v;            // [H·dk, hidden], [H·dk, hidden], [H·dv, hidden]

@@ -22,9 +22,9 @@ absl::Status CudaStatus(cudaError_t err, std::string_view what) {
 }
 
 absl::Status ExpectMatrix(const Tensor& t, int64_t rows, int64_t cols, std::string_view what) {
-  if (!t.defined() || !IsFloat(t.dtype()) || t.shape() != Shape{rows, cols})
+  if (!t.defined() || t.dtype() != DType::kBF16 || t.shape() != Shape{rows, cols})
     return absl::UnimplementedError(absl::StrCat("persistent decode: ", std::string(what),
-                                                 " is not a float [", rows, ", ", cols, "]"));
+                                                 " is not bf16 [", rows, ", ", cols, "]"));
   return absl::OkStatus();
 }
 absl::Status ExpectVector(const Tensor& t, int64_t n, std::string_view what) {
@@ -182,18 +182,11 @@ class CudaPersistentDecode : public PersistentDecode {
     return absl::OkStatus();
   }
 
-  // A device matrix as bf16 bits on the host (rounded to nearest even
-  // from another float dtype).
+  // A bf16 device matrix's bits on the host.
   absl::StatusOr<std::vector<uint16_t>> Host(const Tensor& t) {
     LAIR_ASSIGN_OR_RETURN(Tensor host, backend_->Download(t));
-    if (host.dtype() == DType::kBF16) {
-      const auto* data = static_cast<const uint16_t*>(host.raw());
-      return std::vector<uint16_t>(data, data + host.numel());
-    }
-    const Tensor f = host.ToF32();
-    std::vector<uint16_t> out(f.numel());
-    for (int64_t i = 0; i < f.numel(); ++i) out[i] = FloatToBF16(f.f32()[i]);
-    return out;
+    const auto* data = static_cast<const uint16_t*>(host.raw());
+    return std::vector<uint16_t>(data, data + host.numel());
   }
 
   // Every CTA's tiles, phase after phase, layer after layer, then the head.
