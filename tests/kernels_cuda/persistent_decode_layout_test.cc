@@ -1,0 +1,93 @@
+// The persistent decode kernel's layout rules (kernels/cuda/persistent_decode.h)
+// on the host: where a weight tile puts each element, how a phase's groups
+// split over the CTAs, and which shapes the kernel takes. Needs no GPU.
+#include <set>
+#include <utility>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/persistent_decode.h"
+
+namespace lair::kernels::cuda {
+namespace {
+
+// GLA 1.3B: 4 heads of 256 keys and 512 values, rank 16, 5,632 MLP columns.
+PersistentDecodeDims Gla13b() {
+  PersistentDecodeDims d;
+  d.hidden = 2048, d.ffn = 5632, d.vocab = 32000, d.layers = 24;
+  d.heads = 4, d.dk = 256, d.dv = 512, d.rank = 16;
+  return d;
+}
+
+TEST(PersistentDecodeLayout, TileHoldsEachElementOnceInFragmentOrder) {
+  std::set<int> offsets;
+  for (int r = 0; r < kDecodeTileRows; ++r)
+    for (int k = 0; k < kDecodeTileCols; ++k) {
+      const int at = PersistentDecodeTileOffset(r, k);
+      EXPECT_EQ(at % 2, 0);
+      EXPECT_LT(at, kDecodeTileBytes);
+      offsets.insert(at);
+    }
+  EXPECT_EQ(offsets.size(), static_cast<size_t>(kDecodeTileRows * kDecodeTileCols));
+  // Lane l of k-step s reads its m16n8k16 A fragment as 16 bytes at s·512 + 16l.
+  for (int step = 0; step < kDecodeTileCols / 16; ++step)
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4, k0 = 16 * step;
+      const std::pair<int, int> fragment[8] = {{g, k0 + 2 * t},         {g, k0 + 2 * t + 1},
+                                               {g + 8, k0 + 2 * t},     {g + 8, k0 + 2 * t + 1},
+                                               {g, k0 + 2 * t + 8},     {g, k0 + 2 * t + 9},
+                                               {g + 8, k0 + 2 * t + 8}, {g + 8, k0 + 2 * t + 9}};
+      for (int i = 0; i < 8; ++i)
+        EXPECT_EQ(PersistentDecodeTileOffset(fragment[i].first, fragment[i].second),
+                  step * 512 + lane * 16 + 2 * i)
+            << "step " << step << " lane " << lane << " element " << i;
+    }
+}
+
+TEST(PersistentDecodeLayout, GroupsSplitEvenlyOverTheCtas) {
+  for (int groups : {0, 1, 128, 385, 704, 2000})
+    for (int ctas : {1, 7, 132}) {
+      int covered = 0;
+      for (int c = 0; c < ctas; ++c) {
+        const int mine = GroupBegin(groups, ctas, c + 1) - GroupBegin(groups, ctas, c);
+        EXPECT_GE(mine, groups / ctas);
+        EXPECT_LE(mine, (groups + ctas - 1) / ctas);
+        covered += mine;
+      }
+      EXPECT_EQ(GroupBegin(groups, ctas, 0), 0);
+      EXPECT_EQ(covered, groups) << groups << " groups over " << ctas;
+    }
+}
+
+TEST(PersistentDecodeLayout, PhasesOfGla13b) {
+  const PersistentDecodeDims d = Gla13b();
+  EXPECT_EQ(d.MixerInRows(), 1024 + 1024 + 2048 + 2048 + 16);
+  EXPECT_EQ(d.Groups(DecodePhase::kMixerIn), 385);
+  EXPECT_EQ(d.Groups(DecodePhase::kMixerOut), 128);
+  EXPECT_EQ(d.Groups(DecodePhase::kMlpIn), 704);  // 8 gate/up pairs a group
+  EXPECT_EQ(d.Groups(DecodePhase::kMlpOut), 128);
+  EXPECT_EQ(d.Groups(DecodePhase::kHead), 2000);
+  EXPECT_EQ(d.Cols(DecodePhase::kMixerOut), 2048);
+  EXPECT_EQ(d.Cols(DecodePhase::kMlpOut), 5632);
+  PersistentDecodeDims ungated = d;
+  ungated.output_gate = false;
+  EXPECT_EQ(ungated.MixerInRows(), 1024 + 1024 + 2048 + 16);
+}
+
+TEST(PersistentDecodeLayout, SupportsGla13bOnEnoughSms) {
+  const PersistentDecodeDims d = Gla13b();
+  EXPECT_TRUE(PersistentDecodeSupports(d, 132));
+  // The state step gives each CTA 16 value columns: 128 of them.
+  EXPECT_FALSE(PersistentDecodeSupports(d, 100));
+  PersistentDecodeDims narrow = d;
+  narrow.dk = 128;  // a key a consumer thread
+  EXPECT_FALSE(PersistentDecodeSupports(narrow, 132));
+  PersistentDecodeDims wide_rank = d;
+  wide_rank.rank = 32;
+  EXPECT_FALSE(PersistentDecodeSupports(wide_rank, 132));
+  PersistentDecodeDims odd = d;
+  odd.hidden = 2000;  // not whole tiles
+  EXPECT_FALSE(PersistentDecodeSupports(odd, 132));
+}
+
+}  // namespace
+}  // namespace lair::kernels::cuda
