@@ -218,10 +218,11 @@ class Consumer {
     }
     float4* dst = reinterpret_cast<float4*>(StateRow(layer, unit));
 #pragma unroll
-    for (int c = 0; c < kStepColumns / 4; ++c)
+    for (int c = 0; c < kStepColumns / 4; ++c) {
       __stcs(dst + c,
              make_float4(state[4 * c], state[4 * c + 1], state[4 * c + 2], state[4 * c + 3]));
-      // o = Σ over the keys (the CTA's threads): warps, then their sums.
+    }
+    // o = Σ over the keys (the CTA's threads): warps, then their sums.
 #pragma unroll
     for (int j = 0; j < kStepColumns; ++j) {
       float s = part[j];
