@@ -282,13 +282,8 @@ class Consumer {
   // x; its 1/rms, the same for every row, scales the product's rows after
   // (InputScale): the warps' sums of squares wait in warp_sums.
   __device__ void NormedInput(const float* weight) {
-    const float4* x = reinterpret_cast<const float4*>(p_.x);
     float4 xv[kQuads];
-#pragma unroll
-    for (int i = 0; i < kQuads; ++i) {
-      const int q = tid_ + i * kConsumers;
-      if (4 * q < d_.hidden) xv[i] = __ldcg(x + q);
-    }
+    LoadQuads(p_.x, d_.hidden, xv);
     float sq = 0.0f;
 #pragma unroll
     for (int i = 0; i < kQuads; ++i) {
@@ -310,13 +305,8 @@ class Consumer {
 
   // input = h, the MLP's silu(gate)·up.
   __device__ void MlpInput() {
-    const float4* h = reinterpret_cast<const float4*>(p_.h);
     float4 hv[kMlpQuads];
-#pragma unroll
-    for (int i = 0; i < kMlpQuads; ++i) {
-      const int q = tid_ + i * kConsumers;
-      if (4 * q < d_.ffn) hv[i] = __ldcg(h + q);
-    }
+    LoadQuads(p_.h, d_.ffn, hv);
 #pragma unroll
     for (int i = 0; i < kMlpQuads; ++i) {
       const int q = tid_ + i * kConsumers;
@@ -324,6 +314,18 @@ class Consumer {
         const float v[4] = {hv[i].x, hv[i].y, hv[i].z, hv[i].w};
         StoreInput(q, v);
       }
+    }
+  }
+
+  // This thread's float4s of src [n] (float4 i at tid + i·kConsumers), every
+  // load issued before any use: one round trip to L2.
+  template <int kN>
+  __device__ void LoadQuads(const float* src, int n, float4 (&out)[kN]) const {
+    const float4* quads = reinterpret_cast<const float4*>(src);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      const int q = tid_ + i * kConsumers;
+      if (4 * q < n) out[i] = __ldcg(quads + q);
     }
   }
 

@@ -624,6 +624,11 @@ __global__ void __launch_bounds__(kThreads, 2) ScanWgmmaKernel(const ScanParams 
 #endif
 }
 
+// Whether the scan carries mLSTM's normalizer n (a norm, or n in or out).
+bool CarriesNormalizer(const ScanParams& p) {
+  return p.norm != NormKind::kNone || p.n_init || p.n_final;
+}
+
 bool Bf16Aligned(const Operand& op) {
   return op.type == ElemType::kBF16 && reinterpret_cast<uintptr_t>(op.ptr) % 16 == 0;
 }
@@ -642,8 +647,7 @@ cudaError_t LaunchInstance(const ScanParams& p, cudaStream_t stream) {
 }  // namespace
 
 bool ScanWgmmaSupports(const ScanParams& p) {
-  const bool normalizer = p.norm != NormKind::kNone || p.n_init || p.n_final;
-  const bool extra_ok = !p.extra_key || !normalizer;
+  const bool extra_ok = !p.extra_key || !CarriesNormalizer(p);
   const bool dots_ok = p.row_dots == nullptr || (p.extra_key && Bf16Aligned(p.dot_with));
   return Bf16Aligned(p.q) && Bf16Aligned(p.k) && Bf16Aligned(p.v) && p.dk == kKeys && p.dv > 0 &&
          p.dv % kTileV == 0 && !p.left_vector && p.right.ptr == nullptr && extra_ok && dots_ok &&
@@ -669,9 +673,8 @@ bool WgmmaAvailable() {
 
 cudaError_t LaunchScanWgmma(const ScanParams& p, cudaStream_t stream) {
   const bool gated = p.key_weight.ptr || p.row_weight.ptr || p.stabilize;
-  const bool normalizer = p.norm != NormKind::kNone || p.n_init || p.n_final;
   if (p.extra_key) return LaunchInstance<Fields::kExtraKey>(p, stream);
-  if (normalizer) return LaunchInstance<Fields::kNormalizer>(p, stream);
+  if (CarriesNormalizer(p)) return LaunchInstance<Fields::kNormalizer>(p, stream);
   if (gated) return LaunchInstance<Fields::kGated>(p, stream);
   return LaunchInstance<Fields::kPlain>(p, stream);
 }
