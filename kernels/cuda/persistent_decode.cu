@@ -3,19 +3,21 @@
 //   producer: for each stage-sized chunk j of the CTA's weight stream, wait
 //     until ring stage j % S is free, then bulk-copy the chunk into it
 //     (completing on the stage's `full` mbarrier);
-//   consumers: for each phase, form the product's input in shared memory
-//     (bf16), take the CTA's tiles (warp w those with stream index ≡ w mod
-//     8), sum each tile's m16n8k16 products into its rows, free the tile's
-//     stage (`empty`, four tiles a stage), then finish the rows and meet the
-//     other CTAs at a grid barrier.
-// A layer's phases, with x the residual stream (fp32, in global memory):
-//   1. y = W_in · rms(x)                (q, k, v, g, z = gk_proj.0's output)
+//   consumers: for each product, form its input in shared memory (bf16),
+//     take the CTA's tiles (warp w those with stream index ≡ w mod 8), sum
+//     each tile's m16n8k16 products into the CTA's rows, free the tile's
+//     stage (`empty`, four tiles a stage), then finish the rows.
+// A layer, with x the residual stream (fp32, in global memory, a layer
+// reading x[l % 2] and summing x' = x[(l + 1) % 2]) and | a grid barrier:
+//   1. y = W_in · rms(x)   (q, k, v, g, z = gk_proj.0's output); zero the
+//      sums x', m and head_sq the layer adds into                          |
 //   2. the state step, 16 value columns of one head a CTA, its key a thread:
 //        gk = scale · log σ(W_gk z + b),  S ← diag(e^{gk}) S + k vᵀ,
-//        o = S ᵀ(q_scale · q),  head_sq[h] += Σ o²
-//   3. x += W_o · (o · rms_h · w_head · swish(g))
-//   4. h = silu(W_gate · rms(x)) · (W_up · rms(x))
-//   5. x += W_down · h
+//        o = S ᵀ(q_scale · q),  head_sq[h] += Σ o²;
+//      then m[h] += W_o[:, its columns] · (o · w_head · swish(g))          |
+//   3. x'' = x + Σ_h rms_h · m[h]  (every CTA; CTA c adds its share to x'),
+//      u = silu(W_gate · rms(x'')) · (W_up · rms(x'')) for the CTA's units,
+//      x' += W_down[:, those units] · u                                    |
 // then logits = W_head · rms(x). Cross-CTA data is read through L2 (ld.cg).
 #include <cuda_bf16.h>
 
@@ -35,15 +37,13 @@ constexpr int kThreads = kConsumers + 32;  // + the producer warp
 constexpr int kTilesPerStage = 4;
 constexpr int kStageBytes = kTilesPerStage * kDecodeTileBytes;
 constexpr int kStages = 6;
-constexpr int kStepColumns = 16;  // value columns of a CTA's share of the state step
-constexpr int kMaxRank = 16;      // gk_proj's low rank (fla's default)
-// A product's input is read as float4s, all issued before any use (one
-// round trip to L2): at most kQuads a thread of x or of the gated head
-// output, kMlpQuads of h.
+// Value columns of a CTA's share of the state step: o_proj's slice of them.
+constexpr int kStepColumns = kDecodeSliceCols;
+constexpr int kMaxRank = 16;  // gk_proj's low rank (fla's default)
+// x and o_proj's sums are read as float4s, all issued before any use (one
+// round trip to L2): at most kQuads a thread.
 constexpr int kQuads = 2;
-constexpr int kMlpQuads = 6;
-constexpr int kMaxInput = 4 * kQuads * kConsumers;
-constexpr int kMaxMlp = 4 * kMlpQuads * kConsumers;
+constexpr int kMaxHidden = 4 * kQuads * kConsumers;
 
 // Shared memory beyond the ring.
 struct Smem {
@@ -108,53 +108,50 @@ class Consumer {
       : p_(p), d_(p.dims), ring_(ring), s_(s), input_(input), rows_(rows) {}
 
   __device__ void Run() {
-    Embed();
+    const float* x = p_.embedding + static_cast<int64_t>(*p_.token) * d_.hidden;
     for (int l = 0; l < d_.layers; ++l) {
       const PersistentDecodeLayerRefs layer = p_.layer[l];
+      float* const next = p_.x[(l + 1) % 2];
       float state[kStepColumns];
       const bool stepping = LoadState(layer, state);
-      NormedInput(layer.mixer_norm);
+      ZeroSums(next);
+      NormedInput(x, layer.mixer_norm);
       Product(DecodePhase::kMixerIn);
-      float scale = InputScale();
+      const float scale = InputScale();
       for (int r = tid_; r < rows_here_; r += kConsumers) p_.y[row0_ + r] = scale * rows_[r];
       GridSync();
-      if (stepping) Step(layer, l, state);
-      GridSync();
-      GatedHeadInput(layer, l);
+      if (stepping) Step(layer, state);
       Product(DecodePhase::kMixerOut);
-      AddToResidual();
+      if (stepping) AddRows(p_.mixer_sums + static_cast<int64_t>(StepHead()) * d_.hidden);
       GridSync();
-      NormedInput(layer.mlp_norm);
+      MlpNormedInput(x, layer.mlp_norm, next);
       Product(DecodePhase::kMlpIn);
-      scale = InputScale();
-      for (int r = tid_; r < rows_here_ / 2; r += kConsumers) {
-        const int group = r / 8, pair = r % 8;
-        p_.h[row0_ / 2 + r] =
-            Silu(scale * rows_[16 * group + pair]) * (scale * rows_[16 * group + 8 + pair]);
-      }
-      GridSync();
-      MlpInput();
+      SwiGluInput();
       Product(DecodePhase::kMlpOut);
-      AddToResidual();
+      AddRows(next);
       GridSync();
+      x = next;
     }
-    NormedInput(p_.final_norm);
+    NormedInput(x, p_.final_norm);
     Product(DecodePhase::kHead);
     const float scale = InputScale();
     for (int r = tid_; r < rows_here_; r += kConsumers) p_.logits[row0_ + r] = scale * rows_[r];
   }
 
  private:
-  // x = the token's embedding row, this CTA's share; CTA 0 zeroes head_sq.
-  __device__ void Embed() {
-    const int token = *p_.token, c = blockIdx.x;
-    const int begin = GroupBegin(d_.hidden, p_.ctas, c),
-              end = GroupBegin(d_.hidden, p_.ctas, c + 1);
-    const float* row = p_.embedding + static_cast<int64_t>(token) * d_.hidden;
-    for (int j = begin + tid_; j < end; j += kConsumers) p_.x[j] = row[j];
-    if (c == 0)
-      for (int j = tid_; j < d_.layers * d_.heads; j += kConsumers) p_.head_sq[j] = 0.0f;
-    GridSync();
+  // Zeroes this CTA's share of the sums the layer adds into: the next x,
+  // o_proj's per-head sums and (CTA 0) the heads' sums of squares. Their
+  // last readers were the previous layer's, before its last barrier.
+  __device__ void ZeroSums(float* next) {
+    ZeroShare(next, d_.hidden);
+    ZeroShare(p_.mixer_sums, d_.heads * d_.hidden);
+    if (blockIdx.x == 0 && tid_ < d_.heads) p_.head_sq[tid_] = 0.0f;
+  }
+  __device__ void ZeroShare(float* dst, int n) {
+    const int quads = n / 4, c = blockIdx.x;
+    const int end = GroupBegin(quads, p_.ctas, c + 1);
+    for (int q = GroupBegin(quads, p_.ctas, c) + tid_; q < end; q += kConsumers)
+      reinterpret_cast<float4*>(dst)[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 
   // The state rows this thread updates (key tid of 16 columns of one head),
@@ -176,14 +173,19 @@ class Consumer {
     return layer.state + p_.slot * p_.state_slot_stride +
            (static_cast<int64_t>(h) * d_.dk + tid_) * d_.dv + col0;
   }
+  // The head of this CTA's state step.
+  __device__ int StepHead() const { return blockIdx.x / (d_.dv / kStepColumns); }
 
-  __device__ void Step(const PersistentDecodeLayerRefs& layer, int l,
-                       float (&state)[kStepColumns]) {
-    const int unit = blockIdx.x, per_head = d_.dv / kStepColumns, h = unit / per_head;
+  // Steps the CTA's 16 value columns and leaves o_proj's input for them,
+  // o · w_head · swish(g) (bf16), at input_[0, 16); its head's rms scales
+  // the product's sums when they are read (MlpNormedInput).
+  __device__ void Step(const PersistentDecodeLayerRefs& layer, float (&state)[kStepColumns]) {
+    const int unit = blockIdx.x, per_head = d_.dv / kStepColumns, h = StepHead();
     const int col0 = (unit % per_head) * kStepColumns, key = h * d_.dk + tid_;
     const int hk = d_.heads * d_.dk, hv = d_.heads * d_.dv;
     // Every load first (L2 round trips overlap): q, k, this CTA's v, the
-    // gate input z (to shared memory), the key's gate row and bias.
+    // gate input z (to shared memory), the key's gate row and bias, and
+    // (warp 0) the output gate and head norm weight of the columns.
     const float* y = p_.y;
     const float q = p_.q_scale * __ldcg(y + key), k = __ldcg(y + hk + key);
     const float* z = y + 2 * hk + (d_.output_gate ? 2 : 1) * hv;
@@ -194,6 +196,11 @@ class Consumer {
     for (int c = 0; c < kStepColumns / 4; ++c) {
       const float4 x = __ldcg(v4 + c);
       v[4 * c] = x.x, v[4 * c + 1] = x.y, v[4 * c + 2] = x.z, v[4 * c + 3] = x.w;
+    }
+    float out_gate = 1.0f, out_weight = 1.0f;
+    if (tid_ < kStepColumns) {
+      if (d_.output_gate) out_gate = Silu(__ldcg(y + 2 * hk + hv + h * d_.dv + col0 + tid_));
+      if (layer.head_norm) out_weight = layer.head_norm[col0 + tid_];
     }
     const float4* w =
         reinterpret_cast<const float4*>(layer.gate + static_cast<int64_t>(key) * d_.rank);
@@ -235,55 +242,54 @@ class Consumer {
       float o = 0.0f;
       if (lane_ < kStepColumns) {
         for (int wi = 0; wi < kConsumerWarps; ++wi) o += s_->warp_sums[wi][lane_];
-        p_.o[h * d_.dv + col0 + lane_] = o;
+        input_[lane_] = __float2bfloat16(o * out_weight * out_gate);
       }
       float sq = o * o;
 #pragma unroll
       for (int off = 16; off > 0; off /= 2) sq += __shfl_xor_sync(kAll, sq, off);
-      if (lane_ == 0) atomicAdd(p_.head_sq + l * d_.heads + h, sq);
-    }
-  }
-
-  // o_proj's input: o · rms of its head · the head norm's weight · swish(g).
-  __device__ void GatedHeadInput(const PersistentDecodeLayerRefs& layer, int l) {
-    const int hv = d_.heads * d_.dv;
-    const float4* o = reinterpret_cast<const float4*>(p_.o);
-    const float4* g = reinterpret_cast<const float4*>(p_.y + 2 * d_.heads * d_.dk + hv);
-    float4 ov[kQuads], gv[kQuads];
-    float sq[kQuads];
-#pragma unroll
-    for (int i = 0; i < kQuads; ++i) {
-      const int q = tid_ + i * kConsumers;
-      if (4 * q < hv) {
-        ov[i] = __ldcg(o + q);
-        if (d_.output_gate) gv[i] = __ldcg(g + q);
-        sq[i] = __ldcg(p_.head_sq + l * d_.heads + 4 * q / d_.dv);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kQuads; ++i) {
-      const int q = tid_ + i * kConsumers;
-      if (4 * q < hv) {
-        const float scale = rsqrtf(sq[i] / d_.dv + p_.head_eps);
-        float v[4] = {ov[i].x * scale, ov[i].y * scale, ov[i].z * scale, ov[i].w * scale};
-        if (layer.head_norm) {
-          const float4 w = *reinterpret_cast<const float4*>(layer.head_norm + 4 * q % d_.dv);
-          v[0] *= w.x, v[1] *= w.y, v[2] *= w.z, v[3] *= w.w;
-        }
-        if (d_.output_gate)
-          v[0] *= Silu(gv[i].x), v[1] *= Silu(gv[i].y), v[2] *= Silu(gv[i].z),
-              v[3] *= Silu(gv[i].w);
-        StoreInput(q, v);
-      }
+      if (lane_ == 0) atomicAdd(p_.head_sq + h, sq);
     }
   }
 
   // input = x · weight (weight null: folded into the product), one read of
   // x; its 1/rms, the same for every row, scales the product's rows after
-  // (InputScale): the warps' sums of squares wait in warp_sums.
-  __device__ void NormedInput(const float* weight) {
+  // (InputScale).
+  __device__ void NormedInput(const float* x, const float* weight) {
     float4 xv[kQuads];
-    LoadQuads(p_.x, d_.hidden, xv);
+    LoadQuads(x, d_.hidden, xv);
+    StoreNormed(xv, weight);
+  }
+
+  // The MLP's input: x'' = x + Σ_h rms_h · m[h] (the mixer's output added to
+  // the residual), normed as NormedInput; CTA c's share of x'' starts the
+  // next x, which down's partial sums complete.
+  __device__ void MlpNormedInput(const float* x, const float* weight, float* next) {
+    float4 xv[kQuads];
+    LoadQuads(x, d_.hidden, xv);
+#pragma unroll 4
+    for (int h = 0; h < d_.heads; ++h) {
+      float4 mv[kQuads];
+      LoadQuads(p_.mixer_sums + static_cast<int64_t>(h) * d_.hidden, d_.hidden, mv);
+      const float scale = rsqrtf(__ldcg(p_.head_sq + h) / d_.dv + p_.head_eps);
+#pragma unroll
+      for (int i = 0; i < kQuads; ++i) {
+        xv[i].x += scale * mv[i].x, xv[i].y += scale * mv[i].y;
+        xv[i].z += scale * mv[i].z, xv[i].w += scale * mv[i].w;
+      }
+    }
+    const int quads = d_.hidden / 4, c = blockIdx.x;
+    const int begin = GroupBegin(quads, p_.ctas, c), end = GroupBegin(quads, p_.ctas, c + 1);
+#pragma unroll
+    for (int i = 0; i < kQuads; ++i) {
+      const int q = tid_ + i * kConsumers;
+      if (q >= begin && q < end) atomicAdd(reinterpret_cast<float4*>(next) + q, xv[i]);
+    }
+    StoreNormed(xv, weight);
+  }
+
+  // Stores x · weight as the input and leaves the warps' sums of x² in
+  // warp_sums for InputScale.
+  __device__ void StoreNormed(const float4 (&xv)[kQuads], const float* weight) {
     float sq = 0.0f;
 #pragma unroll
     for (int i = 0; i < kQuads; ++i) {
@@ -303,29 +309,26 @@ class Consumer {
     if (lane_ == 0) s_->warp_sums[warp_][0] = sq;
   }
 
-  // input = h, the MLP's silu(gate)·up.
-  __device__ void MlpInput() {
-    float4 hv[kMlpQuads];
-    LoadQuads(p_.h, d_.ffn, hv);
-#pragma unroll
-    for (int i = 0; i < kMlpQuads; ++i) {
-      const int q = tid_ + i * kConsumers;
-      if (4 * q < d_.ffn) {
-        const float v[4] = {hv[i].x, hv[i].y, hv[i].z, hv[i].w};
-        StoreInput(q, v);
-      }
+  // down's input: silu(gate) · up of the CTA's gate/up rows, in order.
+  __device__ void SwiGluInput() {
+    const float scale = InputScale();
+    for (int i = tid_; i < rows_here_ / 2; i += kConsumers) {
+      const int group = i / 8, pair = i % 8;
+      input_[i] = __float2bfloat16(Silu(scale * rows_[16 * group + pair]) *
+                                   (scale * rows_[16 * group + 8 + pair]));
     }
+    ConsumerSync();  // rows_ read before the next product zeroes them
   }
 
-  // This thread's float4s of src [n] (float4 i at tid + i·kConsumers), every
-  // load issued before any use: one round trip to L2.
+  // This thread's float4s of src [n] (float4 i at tid + i·kConsumers; zero
+  // past n), every load issued before any use: one round trip to L2.
   template <int kN>
   __device__ void LoadQuads(const float* src, int n, float4 (&out)[kN]) const {
     const float4* quads = reinterpret_cast<const float4*>(src);
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
       const int q = tid_ + i * kConsumers;
-      if (4 * q < n) out[i] = __ldcg(quads + q);
+      out[i] = 4 * q < n ? __ldcg(quads + q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
 
@@ -336,7 +339,7 @@ class Consumer {
     *reinterpret_cast<uint2*>(input_ + 4 * q) = packed;
   }
 
-  // rsqrt(mean(x²) + eps) of the last NormedInput (after the product's sync).
+  // rsqrt(mean(x²) + eps) of the last normed input (after the product's sync).
   __device__ float InputScale() const {
     float total = 0.0f;
 #pragma unroll
@@ -344,55 +347,102 @@ class Consumer {
     return rsqrtf(total / d_.hidden + p_.block_eps);
   }
 
-  // rows_[r] = row r of this CTA's groups of `phase` times the input (which
-  // the consumers have just formed); sets row0_ and rows_here_.
+  // rows_ = this CTA's share of `phase` times the input (which the
+  // consumers have just formed): a row product's rows [row0_, row0_ +
+  // rows_here_), or a column product's partial sums of every row.
   __device__ void Product(DecodePhase phase) {
-    const int groups = d_.Groups(phase), c = blockIdx.x;
-    const int g0 = GroupBegin(groups, p_.ctas, c), mine = GroupBegin(groups, p_.ctas, c + 1) - g0;
-    row0_ = kDecodeTileRows * g0;
-    rows_here_ = kDecodeTileRows * mine;
+    const bool columns = IsColumnPhase(phase);
+    const DecodeShare share = PhaseShare(d_, phase, p_.ctas, blockIdx.x);
+    row0_ = columns ? 0 : kDecodeTileRows * share.begin;
+    rows_here_ = columns ? d_.hidden : kDecodeTileRows * share.count;
     for (int r = tid_; r < rows_here_; r += kConsumers) rows_[r] = 0.0f;
     ConsumerSync();  // the input formed, the rows zeroed
-    const int tiles = mine * (d_.Cols(phase) / kDecodeTileCols);
-    const int g = lane_ / 4, t4 = lane_ % 4;
-    const uint32_t* input = reinterpret_cast<const uint32_t*>(input_);
-    for (int t = (warp_ - tile_ % kConsumerWarps + kConsumerWarps) % kConsumerWarps; t < tiles;
-         t += kConsumerWarps) {
-      const int64_t index = tile_ + t, stage = index / kTilesPerStage;
-      const int slot = static_cast<int>(stage % kStages);
-      MbarWait(&s_->full[slot], static_cast<unsigned>(stage / kStages) & 1u);
-      const unsigned char* tile =
-          ring_ + slot * kStageBytes + (index % kTilesPerStage) * kDecodeTileBytes;
-      const int block = t / mine, group = t % mine;
-      // Two accumulators halve the chain of dependent products.
-      float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll 8
-      for (int step = 0; step < kDecodeTileCols / 16; ++step) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(tile + step * 512 + lane_ * 16);
-        const uint32_t a[4] = {raw.x, raw.y, raw.z, raw.w};
-        // x is the B operand's column 0 (the lanes of g = 0); the rest are 0.
-        uint32_t b0 = 0, b1 = 0;
-        if (g == 0) {
-          const int k = block * kDecodeTileCols + step * 16 + 2 * t4;
-          b0 = input[k / 2], b1 = input[k / 2 + 4];
-        }
-        Mma(acc[step % 2], a, b0, b1);
-      }
-      __syncwarp();
-      if (lane_ == 0) MbarArrive(&s_->empty[slot]);
-      if (t4 == 0) {
-        atomicAdd(rows_ + kDecodeTileRows * group + g, acc[0][0] + acc[1][0]);
-        atomicAdd(rows_ + kDecodeTileRows * group + g + 8, acc[0][2] + acc[1][2]);
-      }
+    const int per_unit = d_.TilesPerUnit(phase), tiles = share.count * per_unit;
+    if (columns) {
+      // Warp w owns the row blocks ≡ w mod 8 of every slice: no two warps
+      // sum into one row.
+      for (int slice = 0; slice < share.count; ++slice)
+        for (int block = warp_; block < per_unit; block += kConsumerWarps)
+          SumColumnTile(TakeTile(tile_ + slice * per_unit + block), slice, block);
+    } else {
+      for (int t = (warp_ - tile_ % kConsumerWarps + kConsumerWarps) % kConsumerWarps; t < tiles;
+           t += kConsumerWarps)
+        SumRowTile(TakeTile(tile_ + t), t / share.count, t % share.count);
     }
     tile_ += tiles;
     ConsumerSync();  // every tile summed into rows_
   }
 
-  // x[row] += rows_[row] for this CTA's rows of an output product.
-  __device__ void AddToResidual() {
-    for (int r = tid_; r < rows_here_; r += kConsumers)
-      p_.x[row0_ + r] = __ldcg(p_.x + row0_ + r) + rows_[r];
+  // The stream's tile `index`, once the producer has landed it.
+  __device__ const unsigned char* TakeTile(int64_t index) {
+    const int64_t stage = index / kTilesPerStage;
+    const int slot = static_cast<int>(stage % kStages);
+    MbarWait(&s_->full[slot], static_cast<unsigned>(stage / kStages) & 1u);
+    return ring_ + slot * kStageBytes + (index % kTilesPerStage) * kDecodeTileBytes;
+  }
+  // Frees the tile's share of its stage (every lane's reads of it done).
+  __device__ void ReleaseTile(const unsigned char* tile) {
+    __syncwarp();
+    if (lane_ == 0) MbarArrive(&s_->empty[(tile - ring_) / kStageBytes]);
+  }
+
+  // Rows 16·group + [0, 16) += the row tile of column block `block` times
+  // the input's block.
+  __device__ void SumRowTile(const unsigned char* tile, int block, int group) {
+    const int g = lane_ / 4, t4 = lane_ % 4;
+    const uint32_t* input = reinterpret_cast<const uint32_t*>(input_);
+    // Two accumulators halve the chain of dependent products.
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll 8
+    for (int step = 0; step < kDecodeTileCols / 16; ++step) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(tile + step * 512 + lane_ * 16);
+      const uint32_t a[4] = {raw.x, raw.y, raw.z, raw.w};
+      // x is the B operand's column 0 (the lanes of g = 0); the rest are 0.
+      uint32_t b0 = 0, b1 = 0;
+      if (g == 0) {
+        const int k = block * kDecodeTileCols + step * 16 + 2 * t4;
+        b0 = input[k / 2], b1 = input[k / 2 + 4];
+      }
+      Mma(acc[step % 2], a, b0, b1);
+    }
+    ReleaseTile(tile);
+    if (t4 == 0) {
+      atomicAdd(rows_ + kDecodeTileRows * group + g, acc[0][0] + acc[1][0]);
+      atomicAdd(rows_ + kDecodeTileRows * group + g + 8, acc[0][2] + acc[1][2]);
+    }
+  }
+
+  // Rows 256·block + [0, 256) += the column tile of slice `slice` (the
+  // CTA's slice-th 16 input columns) times those columns; the calling warp
+  // owns these rows.
+  __device__ void SumColumnTile(const unsigned char* tile, int slice, int block) {
+    const int g = lane_ / 4, t4 = lane_ % 4;
+    const uint32_t* input = reinterpret_cast<const uint32_t*>(input_);
+    uint32_t b0 = 0, b1 = 0;
+    if (g == 0) {
+      const int k = slice * kDecodeSliceCols + 2 * t4;
+      b0 = input[k / 2], b1 = input[k / 2 + 4];
+    }
+    float* rows = rows_ + block * kDecodeTileCols;
+#pragma unroll 8
+    for (int f = 0; f < kDecodeTileCols / kDecodeTileRows; ++f) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(tile + f * 512 + lane_ * 16);
+      const uint32_t a[4] = {raw.x, raw.y, raw.z, raw.w};
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      Mma(acc, a, b0, b1);
+      if (t4 == 0) {
+        rows[kDecodeTileRows * f + g] += acc[0];
+        rows[kDecodeTileRows * f + g + 8] += acc[2];
+      }
+    }
+    ReleaseTile(tile);
+  }
+
+  // dst [hidden] += rows_, one vector atomic a float4 (sm_90).
+  __device__ void AddRows(float* dst) {
+    const float4* rows = reinterpret_cast<const float4*>(rows_);
+    for (int q = tid_; q < d_.hidden / 4; q += kConsumers)
+      atomicAdd(reinterpret_cast<float4*>(dst) + q, rows[q]);
   }
 
   // Every CTA's consumers past their writes before any reads on.
@@ -437,21 +487,24 @@ __device__ void Produce(const PersistentDecodeParams& p, unsigned char* ring, Sm
 
 #endif  // __CUDA_ARCH__ >= 900
 
-// Dynamic shared memory: the ring, Smem, the input (bf16, the widest k) and
-// the rows (fp32, the most a CTA takes of a product), in that order.
+// Dynamic shared memory: the ring, Smem, the input (bf16: x, or the CTA's
+// SwiGLU units) and the rows (fp32: a row product's share, or every row of
+// a column product's sums), in that order.
 struct SmemLayout {
   int input, rows, bytes;
   __host__ __device__ SmemLayout(const PersistentDecodeDims& d, int ctas) {
-    int widest = d.hidden > d.ffn ? d.hidden : d.ffn;
-    widest = widest > d.heads * d.dv ? widest : d.heads * d.dv;
-    int most = 0;
-    for (int phase = 0; phase <= static_cast<int>(DecodePhase::kHead); ++phase) {
-      const int groups = (d.Groups(static_cast<DecodePhase>(phase)) + ctas - 1) / ctas;
-      most = groups > most ? groups : most;
-    }
+    // The most units a CTA takes of `units` (GroupBegin's split).
+    const auto most = [ctas](int units) { return (units + ctas - 1) / ctas; };
+    const int mlp_units = most(d.Units(DecodePhase::kMlpOut));
+    int widest = kDecodeSliceCols * mlp_units;
+    widest = d.hidden > widest ? d.hidden : widest;
+    int rows_most = d.hidden;
+    for (int n :
+         {most(d.Units(DecodePhase::kMixerIn)), 2 * mlp_units, most(d.Units(DecodePhase::kHead))})
+      rows_most = kDecodeTileRows * n > rows_most ? kDecodeTileRows * n : rows_most;
     input = kStages * kStageBytes + static_cast<int>(sizeof(Smem));
     rows = input + (widest * 2 + 15) / 16 * 16;
-    bytes = rows + most * kDecodeTileRows * 4;
+    bytes = rows + rows_most * 4;
   }
 };
 
@@ -485,14 +538,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 bool PersistentDecodeSupports(const PersistentDecodeDims& d, int ctas) {
-  const int hv = d.heads * d.dv;
   return ctas > 0 && d.layers > 0 && d.dk == kConsumers && d.dv % kStepColumns == 0 &&
-         hv / kStepColumns <= ctas && d.hidden % kDecodeTileCols == 0 &&
-         hv % kDecodeTileCols == 0 && d.ffn % kDecodeTileCols == 0 &&
+         d.heads * d.dv / kStepColumns <= ctas && d.hidden % kDecodeTileCols == 0 &&
+         d.hidden <= kMaxHidden && d.ffn % kDecodeSliceCols == 0 && d.ffn > 0 &&
          d.vocab % kDecodeTileRows == 0 && d.MixerInRows() % kDecodeTileRows == 0 &&
          d.heads * d.dk % kDecodeTileRows == 0 && d.rank > 0 && d.rank <= kMaxRank &&
-         d.rank % 4 == 0 && d.hidden <= kMaxInput && hv <= kMaxInput && d.ffn <= kMaxMlp &&
-         SmemLayout(d, ctas).bytes <= 227 * 1024;
+         d.rank % 4 == 0 && SmemLayout(d, ctas).bytes <= 227 * 1024;
 }
 
 int PersistentDecodeCtas() {

@@ -9,11 +9,23 @@
 // the ring reaches) while a phase waits at its barrier, where a chain of
 // kernels would wait for each kernel boundary.
 //
-// Products are 16-row tiles of 256 columns in the m16n8k16 A-fragment order
-// (PersistentDecodeTile), so a lane reads its fragment with one 16-byte load;
-// x is the B operand's first column. Each phase gives CTA c the 16-row groups
-// [G·c/P, G·(c+1)/P) of its G, and the CTA's stream holds, phase after
-// phase, the tiles of its groups column block by column block.
+// A barrier costs microseconds, so a layer has three. A row product (each
+// CTA some whole output rows) needs its whole input; a column product (each
+// CTA some input columns, adding its partial outputs into fp32 sums in
+// global memory) needs only the columns the CTA itself made. So the state
+// step feeds o_proj's columns of its own value columns, and the MLP's gate
+// and up rows feed down's columns of the same units, with no barrier
+// between: the layer is  [in rows] | [state step, o_proj columns] |
+// [gate/up rows, down columns] | . Per-head RMS scales, known only once
+// every CTA has stepped, scale o_proj's per-head sums when they are read.
+//
+// Weights stream as 8 KB tiles in the m16n8k16 A-fragment order, so a lane
+// reads its fragment with one 16-byte load, and x is the B operand's first
+// column: a row tile is 16 rows by 256 columns (PersistentDecodeTileOffset),
+// a column tile 256 rows by 16 columns (PersistentDecodeColumnTileOffset).
+// The CTA's stream holds, phase after phase, the tiles of its share
+// (PhaseShare), unit after unit in a column product, column block after
+// column block in a row product.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -24,16 +36,21 @@ namespace lair::kernels::cuda {
 
 // The products of a layer, in stream order, and the head after the layers.
 enum class DecodePhase : int {
-  kMixerIn,   // q, k, v, g (when gated) and gk_proj.0's rows, of the normed x
-  kMixerOut,  // o_proj, of the gated head norm's output
-  kMlpIn,     // gate and up, 8 pairs a group (rows 0-7 gate, 8-15 up), of the normed x
-  kMlpOut,    // down, of silu(gate)·up
-  kHead,      // lm_head, of the normed x
+  kMixerIn,   // rows: q, k, v, g (when gated) and gk_proj.0's, of the normed x
+  kMixerOut,  // columns: o_proj, of the gated head norm's output
+  kMlpIn,     // rows: gate and up, 8 pairs a group (rows 0-7 gate, 8-15 up), of the normed x
+  kMlpOut,    // columns: down, of silu(gate)·up
+  kHead,      // rows: lm_head, of the normed x
 };
+
+__host__ __device__ inline bool IsColumnPhase(DecodePhase phase) {
+  return phase == DecodePhase::kMixerOut || phase == DecodePhase::kMlpOut;
+}
 
 constexpr int kDecodeTileRows = 16;
 constexpr int kDecodeTileCols = 256;
 constexpr int kDecodeTileBytes = kDecodeTileRows * kDecodeTileCols * 2;
+constexpr int kDecodeSliceCols = 16;  // a column product's unit: one k-step
 
 struct PersistentDecodeDims {
   int hidden = 0, ffn = 0, vocab = 0, layers = 0;
@@ -44,15 +61,18 @@ struct PersistentDecodeDims {
   __host__ __device__ int MixerInRows() const {
     return 2 * heads * dk + (output_gate ? 2 : 1) * heads * dv + rank;
   }
-  __host__ __device__ int Groups(DecodePhase phase) const {
+  // The units a phase splits over the CTAs: 16-row groups of a row product
+  // (kMlpIn's hold 8 gate/up pairs), 16-column slices of a column product.
+  __host__ __device__ int Units(DecodePhase phase) const {
     switch (phase) {
       case DecodePhase::kMixerIn:
         return MixerInRows() / kDecodeTileRows;
       case DecodePhase::kMixerOut:
-      case DecodePhase::kMlpOut:
-        return hidden / kDecodeTileRows;
+        return heads * dv / kDecodeSliceCols;
       case DecodePhase::kMlpIn:
         return ffn / (kDecodeTileRows / 2);
+      case DecodePhase::kMlpOut:
+        return ffn / kDecodeSliceCols;
       case DecodePhase::kHead:
         return vocab / kDecodeTileRows;
     }
@@ -64,21 +84,59 @@ struct PersistentDecodeDims {
     if (phase == DecodePhase::kMlpOut) return ffn;
     return hidden;
   }
+  // The tiles of one unit: a row group's column blocks, or a column slice's
+  // 256-row blocks.
+  __host__ __device__ int TilesPerUnit(DecodePhase phase) const {
+    return (IsColumnPhase(phase) ? hidden : Cols(phase)) / kDecodeTileCols;
+  }
 };
 
-// CTA c's groups of a phase of `groups`: [GroupBegin(c), GroupBegin(c + 1)).
-__host__ __device__ inline int GroupBegin(int groups, int ctas, int c) {
-  return static_cast<int>(static_cast<int64_t>(groups) * c / ctas);
+// CTA c's units of a phase of `units`: [GroupBegin(c), GroupBegin(c + 1)).
+__host__ __device__ inline int GroupBegin(int units, int ctas, int c) {
+  return static_cast<int>(static_cast<int64_t>(units) * c / ctas);
 }
 
-// Byte offset, within a tile, of element (r, k) of its 16 × 256 block: the
-// 16 k-steps one after another, each 32 lanes of 16 bytes holding the lane's
-// m16n8k16 A fragment {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1), (g, 2t+8),
-// (g, 2t+9), (g+8, 2t+8), (g+8, 2t+9)} (g = lane/4, t = lane%4).
+// A CTA's units of a phase: [begin, begin + count).
+struct DecodeShare {
+  int begin = 0, count = 0;
+};
+
+// CTA c's share of `phase`. o_proj's slice c is the 16 value columns the
+// CTA stepped; gate/up and down split the MLP's 16-column units alike
+// (two kMlpIn groups a unit), so down's columns are the ones the CTA's
+// gate/up rows made.
+__host__ __device__ inline DecodeShare PhaseShare(const PersistentDecodeDims& d, DecodePhase phase,
+                                                  int ctas, int c) {
+  if (phase == DecodePhase::kMixerOut) {
+    const int slices = d.Units(phase);
+    return c < slices ? DecodeShare{c, 1} : DecodeShare{slices, 0};
+  }
+  if (phase == DecodePhase::kMlpIn || phase == DecodePhase::kMlpOut) {
+    const int units = d.ffn / kDecodeSliceCols;
+    const int u0 = GroupBegin(units, ctas, c), u1 = GroupBegin(units, ctas, c + 1);
+    return phase == DecodePhase::kMlpIn ? DecodeShare{2 * u0, 2 * (u1 - u0)}
+                                        : DecodeShare{u0, u1 - u0};
+  }
+  const int units = d.Units(phase);
+  const int u0 = GroupBegin(units, ctas, c);
+  return DecodeShare{u0, GroupBegin(units, ctas, c + 1) - u0};
+}
+
+// Byte offset, within a row tile, of element (r, k) of its 16 × 256 block:
+// the 16 k-steps one after another, each 32 lanes of 16 bytes holding the
+// lane's m16n8k16 A fragment {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1),
+// (g, 2t+8), (g, 2t+9), (g+8, 2t+8), (g+8, 2t+9)} (g = lane/4, t = lane%4).
 __host__ __device__ inline int PersistentDecodeTileOffset(int r, int k) {
   const int step = k / 16, kk = k % 16, lane = (r % 8) * 4 + (kk % 8) / 2;
   const int slot = (kk / 8) * 4 + (r / 8) * 2 + kk % 2;
   return step * 512 + lane * 16 + slot * 2;
+}
+
+// Byte offset, within a column tile, of element (r, k) of its 256 × 16
+// block: its 16-row fragments one after another, each as a row tile's first
+// k-step.
+__host__ __device__ inline int PersistentDecodeColumnTileOffset(int r, int k) {
+  return (r / kDecodeTileRows) * 512 + PersistentDecodeTileOffset(r % kDecodeTileRows, k);
 }
 
 // What Supports checks: the tile and work shapes this kernel takes.
@@ -107,9 +165,11 @@ struct PersistentDecodeParams {
   const float* final_norm = nullptr;                 // [hidden], or null: folded
   const int32_t* token = nullptr;                    // device [1]
   int slot = 0;
-  // fp32 work buffers: x [hidden], y [MixerInRows], o [H·dv], head_sq
-  // [layers][H], h [ffn]; the barrier's arrivals (zeroed by the launch).
-  float *x = nullptr, *y = nullptr, *o = nullptr, *head_sq = nullptr, *h = nullptr;
+  // fp32 work buffers: the residual stream x [2][hidden] (a layer reads
+  // one, sums into the other), y [MixerInRows], o_proj's per-head sums
+  // mixer_sums [H][hidden], head_sq [H]; the barrier's arrivals (zeroed by
+  // the launch).
+  float *x[2] = {nullptr, nullptr}, *y = nullptr, *mixer_sums = nullptr, *head_sq = nullptr;
   unsigned* arrivals = nullptr;
   float* logits = nullptr;  // [vocab]
 };

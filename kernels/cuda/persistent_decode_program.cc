@@ -47,15 +47,29 @@ struct HostRows {
   }
 };
 
-// The tiles of `phase` for CTA c, at `out`: its groups, column block by
-// column block.
+// The tiles of `phase` for CTA c, at `out`: a row product's groups, column
+// block by column block; a column product's slices, 256-row block by block.
 void WriteTiles(const PersistentDecodeDims& d, DecodePhase phase, const HostRows& rows, int ctas,
                 int c, uint16_t* out) {
-  const int groups = d.Groups(phase), g0 = GroupBegin(groups, ctas, c);
-  const int mine = GroupBegin(groups, ctas, c + 1) - g0, blocks = d.Cols(phase) / kDecodeTileCols;
+  const DecodeShare share = PhaseShare(d, phase, ctas, c);
+  const int per_unit = d.TilesPerUnit(phase);
   uint16_t* tile = out;
-  for (int b = 0; b < blocks; ++b) {
-    for (int gi = g0; gi < g0 + mine; ++gi) {
+  if (IsColumnPhase(phase)) {
+    for (int slice = share.begin; slice < share.begin + share.count; ++slice) {
+      for (int b = 0; b < per_unit; ++b) {
+        for (int r = 0; r < kDecodeTileCols; ++r) {
+          const uint16_t* src = rows.Row(static_cast<int64_t>(b) * kDecodeTileCols + r) +
+                                static_cast<int64_t>(slice) * kDecodeSliceCols;
+          for (int k = 0; k < kDecodeSliceCols; ++k)
+            tile[PersistentDecodeColumnTileOffset(r, k) / 2] = src[k];
+        }
+        tile += kDecodeTileBytes / 2;
+      }
+    }
+    return;
+  }
+  for (int b = 0; b < per_unit; ++b) {
+    for (int gi = share.begin; gi < share.begin + share.count; ++gi) {
       for (int r = 0; r < kDecodeTileRows; ++r) {
         // The MLP's input product pairs gate row i (tile rows 0-7) with up row i (8-15).
         const int64_t row = phase == DecodePhase::kMlpIn
@@ -71,9 +85,8 @@ void WriteTiles(const PersistentDecodeDims& d, DecodePhase phase, const HostRows
 }
 
 int64_t PhaseBytes(const PersistentDecodeDims& d, DecodePhase phase, int ctas, int c) {
-  const int groups = d.Groups(phase);
-  return static_cast<int64_t>(GroupBegin(groups, ctas, c + 1) - GroupBegin(groups, ctas, c)) *
-         (d.Cols(phase) / kDecodeTileCols) * kDecodeTileBytes;
+  return static_cast<int64_t>(PhaseShare(d, phase, ctas, c).count) * d.TilesPerUnit(phase) *
+         kDecodeTileBytes;
 }
 
 constexpr DecodePhase kLayerPhases[] = {DecodePhase::kMixerIn, DecodePhase::kMixerOut,
@@ -110,13 +123,13 @@ class CudaPersistentDecode : public PersistentDecode {
     LAIR_RETURN_IF_ERROR(BuildLayers(m));
     // The work buffers, each on a 64-byte boundary (the kernel reads float4s).
     const auto padded = [](int64_t n) { return (n + 15) / 16 * 16; };
-    const int64_t sizes[] = {d.hidden,           d.MixerInRows(), d.heads * d.dv,
-                             d.layers * d.heads, d.ffn,           1};
+    const int64_t sizes[] = {d.hidden, d.hidden, d.MixerInRows(), d.heads * d.hidden, d.heads, 1};
     int64_t total = 0;
     for (int64_t n : sizes) total += padded(n);
     LAIR_ASSIGN_OR_RETURN(work_, backend_->Allocate(DType::kF32, {total}));
     float* at = work_.f32();
-    float** buffers[] = {&params_.x, &params_.y, &params_.o, &params_.head_sq, &params_.h};
+    float** buffers[] = {&params_.x[0], &params_.x[1], &params_.y, &params_.mixer_sums,
+                         &params_.head_sq};
     for (int i = 0; i < 5; ++i) {
       *buffers[i] = at;
       at += padded(sizes[i]);

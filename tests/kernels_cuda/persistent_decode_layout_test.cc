@@ -1,5 +1,5 @@
 // The persistent decode kernel's layout rules (kernels/cuda/persistent_decode.h)
-// on the host: where a weight tile puts each element, how a phase's groups
+// on the host: where a weight tile puts each element, how a phase's units
 // split over the CTAs, and which shapes the kernel takes. Needs no GPU.
 #include <set>
 #include <utility>
@@ -43,6 +43,19 @@ TEST(PersistentDecodeLayout, TileHoldsEachElementOnceInFragmentOrder) {
     }
 }
 
+TEST(PersistentDecodeLayout, ColumnTileHoldsEachElementOnceAsFragments) {
+  std::set<int> offsets;
+  for (int r = 0; r < kDecodeTileCols; ++r)
+    for (int k = 0; k < kDecodeSliceCols; ++k) {
+      const int at = PersistentDecodeColumnTileOffset(r, k);
+      EXPECT_LT(at, kDecodeTileBytes);
+      offsets.insert(at);
+      // Fragment f holds rows 16f..16f+15 as a row tile's first k-step.
+      EXPECT_EQ(at, (r / 16) * 512 + PersistentDecodeTileOffset(r % 16, k));
+    }
+  EXPECT_EQ(offsets.size(), static_cast<size_t>(kDecodeTileCols * kDecodeSliceCols));
+}
+
 TEST(PersistentDecodeLayout, GroupsSplitEvenlyOverTheCtas) {
   for (int groups : {0, 1, 128, 385, 704, 2000})
     for (int ctas : {1, 7, 132}) {
@@ -61,16 +74,53 @@ TEST(PersistentDecodeLayout, GroupsSplitEvenlyOverTheCtas) {
 TEST(PersistentDecodeLayout, PhasesOfGla13b) {
   const PersistentDecodeDims d = Gla13b();
   EXPECT_EQ(d.MixerInRows(), 1024 + 1024 + 2048 + 2048 + 16);
-  EXPECT_EQ(d.Groups(DecodePhase::kMixerIn), 385);
-  EXPECT_EQ(d.Groups(DecodePhase::kMixerOut), 128);
-  EXPECT_EQ(d.Groups(DecodePhase::kMlpIn), 704);  // 8 gate/up pairs a group
-  EXPECT_EQ(d.Groups(DecodePhase::kMlpOut), 128);
-  EXPECT_EQ(d.Groups(DecodePhase::kHead), 2000);
+  EXPECT_EQ(d.Units(DecodePhase::kMixerIn), 385);
+  EXPECT_EQ(d.Units(DecodePhase::kMixerOut), 128);  // 16-column slices of o
+  EXPECT_EQ(d.Units(DecodePhase::kMlpIn), 704);     // 8 gate/up pairs a group
+  EXPECT_EQ(d.Units(DecodePhase::kMlpOut), 352);    // 16-column slices of the SwiGLU output
+  EXPECT_EQ(d.Units(DecodePhase::kHead), 2000);
   EXPECT_EQ(d.Cols(DecodePhase::kMixerOut), 2048);
   EXPECT_EQ(d.Cols(DecodePhase::kMlpOut), 5632);
+  EXPECT_EQ(d.TilesPerUnit(DecodePhase::kMixerIn), 8);  // 256-column blocks of 2,048
+  EXPECT_EQ(d.TilesPerUnit(DecodePhase::kMlpOut), 8);   // 256-row blocks of 2,048
+  EXPECT_TRUE(IsColumnPhase(DecodePhase::kMixerOut));
+  EXPECT_FALSE(IsColumnPhase(DecodePhase::kMlpIn));
   PersistentDecodeDims ungated = d;
   ungated.output_gate = false;
   EXPECT_EQ(ungated.MixerInRows(), 1024 + 1024 + 2048 + 16);
+}
+
+// Every unit of every phase goes to exactly one CTA; o_proj's slice of a CTA
+// is the value columns its state step made, and down's columns are the
+// SwiGLU units its gate/up rows made (no barrier between).
+TEST(PersistentDecodeLayout, SharesCoverEachPhaseAndChainWithoutBarriers) {
+  const PersistentDecodeDims d = Gla13b();
+  for (int ctas : {128, 132}) {
+    for (DecodePhase phase : {DecodePhase::kMixerIn, DecodePhase::kMixerOut, DecodePhase::kMlpIn,
+                              DecodePhase::kMlpOut, DecodePhase::kHead}) {
+      int next = 0;
+      for (int c = 0; c < ctas; ++c) {
+        const DecodeShare share = PhaseShare(d, phase, ctas, c);
+        if (share.count > 0) {
+          EXPECT_EQ(share.begin, next) << "CTA " << c;
+        }
+        next += share.count;
+      }
+      EXPECT_EQ(next, d.Units(phase)) << static_cast<int>(phase) << " over " << ctas;
+    }
+    for (int c = 0; c < ctas; ++c) {
+      const DecodeShare out = PhaseShare(d, DecodePhase::kMixerOut, ctas, c);
+      EXPECT_EQ(out.count, c < 128 ? 1 : 0);
+      if (out.count) {
+        EXPECT_EQ(out.begin, c);
+      }
+      const DecodeShare in = PhaseShare(d, DecodePhase::kMlpIn, ctas, c);
+      const DecodeShare down = PhaseShare(d, DecodePhase::kMlpOut, ctas, c);
+      // 8 gate/up pairs a group: two groups make one 16-column slice.
+      EXPECT_EQ(in.begin, 2 * down.begin);
+      EXPECT_EQ(in.count, 2 * down.count);
+    }
+  }
 }
 
 TEST(PersistentDecodeLayout, SupportsGla13bOnEnoughSms) {
@@ -87,6 +137,12 @@ TEST(PersistentDecodeLayout, SupportsGla13bOnEnoughSms) {
   PersistentDecodeDims odd = d;
   odd.hidden = 2000;  // not whole tiles
   EXPECT_FALSE(PersistentDecodeSupports(odd, 132));
+  PersistentDecodeDims odd_ffn = d;
+  odd_ffn.ffn = 5640;  // not whole 16-column slices
+  EXPECT_FALSE(PersistentDecodeSupports(odd_ffn, 132));
+  PersistentDecodeDims wide = d;
+  wide.hidden = 4096;  // x past the float4s a thread reads
+  EXPECT_FALSE(PersistentDecodeSupports(wide, 132));
 }
 
 }  // namespace
