@@ -48,10 +48,12 @@ class PersistentDecode {
  public:
   virtual ~PersistentDecode() = default;
   // The logits [1, vocab] F32 (on the device, valid until the next Step) of
-  // `token` (device I32 [1]) appended to slot `slot`, whose state tensors
-  // (one [slots, H, dk, dv] F32 pool tensor a layer) it updates in place.
-  virtual absl::StatusOr<Tensor> Step(const Tensor& token, int slot,
-                                      std::span<const Tensor> states) = 0;
+  // `token` appended to slot `slot`, whose state tensors (one [slots, H,
+  // dk, dv] F32 pool tensor a layer) it updates in place; `ids` (device I32
+  // [1]), when defined, receives the logits' first largest index, as
+  // Backend::ArgmaxRows would.
+  virtual absl::StatusOr<Tensor> Step(int32_t token, int slot, std::span<const Tensor> states,
+                                      const Tensor& ids) = 0;
 };
 
 }  // namespace lair::kernels

@@ -148,7 +148,7 @@ class Decoder : public Model {
   // soft-capped, or layers take extras).
   std::optional<kernels::PersistentDecodeModel> PersistentModel() const;
   // A one-sequence decode step through the persistent kernel.
-  absl::StatusOr<StepOutput> PersistentStep(const Tensor& tokens, int slot, const StatePool& pool,
+  absl::StatusOr<StepOutput> PersistentStep(int32_t token, int slot, const StatePool& pool,
                                             bool greedy);
 
   // Embedding through the head for the batch in `ctx`; with `last_rows`
@@ -345,16 +345,15 @@ void Decoder::PreparePersistentDecode() {
   persistent_status_ = absl::OkStatus();
 }
 
-absl::StatusOr<Decoder::StepOutput> Decoder::PersistentStep(const Tensor& tokens, int slot,
+absl::StatusOr<Decoder::StepOutput> Decoder::PersistentStep(int32_t token, int slot,
                                                             const StatePool& pool, bool greedy) {
   std::vector<Tensor> states;
   for (int base : state_base_) states.push_back(pool.tensor(base));
   StepOutput out;
-  LAIR_ASSIGN_OR_RETURN(out.logits, persistent_->Step(tokens, slot, states));
   if (greedy) {
     LAIR_ASSIGN_OR_RETURN(out.ids, backend_->AllocateScratch(DType::kI32, {1}));
-    LAIR_RETURN_IF_ERROR(backend_->ArgmaxRows(out.logits, out.ids));
   }
+  LAIR_ASSIGN_OR_RETURN(out.logits, persistent_->Step(token, slot, states, out.ids));
   ++persistent_steps_;
   return out;
 }
@@ -377,6 +376,12 @@ absl::StatusOr<Decoder::StepOutput> Decoder::Step(const ForwardBatch& batch, Sta
     kernels::Backend* backend;
     ~EndStep() { backend->EndStep(); }
   } end_step{backend_};
+  // A decode step of one sequence is the persistent kernel, which takes its
+  // token by value: nothing to stage.
+  bool decode = !batch.all_logits && batch.logit_rows.empty() && max_seqlen == 1;
+  for (int s = 0; has_kv_cache_ && s < seqs; ++s) decode &= batch.start_positions[s] < max_context_;
+  if (decode && seqs == 1 && persistent_)
+    return PersistentStep(batch.tokens[0], batch.slots[0], pool, greedy);
   // Every small input in one copy: tokens, offsets, slots, positions, last rows, starts.
   const std::span<const int32_t> parts[] = {
       batch.tokens, batch.cu_seqlens, batch.slots, positions, last, batch.start_positions};
@@ -398,12 +403,7 @@ absl::StatusOr<Decoder::StepOutput> Decoder::Step(const ForwardBatch& batch, Sta
   const Tensor& tokens = staged[0];
   const Tensor last_rows = batch.all_logits ? Tensor() : staged[4];
 
-  // A decode step: the persistent kernel (one sequence), else replay its
-  // graph, record one, or run op by op.
-  bool decode = !batch.all_logits && batch.logit_rows.empty() && max_seqlen == 1;
-  for (int s = 0; has_kv_cache_ && s < seqs; ++s) decode &= batch.start_positions[s] < max_context_;
-  if (decode && seqs == 1 && persistent_)
-    return PersistentStep(tokens, batch.slots[0], pool, greedy);
+  // A decode step replays its graph, records one, or runs op by op.
   if (!decode || !step_graphs_) return RunOps(ctx, tokens, last_rows, greedy);
   DecodeGraph& entry = decode_graphs_[seqs];
   const uint64_t epoch = backend_->memory_epoch();

@@ -18,7 +18,9 @@
 //   3. x'' = x + Σ_h rms_h · m[h]  (every CTA; CTA c adds its share to x'),
 //      u = silu(W_gate · rms(x'')) · (W_up · rms(x'')) for the CTA's units,
 //      x' += W_down[:, those units] · u                                    |
-// then logits = W_head · rms(x). Cross-CTA data is read through L2 (ld.cg).
+// then logits = W_head · rms(x), each CTA folding its rows' argmax into one
+// 64-bit key with atomicMax; the last CTA to finish writes the winner's
+// index. Cross-CTA data is read through L2 (ld.cg).
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -49,7 +51,8 @@ constexpr int kMaxHidden = 4 * kQuads * kConsumers;
 struct Smem {
   uint64_t full[kStages], empty[kStages];
   float warp_sums[kConsumerWarps][kStepColumns];
-  float z[kMaxRank];  // the state step's low-rank gate input
+  float z[kMaxRank];                             // the state step's low-rank gate input
+  unsigned long long warp_best[kConsumerWarps];  // the head's argmax keys
 };
 
 // The device code exists for sm_90 alone (bulk copies and mbarriers); other
@@ -108,7 +111,8 @@ class Consumer {
       : p_(p), d_(p.dims), ring_(ring), s_(s), input_(input), rows_(rows) {}
 
   __device__ void Run() {
-    const float* x = p_.embedding + static_cast<int64_t>(*p_.token) * d_.hidden;
+    const float* x = p_.embedding + static_cast<int64_t>(p_.token) * d_.hidden;
+    if (blockIdx.x == 0 && tid_ == 0) *p_.best = 0;  // read after the layers' barriers
     for (int l = 0; l < d_.layers; ++l) {
       const PersistentDecodeLayerRefs layer = p_.layer[l];
       float* const next = p_.x[(l + 1) % 2];
@@ -135,10 +139,49 @@ class Consumer {
     NormedInput(x, p_.final_norm);
     Product(DecodePhase::kHead);
     const float scale = InputScale();
-    for (int r = tid_; r < rows_here_; r += kConsumers) p_.logits[row0_ + r] = scale * rows_[r];
+    unsigned long long best = 0;
+    for (int r = tid_; r < rows_here_; r += kConsumers) {
+      const float logit = scale * rows_[r];
+      p_.logits[row0_ + r] = logit;
+      best = max(best, ArgmaxKey(logit, row0_ + r));
+    }
+    FinishArgmax(best);
   }
 
  private:
+  // An order on (logit, index) pairs as integers: the larger logit, then
+  // the smaller index (std::max_element's first maximum); 0 for NaN, which
+  // never wins, as in ArgmaxRows.
+  __device__ static unsigned long long ArgmaxKey(float logit, int index) {
+    if (logit != logit) return 0;
+    unsigned bits = __float_as_uint(logit);
+    bits ^= (bits >> 31) ? 0xffffffffu : 0x80000000u;
+    return (static_cast<unsigned long long>(bits) << 32) | (0xffffffffu - index);
+  }
+
+  // Reduces the CTA's argmax keys into p.best, then arrives; the last CTA
+  // to arrive writes the winner's index to p.ids (0 where every logit is
+  // NaN, as ArgmaxRows).
+  __device__ void FinishArgmax(unsigned long long best) {
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) best = max(best, __shfl_xor_sync(kAll, best, off));
+    if (lane_ == 0) s_->warp_best[warp_] = best;
+    ConsumerSync();
+    if (tid_ != 0) return;
+    for (int wi = 0; wi < kConsumerWarps; ++wi) best = max(best, s_->warp_best[wi]);
+    if (best != 0) atomicMax(p_.best, best);
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n"
+                 : "=r"(before)
+                 : "l"(p_.arrivals)
+                 : "memory");
+    const unsigned last = p_.arrival_base + PersistentDecodeArrivals(p_) - 1;
+    if (before == last && p_.ids) {
+      const unsigned long long winner = __ldcg(p_.best);
+      p_.ids[0] = winner == 0 ? 0 : static_cast<int32_t>(0xffffffffu - (winner & 0xffffffffu));
+    }
+  }
+
   // Zeroes this CTA's share of the sums the layer adds into: the next x,
   // o_proj's per-head sums and (CTA 0) the heads' sums of squares. Their
   // last readers were the previous layer's, before its last barrier.
@@ -452,8 +495,8 @@ class Consumer {
       ++barriers_;
       // Release: the CTA's writes, ordered before this by the sync above.
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p_.arrivals) : "memory");
-      const unsigned target = barriers_ * static_cast<unsigned>(p_.ctas);
-      while (LoadAcquire(p_.arrivals) < target) {
+      const unsigned target = p_.arrival_base + barriers_ * static_cast<unsigned>(p_.ctas);
+      while (static_cast<int>(LoadAcquire(p_.arrivals) - target) < 0) {
       }
     }
     ConsumerSync();
@@ -472,8 +515,8 @@ class Consumer {
 };
 
 __device__ void Produce(const PersistentDecodeParams& p, unsigned char* ring, Smem* s) {
-  const int64_t begin = p.stream_offsets[blockIdx.x],
-                bytes = p.stream_offsets[blockIdx.x + 1] - begin;
+  const uint8_t* stream = p.stream + p.stream_offsets[blockIdx.x];
+  const int64_t bytes = p.stream_offsets[blockIdx.x + 1] - p.stream_offsets[blockIdx.x];
   const int64_t chunks = (bytes + kStageBytes - 1) / kStageBytes;
   for (int64_t j = 0; j < chunks; ++j) {
     const int slot = static_cast<int>(j % kStages);
@@ -481,7 +524,7 @@ __device__ void Produce(const PersistentDecodeParams& p, unsigned char* ring, Sm
     const int64_t left = bytes - j * kStageBytes;
     const unsigned n = static_cast<unsigned>(left < kStageBytes ? left : kStageBytes);
     MbarExpectBytes(&s->full[slot], n);
-    BulkCopy(ring + slot * kStageBytes, p.stream + begin + j * kStageBytes, n, &s->full[slot]);
+    BulkCopy(ring + slot * kStageBytes, stream + j * kStageBytes, n, &s->full[slot]);
   }
 }
 
@@ -556,16 +599,16 @@ int PersistentDecodeCtas() {
   return sms;
 }
 
+cudaError_t ConfigurePersistentDecode(const PersistentDecodeParams& p) {
+  return cudaFuncSetAttribute(PersistentDecodeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              SmemLayout(p.dims, p.ctas).bytes);
+}
+
 cudaError_t LaunchPersistentDecode(const PersistentDecodeParams& p, cudaStream_t stream) {
-  const int bytes = SmemLayout(p.dims, p.ctas).bytes;
-  cudaError_t err = cudaFuncSetAttribute(PersistentDecodeKernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err != cudaSuccess) return err;
-  err = cudaMemsetAsync(p.arrivals, 0, sizeof(unsigned), stream);
-  if (err != cudaSuccess) return err;
   void* args[] = {const_cast<PersistentDecodeParams*>(&p)};
   return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(PersistentDecodeKernel),
-                                     dim3(p.ctas), dim3(kThreads), args, bytes, stream);
+                                     dim3(p.ctas), dim3(kThreads), args,
+                                     SmemLayout(p.dims, p.ctas).bytes, stream);
 }
 
 }  // namespace lair::kernels::cuda

@@ -163,20 +163,33 @@ struct PersistentDecodeParams {
   int64_t state_slot_stride = 0;                     // floats per slot of a state
   const float* embedding = nullptr;                  // [vocab][hidden]
   const float* final_norm = nullptr;                 // [hidden], or null: folded
-  const int32_t* token = nullptr;                    // device [1]
+  int32_t token = 0;                                 // the step's input token
   int slot = 0;
   // fp32 work buffers: the residual stream x [2][hidden] (a layer reads
   // one, sums into the other), y [MixerInRows], o_proj's per-head sums
-  // mixer_sums [H][hidden], head_sq [H]; the barrier's arrivals (zeroed by
-  // the launch).
+  // mixer_sums [H][hidden], head_sq [H].
   float *x[2] = {nullptr, nullptr}, *y = nullptr, *mixer_sums = nullptr, *head_sq = nullptr;
+  // The barriers' count of arrivals, never reset: this launch's barrier b
+  // waits for arrival_base + b·ctas (mod 2³²), and the launch adds
+  // PersistentDecodeArrivals.
   unsigned* arrivals = nullptr;
-  float* logits = nullptr;  // [vocab]
+  unsigned arrival_base = 0;
+  float* logits = nullptr;             // [vocab]
+  unsigned long long* best = nullptr;  // the head's argmax as it is reduced
+  int32_t* ids = nullptr;              // device [1]: the logits' argmax, or null
 };
+
+// The arrivals one launch adds: each CTA's at the layers' barriers, and at
+// the end (the last CTA to arrive finishes the argmax).
+__host__ __device__ inline unsigned PersistentDecodeArrivals(const PersistentDecodeParams& p) {
+  return static_cast<unsigned>((3 * p.dims.layers + 1) * p.ctas);
+}
 
 // The CTAs the kernel runs on the current device (one per SM).
 int PersistentDecodeCtas();
-// Zeroes p.arrivals and launches the kernel cooperatively.
+// Sets the kernel's shared memory for p's shapes; once, before launches.
+cudaError_t ConfigurePersistentDecode(const PersistentDecodeParams& p);
+// Launches the kernel cooperatively.
 cudaError_t LaunchPersistentDecode(const PersistentDecodeParams& p, cudaStream_t stream);
 
 }  // namespace lair::kernels::cuda

@@ -123,7 +123,8 @@ class CudaPersistentDecode : public PersistentDecode {
     LAIR_RETURN_IF_ERROR(BuildLayers(m));
     // The work buffers, each on a 64-byte boundary (the kernel reads float4s).
     const auto padded = [](int64_t n) { return (n + 15) / 16 * 16; };
-    const int64_t sizes[] = {d.hidden, d.hidden, d.MixerInRows(), d.heads * d.hidden, d.heads, 1};
+    const int64_t sizes[] = {d.hidden, d.hidden, d.MixerInRows(), d.heads * d.hidden, d.heads,
+                             2,        1};
     int64_t total = 0;
     for (int64_t n : sizes) total += padded(n);
     LAIR_ASSIGN_OR_RETURN(work_, backend_->Allocate(DType::kF32, {total}));
@@ -134,7 +135,11 @@ class CudaPersistentDecode : public PersistentDecode {
       *buffers[i] = at;
       at += padded(sizes[i]);
     }
-    params_.arrivals = reinterpret_cast<unsigned*>(at);
+    params_.best = reinterpret_cast<unsigned long long*>(at);
+    params_.arrivals = reinterpret_cast<unsigned*>(at + padded(2));
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cudaMemsetAsync(params_.arrivals, 0, sizeof(unsigned), stream_), "zero"));
+    LAIR_RETURN_IF_ERROR(CudaStatus(ConfigurePersistentDecode(params_), "configure"));
     LAIR_ASSIGN_OR_RETURN(logits_, backend_->Allocate(DType::kF32, {1, d.vocab}));
     params_.logits = logits_.f32();
     params_.embedding = m.embedding.f32();
@@ -142,11 +147,15 @@ class CudaPersistentDecode : public PersistentDecode {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<Tensor> Step(const Tensor& token, int slot,
-                              std::span<const Tensor> states) override {
+  absl::StatusOr<Tensor> Step(int32_t token, int slot, std::span<const Tensor> states,
+                              const Tensor& ids) override {
     const PersistentDecodeDims& d = params_.dims;
-    if (token.device() != Device::kCuda || token.dtype() != DType::kI32 || token.numel() < 1)
-      return absl::InvalidArgumentError("persistent decode: token is not a CUDA I32 tensor");
+    if (token < 0 || token >= d.vocab)
+      return absl::InvalidArgumentError(
+          absl::StrCat("persistent decode: token ", token, " outside the vocabulary"));
+    if (ids.defined() &&
+        (ids.device() != Device::kCuda || ids.dtype() != DType::kI32 || ids.numel() != 1))
+      return absl::InvalidArgumentError("persistent decode: ids is not a CUDA I32 [1] tensor");
     if (static_cast<int>(states.size()) != d.layers)
       return absl::InvalidArgumentError(
           absl::StrCat("persistent decode: ", states.size(), " states for ", d.layers, " layers"));
@@ -160,9 +169,11 @@ class CudaPersistentDecode : public PersistentDecode {
       return absl::InvalidArgumentError(
           absl::StrCat("persistent decode: slot ", slot, " out of range"));
     LAIR_RETURN_IF_ERROR(BindStates(states));
-    params_.token = token.data<int32_t>();
+    params_.token = token;
     params_.slot = slot;
+    params_.ids = ids.defined() ? ids.data<int32_t>() : nullptr;
     LAIR_RETURN_IF_ERROR(CudaStatus(LaunchPersistentDecode(params_, stream_), "launch"));
+    params_.arrival_base += PersistentDecodeArrivals(params_);
     return logits_;
   }
 
