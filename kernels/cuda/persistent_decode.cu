@@ -9,9 +9,10 @@
 //     stage (`empty`, four tiles a stage), then finish the rows.
 // A layer, with x the residual stream (fp32, in global memory, a layer
 // reading x[l % 2] and summing x' = x[(l + 1) % 2]) and | a grid barrier:
-//   1. y = W_in · rms(x)   (q, k, v, g, z = gk_proj.0's output); zero the
-//      sums x', m and head_sq the layer adds into                          |
-//   2. the state step, 16 value columns of one head a CTA, its key a thread:
+//   1. y = W_in · rms(x)   (q, k, v, g, z = gk_proj.0's output), published
+//      as words flagged with the layer; zero x' and the next layer's sums;
+//   2. the state step, 16 value columns of one head a CTA, its key a thread,
+//      once its words of y carry the layer's flag:
 //        gk = scale · log σ(W_gk z + b),  S ← diag(e^{gk}) S + k vᵀ,
 //        o = S ᵀ(q_scale · q),  head_sq[h] += Σ o²;
 //      then m[h] += W_o[:, its columns] · (o · w_head · swish(g))          |
@@ -115,20 +116,20 @@ class Consumer {
     if (blockIdx.x == 0 && tid_ == 0) *p_.best = 0;  // read after the layers' barriers
     for (int l = 0; l < d_.layers; ++l) {
       const PersistentDecodeLayerRefs layer = p_.layer[l];
+      const int set = l % 2;
+      const unsigned flag = p_.y_flag_base + l + 1;
       float* const next = p_.x[(l + 1) % 2];
       float state[kStepColumns];
       const bool stepping = LoadState(layer, state);
-      ZeroSums(next);
+      ZeroSums(next, 1 - set);
       NormedInput(x, layer.mixer_norm);
       Product(DecodePhase::kMixerIn);
-      const float scale = InputScale();
-      for (int r = tid_; r < rows_here_; r += kConsumers) p_.y[row0_ + r] = scale * rows_[r];
-      GridSync();
-      if (stepping) Step(layer, state);
+      PublishY(flag);
+      if (stepping) Step(layer, state, flag, set);
       Product(DecodePhase::kMixerOut);
-      if (stepping) AddRows(p_.mixer_sums + static_cast<int64_t>(StepHead()) * d_.hidden);
+      if (stepping) AddRows(MixerSums(set) + static_cast<int64_t>(StepHead()) * d_.hidden);
       GridSync();
-      MlpNormedInput(x, layer.mlp_norm, next);
+      MlpNormedInput(x, layer.mlp_norm, next, set);
       Product(DecodePhase::kMlpIn);
       SwiGluInput();
       Product(DecodePhase::kMlpOut);
@@ -136,6 +137,7 @@ class Consumer {
       GridSync();
       x = next;
     }
+    ZeroSums(nullptr, 0);  // the next launch's first layer
     NormedInput(x, p_.final_norm);
     Product(DecodePhase::kHead);
     const float scale = InputScale();
@@ -182,14 +184,61 @@ class Consumer {
     }
   }
 
-  // Zeroes this CTA's share of the sums the layer adds into: the next x,
-  // o_proj's per-head sums and (CTA 0) the heads' sums of squares. Their
-  // last readers were the previous layer's, before its last barrier.
-  __device__ void ZeroSums(float* next) {
-    ZeroShare(next, d_.hidden);
-    ZeroShare(p_.mixer_sums, d_.heads * d_.hidden);
-    if (blockIdx.x == 0 && tid_ < d_.heads) p_.head_sq[tid_] = 0.0f;
+  // o_proj's per-head sums and the heads' sums of squares, in two sets: a
+  // layer adds into set l % 2, which the layer before zeroed (the barriers
+  // between order the zeroing before any sum, with none between a layer's
+  // input product and its state step).
+  __device__ float* MixerSums(int set) const {
+    return p_.mixer_sums + static_cast<int64_t>(set) * d_.heads * d_.hidden;
   }
+  __device__ float* HeadSq(int set) const { return p_.head_sq + set * d_.heads; }
+
+  // Zeroes this CTA's share of `next` x (unless null) and of sum set `set`.
+  // Their last readers were a layer before, ahead of its last barrier.
+  __device__ void ZeroSums(float* next, int set) {
+    if (next) ZeroShare(next, d_.hidden);
+    ZeroShare(MixerSums(set), d_.heads * d_.hidden);
+    if (blockIdx.x == 0 && tid_ < d_.heads) HeadSq(set)[tid_] = 0.0f;
+  }
+
+  // Stores the input product's rows as y words: the value's bits beside
+  // this layer's flag, in one 64-bit store, so that a reader that sees the
+  // flag sees the value (WaitY) and no barrier is needed.
+  __device__ void PublishY(unsigned flag) {
+    const float scale = InputScale();
+    const unsigned long long tag = static_cast<unsigned long long>(flag) << 32;
+    for (int r = tid_; r < rows_here_; r += kConsumers) {
+      asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(p_.y + row0_ + r),
+                   "l"(tag | __float_as_uint(scale * rows_[r]))
+                   : "memory");
+    }
+  }
+
+  // out[i] = y[at[i]] (at[i] < 0: 0) once its word carries `flag`.
+  template <int kN>
+  __device__ void WaitY(const int (&at)[kN], float (&out)[kN], unsigned flag) const {
+    unsigned long long word[kN];
+#pragma unroll
+    for (int i = 0; i < kN; ++i) word[i] = static_cast<unsigned long long>(flag) << 32;
+    for (bool first = true;; first = false) {
+#pragma unroll
+      for (int i = 0; i < kN; ++i) {
+        if (at[i] >= 0 && (first || word[i] >> 32 != flag)) {
+          asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n"
+                       : "=l"(word[i])
+                       : "l"(p_.y + at[i])
+                       : "memory");
+        }
+      }
+      bool ready = true;
+#pragma unroll
+      for (int i = 0; i < kN; ++i) ready &= word[i] >> 32 == flag;
+      if (ready) break;
+    }
+#pragma unroll
+    for (int i = 0; i < kN; ++i) out[i] = __uint_as_float(static_cast<unsigned>(word[i]));
+  }
+
   __device__ void ZeroShare(float* dst, int n) {
     const int quads = n / 4, c = blockIdx.x;
     const int end = GroupBegin(quads, p_.ctas, c + 1);
@@ -222,29 +271,27 @@ class Consumer {
   // Steps the CTA's 16 value columns and leaves o_proj's input for them,
   // o · w_head · swish(g) (bf16), at input_[0, 16); its head's rms scales
   // the product's sums when they are read (MlpNormedInput).
-  __device__ void Step(const PersistentDecodeLayerRefs& layer, float (&state)[kStepColumns]) {
+  __device__ void Step(const PersistentDecodeLayerRefs& layer, float (&state)[kStepColumns],
+                       unsigned flag, int set) {
     const int unit = blockIdx.x, per_head = d_.dv / kStepColumns, h = StepHead();
     const int col0 = (unit % per_head) * kStepColumns, key = h * d_.dk + tid_;
     const int hk = d_.heads * d_.dk, hv = d_.heads * d_.dv;
-    // Every load first (L2 round trips overlap): q, k, this CTA's v, the
-    // gate input z (to shared memory), the key's gate row and bias, and
-    // (warp 0) the output gate and head norm weight of the columns.
-    const float* y = p_.y;
-    const float q = p_.q_scale * __ldcg(y + key), k = __ldcg(y + hk + key);
-    const float* z = y + 2 * hk + (d_.output_gate ? 2 : 1) * hv;
-    if (tid_ < d_.rank) s_->z[tid_] = __ldcg(z + tid_);
-    float v[kStepColumns];
-    const float4* v4 = reinterpret_cast<const float4*>(y + 2 * hk + h * d_.dv + col0);
+    // Every load first (L2 round trips overlap): q, k, this CTA's v and one
+    // extra word (warp 0: the output gate of its columns; warp 1: the gate
+    // input z, to shared memory), the key's gate row and bias and the head
+    // norm weight of the columns.
+    constexpr int kWords = 2 + kStepColumns + 1;
+    int at[kWords];
+    at[0] = key, at[1] = hk + key;
 #pragma unroll
-    for (int c = 0; c < kStepColumns / 4; ++c) {
-      const float4 x = __ldcg(v4 + c);
-      v[4 * c] = x.x, v[4 * c + 1] = x.y, v[4 * c + 2] = x.z, v[4 * c + 3] = x.w;
-    }
-    float out_gate = 1.0f, out_weight = 1.0f;
-    if (tid_ < kStepColumns) {
-      if (d_.output_gate) out_gate = Silu(__ldcg(y + 2 * hk + hv + h * d_.dv + col0 + tid_));
-      if (layer.head_norm) out_weight = layer.head_norm[col0 + tid_];
-    }
+    for (int j = 0; j < kStepColumns; ++j) at[2 + j] = 2 * hk + h * d_.dv + col0 + j;
+    const int z0 = 2 * hk + (d_.output_gate ? 2 : 1) * hv;
+    at[kWords - 1] = warp_ == 0 && lane_ < kStepColumns && d_.output_gate
+                         ? 2 * hk + hv + h * d_.dv + col0 + lane_
+                     : warp_ == 1 && lane_ < d_.rank ? z0 + lane_
+                                                     : -1;
+    float out_weight = 1.0f;
+    if (tid_ < kStepColumns && layer.head_norm) out_weight = layer.head_norm[col0 + tid_];
     const float4* w =
         reinterpret_cast<const float4*>(layer.gate + static_cast<int64_t>(key) * d_.rank);
     float4 wr[kMaxRank / 4];
@@ -252,6 +299,14 @@ class Consumer {
     for (int r = 0; r < kMaxRank / 4; ++r)
       if (4 * r < d_.rank) wr[r] = w[r];
     float logit = layer.gate[static_cast<int64_t>(hk) * d_.rank + key];
+    float words[kWords];
+    WaitY(at, words, flag);
+    const float q = p_.q_scale * words[0], k = words[1];
+    float v[kStepColumns];
+#pragma unroll
+    for (int j = 0; j < kStepColumns; ++j) v[j] = words[2 + j];
+    const float out_gate = warp_ == 0 && d_.output_gate ? Silu(words[kWords - 1]) : 1.0f;
+    if (warp_ == 1 && lane_ < d_.rank) s_->z[lane_] = words[kWords - 1];
     ConsumerSync();  // z in shared memory
 #pragma unroll
     for (int r = 0; r < kMaxRank / 4; ++r)
@@ -290,7 +345,7 @@ class Consumer {
       float sq = o * o;
 #pragma unroll
       for (int off = 16; off > 0; off /= 2) sq += __shfl_xor_sync(kAll, sq, off);
-      if (lane_ == 0) atomicAdd(p_.head_sq + h, sq);
+      if (lane_ == 0) atomicAdd(HeadSq(set) + h, sq);
     }
   }
 
@@ -306,14 +361,14 @@ class Consumer {
   // The MLP's input: x'' = x + Σ_h rms_h · m[h] (the mixer's output added to
   // the residual), normed as NormedInput; CTA c's share of x'' starts the
   // next x, which down's partial sums complete.
-  __device__ void MlpNormedInput(const float* x, const float* weight, float* next) {
+  __device__ void MlpNormedInput(const float* x, const float* weight, float* next, int set) {
     float4 xv[kQuads];
     LoadQuads(x, d_.hidden, xv);
 #pragma unroll 4
     for (int h = 0; h < d_.heads; ++h) {
       float4 mv[kQuads];
-      LoadQuads(p_.mixer_sums + static_cast<int64_t>(h) * d_.hidden, d_.hidden, mv);
-      const float scale = rsqrtf(__ldcg(p_.head_sq + h) / d_.dv + p_.head_eps);
+      LoadQuads(MixerSums(set) + static_cast<int64_t>(h) * d_.hidden, d_.hidden, mv);
+      const float scale = rsqrtf(__ldcg(HeadSq(set) + h) / d_.dv + p_.head_eps);
 #pragma unroll
       for (int i = 0; i < kQuads; ++i) {
         xv[i].x += scale * mv[i].x, xv[i].y += scale * mv[i].y;

@@ -9,15 +9,17 @@
 // the ring reaches) while a phase waits at its barrier, where a chain of
 // kernels would wait for each kernel boundary.
 //
-// A barrier costs microseconds, so a layer has three. A row product (each
+// A barrier costs microseconds, so a layer has two. A row product (each
 // CTA some whole output rows) needs its whole input; a column product (each
 // CTA some input columns, adding its partial outputs into fp32 sums in
 // global memory) needs only the columns the CTA itself made. So the state
 // step feeds o_proj's columns of its own value columns, and the MLP's gate
 // and up rows feed down's columns of the same units, with no barrier
-// between: the layer is  [in rows] | [state step, o_proj columns] |
-// [gate/up rows, down columns] | . Per-head RMS scales, known only once
-// every CTA has stepped, scale o_proj's per-head sums when they are read.
+// between; and the state step waits for its words of the input product's
+// output, each stored with a flag beside it, rather than for every CTA: the
+// layer is  [in rows, state step, o_proj columns] | [gate/up rows, down
+// columns] | . Per-head RMS scales, known only once every CTA has stepped,
+// scale o_proj's per-head sums when they are read.
 //
 // Weights stream as 8 KB tiles in the m16n8k16 A-fragment order, so a lane
 // reads its fragment with one 16-byte load, and x is the B operand's first
@@ -165,10 +167,15 @@ struct PersistentDecodeParams {
   const float* final_norm = nullptr;                 // [hidden], or null: folded
   int32_t token = 0;                                 // the step's input token
   int slot = 0;
-  // fp32 work buffers: the residual stream x [2][hidden] (a layer reads
-  // one, sums into the other), y [MixerInRows], o_proj's per-head sums
-  // mixer_sums [H][hidden], head_sq [H].
-  float *x[2] = {nullptr, nullptr}, *y = nullptr, *mixer_sums = nullptr, *head_sq = nullptr;
+  // Work buffers: the residual stream x [2][hidden] (a layer reads one,
+  // sums into the other); y [MixerInRows] as words of (flag << 32 | fp32
+  // bits), layer l's flag y_flag_base + l + 1; o_proj's per-head sums
+  // mixer_sums [2][H][hidden] and head_sq [2][H] (a set a layer parity,
+  // set 0 zero at launch).
+  float* x[2] = {nullptr, nullptr};
+  unsigned long long* y = nullptr;
+  unsigned y_flag_base = 0;
+  float *mixer_sums = nullptr, *head_sq = nullptr;
   // The barriers' count of arrivals, never reset: this launch's barrier b
   // waits for arrival_base + b·ctas (mod 2³²), and the launch adds
   // PersistentDecodeArrivals.
@@ -182,7 +189,7 @@ struct PersistentDecodeParams {
 // The arrivals one launch adds: each CTA's at the layers' barriers, and at
 // the end (the last CTA to arrive finishes the argmax).
 __host__ __device__ inline unsigned PersistentDecodeArrivals(const PersistentDecodeParams& p) {
-  return static_cast<unsigned>((3 * p.dims.layers + 1) * p.ctas);
+  return static_cast<unsigned>((2 * p.dims.layers + 1) * p.ctas);
 }
 
 // The CTAs the kernel runs on the current device (one per SM).

@@ -123,22 +123,27 @@ class CudaPersistentDecode : public PersistentDecode {
     LAIR_RETURN_IF_ERROR(BuildLayers(m));
     // The work buffers, each on a 64-byte boundary (the kernel reads float4s).
     const auto padded = [](int64_t n) { return (n + 15) / 16 * 16; };
-    const int64_t sizes[] = {d.hidden, d.hidden, d.MixerInRows(), d.heads * d.hidden, d.heads,
-                             2,        1};
+    // (floats: y's words take two, the argmax key two.)
+    const int64_t sizes[] = {
+        d.hidden, d.hidden, 2 * d.MixerInRows(), 2 * d.heads * d.hidden, 2 * d.heads, 2, 1};
     int64_t total = 0;
     for (int64_t n : sizes) total += padded(n);
     LAIR_ASSIGN_OR_RETURN(work_, backend_->Allocate(DType::kF32, {total}));
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cudaMemsetAsync(work_.raw(), 0, total * sizeof(float), stream_), "zero"));
     float* at = work_.f32();
-    float** buffers[] = {&params_.x[0], &params_.x[1], &params_.y, &params_.mixer_sums,
-                         &params_.head_sq};
-    for (int i = 0; i < 5; ++i) {
-      *buffers[i] = at;
+    void* buffers[7];
+    for (int i = 0; i < 7; ++i) {
+      buffers[i] = at;
       at += padded(sizes[i]);
     }
-    params_.best = reinterpret_cast<unsigned long long*>(at);
-    params_.arrivals = reinterpret_cast<unsigned*>(at + padded(2));
-    LAIR_RETURN_IF_ERROR(
-        CudaStatus(cudaMemsetAsync(params_.arrivals, 0, sizeof(unsigned), stream_), "zero"));
+    params_.x[0] = static_cast<float*>(buffers[0]);
+    params_.x[1] = static_cast<float*>(buffers[1]);
+    params_.y = static_cast<unsigned long long*>(buffers[2]);
+    params_.mixer_sums = static_cast<float*>(buffers[3]);
+    params_.head_sq = static_cast<float*>(buffers[4]);
+    params_.best = static_cast<unsigned long long*>(buffers[5]);
+    params_.arrivals = static_cast<unsigned*>(buffers[6]);
     LAIR_RETURN_IF_ERROR(CudaStatus(ConfigurePersistentDecode(params_), "configure"));
     LAIR_ASSIGN_OR_RETURN(logits_, backend_->Allocate(DType::kF32, {1, d.vocab}));
     params_.logits = logits_.f32();
@@ -174,6 +179,14 @@ class CudaPersistentDecode : public PersistentDecode {
     params_.ids = ids.defined() ? ids.data<int32_t>() : nullptr;
     LAIR_RETURN_IF_ERROR(CudaStatus(LaunchPersistentDecode(params_, stream_), "launch"));
     params_.arrival_base += PersistentDecodeArrivals(params_);
+    // y's flags must never repeat while a stale word could carry one: at
+    // the wrap, zero y (flag 0, which no layer uses) and start again.
+    params_.y_flag_base += d.layers;
+    if (params_.y_flag_base > UINT32_MAX - 2u * d.layers) {
+      params_.y_flag_base = 0;
+      LAIR_RETURN_IF_ERROR(CudaStatus(
+          cudaMemsetAsync(params_.y, 0, sizeof(uint64_t) * d.MixerInRows(), stream_), "zero y"));
+    }
     return logits_;
   }
 
