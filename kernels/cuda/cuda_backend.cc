@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <span>
@@ -169,20 +170,34 @@ struct StagingBuffers {
   }
 };
 
+// Download's bounce buffer for small tensors (a step's sampled ids): a copy
+// into pinned memory skips the driver's staging of a pageable one.
+struct PinnedDownload {
+  static constexpr size_t kBytes = 64 << 10;
+  void* host = nullptr;  // kBytes pinned, once the first small download asks
+  ~PinnedDownload() {
+    if (host) cudaFreeHost(host);
+  }
+};
+
 // A captured step and its executable graph.
 class CudaStepGraph : public StepGraph {
  public:
-  CudaStepGraph(cudaStream_t stream, cudaGraphExec_t exec) : stream_(stream), exec_(exec) {}
+  // `dense` (whose ops the graph may hold) must outlive the graph.
+  CudaStepGraph(cudaStream_t stream, cudaGraphExec_t exec, cuda::CudaDenseOps* dense)
+      : stream_(stream), exec_(exec), dense_(dense) {}
   CudaStepGraph(const CudaStepGraph&) = delete;
   CudaStepGraph& operator=(const CudaStepGraph&) = delete;
   ~CudaStepGraph() override { cudaGraphExecDestroy(exec_); }
   absl::Status Launch() override {
+    dense_->NoteReplay();
     return CudaStatus(cudaGraphLaunch(exec_, stream_), "graph launch");
   }
 
  private:
   cudaStream_t stream_;
   cudaGraphExec_t exec_;
+  cuda::CudaDenseOps* dense_;
 };
 
 // A defined CUDA tensor of exactly `shape`, float dtype (F32 only when f32_only).
@@ -275,10 +290,17 @@ class CudaBackend : public Backend {
     if (device_tensor.device() != Device::kCuda)
       return absl::InvalidArgumentError("Download needs a CUDA tensor");
     Tensor host = Tensor::Zeros(device_tensor.dtype(), device_tensor.shape());
-    LAIR_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(host.raw(), device_tensor.raw(), host.nbytes(),
-                                                    cudaMemcpyDeviceToHost, s()),
-                                    "download"));
+    const size_t bytes = host.nbytes();
+    const bool small = bytes <= PinnedDownload::kBytes;
+    if (small && !pinned_.host)
+      LAIR_RETURN_IF_ERROR(
+          CudaStatus(cudaMallocHost(&pinned_.host, PinnedDownload::kBytes), "download buffer"));
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(small ? pinned_.host : host.raw(), device_tensor.raw(), bytes,
+                                   cudaMemcpyDeviceToHost, s()),
+                   "download"));
     LAIR_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(s()), "download"));
+    if (small) std::memcpy(host.raw(), pinned_.host, bytes);
     return host;
   }
 
@@ -393,7 +415,7 @@ class CudaBackend : public Backend {
     const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     LAIR_RETURN_IF_ERROR(CudaStatus(made, "graph instantiate"));
-    return std::unique_ptr<StepGraph>(new CudaStepGraph(s(), exec));
+    return std::unique_ptr<StepGraph>(new CudaStepGraph(s(), exec, dense_.get()));
   }
 
   // The arena, the staging block and the dense ops' scratch (process-wide).
@@ -1735,6 +1757,7 @@ class CudaBackend : public Backend {
   StepArena arena_;
   absl::Status step_status_;  // of the last BeginStep
   StagingBuffers staging_;
+  PinnedDownload pinned_;
   bool capturing_ = false;
 };
 

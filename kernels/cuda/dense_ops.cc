@@ -209,6 +209,8 @@ absl::StatusOr<CudaDenseOps::DeviceInts> CudaDenseOps::UploadBatch(const Sequenc
 }
 
 absl::Status CudaDenseOps::TakeIndexFault() {
+  if (!fault_unread_) return CudaStatus(cudaStreamSynchronize(stream_), "fault");
+  fault_unread_ = false;
   int fault = 0;
   LAIR_RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(&fault, fault_, sizeof(int), cudaMemcpyDeviceToHost, stream_), "fault"));
@@ -346,6 +348,7 @@ absl::Status CudaDenseOps::Embedding(const EmbeddingArgs& args) {
   p.ids = args.ids.data<int32_t>();
   p.out = args.out.f32();
   p.fault = fault_;
+  fault_unread_ = true;
   return CudaStatus(dense::LaunchEmbedding(p, stream_), kOp);
 }
 
@@ -360,6 +363,7 @@ absl::Status CudaDenseOps::EmbeddingBackward(const EmbeddingBackwardArgs& args) 
   p.d_out = args.d_out.f32();
   p.d_table = args.d_table.f32();
   p.fault = fault_;
+  fault_unread_ = true;
   return CudaStatus(dense::LaunchEmbeddingBackward(p, stream_), kOp);
 }
 
@@ -647,6 +651,7 @@ absl::Status CudaDenseOps::CrossEntropy(const CrossEntropyArgs& args) {
   p.d_logits = args.d_logits.defined() ? args.d_logits.f32() : nullptr;
   p.grad_scale = args.grad_scale;
   p.fault = fault_;
+  fault_unread_ = true;
   return CudaStatus(dense::LaunchCrossEntropy(p, stream_), kOp);
 }
 

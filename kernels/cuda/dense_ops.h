@@ -116,8 +116,12 @@ class CudaDenseOps {
 
   // Waits for the stream, then returns InvalidArgument naming each op whose
   // device-side ids or targets were out of range since the last call (and
-  // clears the record), or OK.
+  // clears the record), or OK. Reads the device's record only when such an
+  // op was queued since the last call (directly or by NoteReplay): a step
+  // without one pays no copy back.
   absl::Status TakeIndexFault();
+  // Records that a replayed CUDA graph queued ops, which may have faulted.
+  void NoteReplay() { fault_unread_ = true; }
 
   // Changes whenever scratch memory of any CudaDenseOps (its own or its
   // GEMM's) moves; a CUDA graph that captured dense ops is stale after that.
@@ -143,8 +147,9 @@ class CudaDenseOps {
 
   cudaStream_t stream_;  // not owned
   GemmPrecision precision_;
-  int sm_count_ = 0;      // of the current device at Create
-  int* fault_ = nullptr;  // device word: bits of dense::Fault
+  int sm_count_ = 0;           // of the current device at Create
+  int* fault_ = nullptr;       // device word: bits of dense::Fault
+  bool fault_unread_ = false;  // an op that may fault queued since TakeIndexFault
   std::unique_ptr<dense::DeviceScratch> scratch_;
   std::unique_ptr<dense::GemmRunner> gemm_;
 };

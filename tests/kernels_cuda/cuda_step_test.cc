@@ -668,5 +668,31 @@ TEST_F(CudaStepTest, CapturedStepReplaysOnNewInputs) {
   EXPECT_FALSE(cpu_->CaptureStep([] { return absl::OkStatus(); }).ok());
 }
 
+// Synchronize reads the device's index-fault record only after work that
+// may fault; a replayed graph's embedding counts on every replay.
+TEST_F(CudaStepTest, ReplayedStepsReportOutOfRangeIds) {
+  const Tensor table = Up(Rand({10, 8}));
+  Tensor host_ids = Tensor::Zeros(DType::kI32, {2});
+  host_ids.data<int32_t>()[0] = 3;
+  const Tensor ids = Up(host_ids, DType::kI32);
+  const Tensor out = Up(Tensor::Zeros(DType::kF32, {2, 8}));
+  auto graph = gpu_->CaptureStep([&] { return gpu_->Embedding({table, ids, out}); });
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_TRUE(gpu_->Synchronize().ok());
+  for (int32_t second : {4, 10, 5}) {
+    host_ids.data<int32_t>()[1] = second;
+    ASSERT_TRUE(gpu_->Copy(Up(host_ids, DType::kI32), ids).ok());
+    ASSERT_TRUE((*graph)->Launch().ok());
+    const absl::Status synced = gpu_->Synchronize();
+    if (second < 10) {
+      EXPECT_TRUE(synced.ok()) << synced;
+    } else {
+      EXPECT_EQ(synced.code(), absl::StatusCode::kInvalidArgument) << synced;
+      EXPECT_NE(synced.message().find("Embedding: ids"), std::string::npos) << synced;
+    }
+  }
+  EXPECT_TRUE(gpu_->Synchronize().ok());
+}
+
 }  // namespace
 }  // namespace lair::kernels
