@@ -37,9 +37,15 @@ namespace {
 constexpr int kConsumerWarps = 8;
 constexpr int kConsumers = kConsumerWarps * 32;
 constexpr int kThreads = kConsumers + 32;  // + the producer warp
+// Warp w takes the stream's tiles ≡ w mod 8, so it waits on every other
+// stage, in order. With an even number of stages, the phase before the one
+// it waits on is a stage it waited on itself, and a slot is refilled only
+// after its warps free it: no warp can wait on a slot two phases apart (an
+// mbarrier's parity names only two).
 constexpr int kTilesPerStage = 4;
 constexpr int kStageBytes = kTilesPerStage * kDecodeTileBytes;
 constexpr int kStages = 6;
+static_assert(kStages % (kConsumerWarps / kTilesPerStage) == 0);
 // Value columns of a CTA's share of the state step: o_proj's slice of them.
 constexpr int kStepColumns = kDecodeSliceCols;
 constexpr int kMaxRank = 16;  // gk_proj's low rank (fla's default)
@@ -212,6 +218,7 @@ class Consumer {
                    "l"(tag | __float_as_uint(scale * rows_[r]))
                    : "memory");
     }
+    ConsumerSync();  // rows_ read before the next product zeroes them
   }
 
   // out[i] = y[at[i]] (at[i] < 0: 0) once its word carries `flag`.
@@ -456,19 +463,31 @@ class Consumer {
     for (int r = tid_; r < rows_here_; r += kConsumers) rows_[r] = 0.0f;
     ConsumerSync();  // the input formed, the rows zeroed
     const int per_unit = d_.TilesPerUnit(phase), tiles = share.count * per_unit;
-    if (columns) {
-      // Warp w owns the row blocks ≡ w mod 8 of every slice: no two warps
-      // sum into one row.
-      for (int slice = 0; slice < share.count; ++slice)
-        for (int block = warp_; block < per_unit; block += kConsumerWarps)
-          SumColumnTile(TakeTile(tile_ + slice * per_unit + block), slice, block);
+    if (!columns) {
+      ForMyTiles(tiles, [&](int t, const unsigned char* tile) {
+        SumRowTile(tile, t / share.count, t % share.count);
+      });
+    } else if (share.count == 1 || per_unit % kConsumerWarps == 0) {
+      // Row block b gets the tiles (slice, b): one warp's alone.
+      ForMyTiles(tiles, [&](int t, const unsigned char* tile) {
+        SumColumnTile<true>(tile, t / per_unit, t % per_unit);
+      });
     } else {
-      for (int t = (warp_ - tile_ % kConsumerWarps + kConsumerWarps) % kConsumerWarps; t < tiles;
-           t += kConsumerWarps)
-        SumRowTile(TakeTile(tile_ + t), t / share.count, t % share.count);
+      ForMyTiles(tiles, [&](int t, const unsigned char* tile) {
+        SumColumnTile<false>(tile, t / per_unit, t % per_unit);
+      });
     }
     tile_ += tiles;
     ConsumerSync();  // every tile summed into rows_
+  }
+
+  // take(t, tile) for each tile t of the current product's `tiles` that
+  // this warp takes (stream index ≡ warp mod 8), in order.
+  template <typename Take>
+  __device__ void ForMyTiles(int tiles, Take take) {
+    for (int t = (warp_ - tile_ % kConsumerWarps + kConsumerWarps) % kConsumerWarps; t < tiles;
+         t += kConsumerWarps)
+      take(t, TakeTile(tile_ + t));
   }
 
   // The stream's tile `index`, once the producer has landed it.
@@ -511,8 +530,10 @@ class Consumer {
   }
 
   // Rows 256·block + [0, 256) += the column tile of slice `slice` (the
-  // CTA's slice-th 16 input columns) times those columns; the calling warp
-  // owns these rows.
+  // CTA's slice-th 16 input columns) times those columns; kExclusive: no
+  // other warp adds to these rows (else shared atomics, a CAS loop each,
+  // which also keep the loads from running ahead).
+  template <bool kExclusive>
   __device__ void SumColumnTile(const unsigned char* tile, int slice, int block) {
     const int g = lane_ / 4, t4 = lane_ % 4;
     const uint32_t* input = reinterpret_cast<const uint32_t*>(input_);
@@ -528,9 +549,12 @@ class Consumer {
       const uint32_t a[4] = {raw.x, raw.y, raw.z, raw.w};
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       Mma(acc, a, b0, b1);
-      if (t4 == 0) {
+      if (t4 == 0 && kExclusive) {
         rows[kDecodeTileRows * f + g] += acc[0];
         rows[kDecodeTileRows * f + g + 8] += acc[2];
+      } else if (t4 == 0) {
+        atomicAdd(rows + kDecodeTileRows * f + g, acc[0]);
+        atomicAdd(rows + kDecodeTileRows * f + g + 8, acc[2]);
       }
     }
     ReleaseTile(tile);
