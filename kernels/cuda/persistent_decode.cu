@@ -151,22 +151,12 @@ class Consumer {
     for (int r = tid_; r < rows_here_; r += kConsumers) {
       const float logit = scale * rows_[r];
       p_.logits[row0_ + r] = logit;
-      best = max(best, ArgmaxKey(logit, row0_ + r));
+      best = max(best, DecodeArgmaxKey(logit, row0_ + r));
     }
     FinishArgmax(best);
   }
 
  private:
-  // An order on (logit, index) pairs as integers: the larger logit, then
-  // the smaller index (std::max_element's first maximum); 0 for NaN, which
-  // never wins, as in ArgmaxRows.
-  __device__ static unsigned long long ArgmaxKey(float logit, int index) {
-    if (logit != logit) return 0;
-    unsigned bits = __float_as_uint(logit);
-    bits ^= (bits >> 31) ? 0xffffffffu : 0x80000000u;
-    return (static_cast<unsigned long long>(bits) << 32) | (0xffffffffu - index);
-  }
-
   // Reduces the CTA's argmax keys into p.best, then arrives; the last CTA
   // to arrive writes the winner's index to p.ids (0 where every logit is
   // NaN, as ArgmaxRows).
@@ -186,7 +176,7 @@ class Consumer {
     const unsigned last = p_.arrival_base + PersistentDecodeArrivals(p_) - 1;
     if (before == last && p_.ids) {
       const unsigned long long winner = __ldcg(p_.best);
-      p_.ids[0] = winner == 0 ? 0 : static_cast<int32_t>(0xffffffffu - (winner & 0xffffffffu));
+      p_.ids[0] = DecodeArgmaxIndex(winner);
     }
   }
 

@@ -33,6 +33,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace lair::kernels::cuda {
 
@@ -139,6 +140,23 @@ __host__ __device__ inline int PersistentDecodeTileOffset(int r, int k) {
 // k-step.
 __host__ __device__ inline int PersistentDecodeColumnTileOffset(int r, int k) {
   return (r / kDecodeTileRows) * 512 + PersistentDecodeTileOffset(r % kDecodeTileRows, k);
+}
+
+// The head's argmax as one integer max, ArgmaxRows's answer: DecodeArgmaxKey
+// orders (logit, index) pairs by the larger logit, then the smaller index
+// (the first maximum; -0 ties +0); NaN and -inf get 0, which never wins.
+// DecodeArgmaxIndex reads the index back (0 where every key was 0).
+__host__ __device__ inline unsigned long long DecodeArgmaxKey(float logit, int index) {
+  if (!(logit > -3.402823466e38f || logit == -3.402823466e38f)) return 0;  // NaN, -inf
+  if (logit == 0.0f) logit = 0.0f;
+  unsigned bits;
+  memcpy(&bits, &logit, sizeof(bits));
+  bits ^= (bits >> 31) ? 0xffffffffu : 0x80000000u;  // the float order as unsigned
+  return (static_cast<unsigned long long>(bits) << 32) |
+         (0xffffffffu - static_cast<unsigned>(index));
+}
+__host__ __device__ inline int32_t DecodeArgmaxIndex(unsigned long long key) {
+  return key == 0 ? 0 : static_cast<int32_t>(0xffffffffu - static_cast<unsigned>(key));
 }
 
 // What Supports checks: the tile and work shapes this kernel takes.

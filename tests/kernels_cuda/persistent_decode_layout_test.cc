@@ -1,8 +1,12 @@
 // The persistent decode kernel's layout rules (kernels/cuda/persistent_decode.h)
 // on the host: where a weight tile puts each element, how a phase's units
 // split over the CTAs, and which shapes the kernel takes. Needs no GPU.
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/persistent_decode.h"
@@ -121,6 +125,40 @@ TEST(PersistentDecodeLayout, SharesCoverEachPhaseAndChainWithoutBarriers) {
       EXPECT_EQ(in.count, 2 * down.count);
     }
   }
+}
+
+// The head's argmax as one integer max picks what ArgmaxRows picks: the
+// largest logit, the first of equal ones; NaN and -inf never (0 when
+// nothing else is left).
+TEST(PersistentDecodeLayout, ArgmaxKeysPickWhatArgmaxRowsPicks) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::vector<float>> rows = {
+      {0.5f, -1.0f, 2.0f, 2.0f, 1.0f},  // a tie: the first
+      {-3.0f, -2.5f, -7.0f},            // negatives
+      {-inf, -inf, -1e30f},             // -inf below every finite value
+      {-0.0f, 0.0f},                    // signed zeros compare equal: the first
+      {nan, 1.0f, nan, 3.0f},           // NaN skipped
+      {1e-40f, 0.0f, -1e-40f},          // subnormals
+      {inf, 3.0f, inf},
+      {nan, -inf, -inf},  // no candidate: 0
+      {-inf, nan, -3.0f}};
+  for (const std::vector<float>& row : rows) {
+    unsigned long long best = 0;
+    for (size_t i = 0; i < row.size(); ++i)
+      best = std::max(best, DecodeArgmaxKey(row[i], static_cast<int>(i)));
+    // ArgmaxRows's scan: a value beats the best so far if larger, from
+    // -FLT_MAX and no index (which neither NaN nor -inf beats).
+    float top = -std::numeric_limits<float>::max();
+    size_t want = row.size();
+    for (size_t i = 0; i < row.size(); ++i)
+      if (row[i] > top || (row[i] == top && want == row.size())) top = row[i], want = i;
+    if (want == row.size()) want = 0;
+    EXPECT_EQ(DecodeArgmaxIndex(best), static_cast<int32_t>(want)) << ::testing::PrintToString(row);
+  }
+  EXPECT_EQ(DecodeArgmaxKey(nan, 7), 0u);
+  EXPECT_EQ(DecodeArgmaxIndex(0), 0);
+  EXPECT_EQ(DecodeArgmaxIndex(DecodeArgmaxKey(-1e30f, 31999)), 31999);
 }
 
 TEST(PersistentDecodeLayout, SupportsGla13bOnEnoughSms) {
