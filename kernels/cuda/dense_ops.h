@@ -114,11 +114,11 @@ class CudaDenseOps {
   absl::Status AttentionBackward(const SequenceBatch& batch, const AttentionBackwardArgs& args);
   absl::Status CrossEntropy(const CrossEntropyArgs& args);
 
-  // Waits for the stream, then returns InvalidArgument naming each op whose
-  // device-side ids or targets were out of range since the last call (and
-  // clears the record), or OK. Reads the device's record only when such an
-  // op was queued since the last call (directly or by NoteReplay): a step
-  // without one pays no copy back.
+  // InvalidArgument naming each op whose device-side ids or targets were
+  // out of range since the last call (and clears the record), or OK. Only
+  // when such an op was queued since the last call (directly or by
+  // NoteReplay) is there a record to read: then it waits for the stream and
+  // copies it back; otherwise it returns OK at once.
   absl::Status TakeIndexFault();
   // Records that a replayed CUDA graph queued ops, which may have faulted.
   void NoteReplay() { fault_unread_ = true; }

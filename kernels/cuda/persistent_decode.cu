@@ -30,6 +30,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/mma_fragments.cuh"
 #include "kernels/cuda/persistent_decode.h"
+#include "kernels/elementwise_math.h"
 
 namespace lair::kernels::cuda {
 namespace {
@@ -109,8 +110,6 @@ __device__ __forceinline__ unsigned LoadAcquire(const unsigned* p) {
   return v;
 }
 
-__device__ __forceinline__ float Silu(float x) { return x / (1.0f + __expf(-x)); }
-
 class Consumer {
  public:
   __device__ Consumer(const PersistentDecodeParams& p, unsigned char* ring, Smem* s,
@@ -158,8 +157,7 @@ class Consumer {
 
  private:
   // Reduces the CTA's argmax keys into p.best, then arrives; the last CTA
-  // to arrive writes the winner's index to p.ids (0 where every logit is
-  // NaN, as ArgmaxRows).
+  // to arrive writes the winner's index to p.ids (DecodeArgmaxIndex).
   __device__ void FinishArgmax(unsigned long long best) {
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) best = max(best, __shfl_xor_sync(kAll, best, off));

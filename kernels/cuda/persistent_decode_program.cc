@@ -131,19 +131,21 @@ class CudaPersistentDecode : public PersistentDecode {
     LAIR_ASSIGN_OR_RETURN(work_, backend_->Allocate(DType::kF32, {total}));
     LAIR_RETURN_IF_ERROR(
         CudaStatus(cudaMemsetAsync(work_.raw(), 0, total * sizeof(float), stream_), "zero"));
+    // The buffers in the order of `sizes`.
     float* at = work_.f32();
-    void* buffers[7];
-    for (int i = 0; i < 7; ++i) {
-      buffers[i] = at;
-      at += padded(sizes[i]);
-    }
-    params_.x[0] = static_cast<float*>(buffers[0]);
-    params_.x[1] = static_cast<float*>(buffers[1]);
-    params_.y = static_cast<unsigned long long*>(buffers[2]);
-    params_.mixer_sums = static_cast<float*>(buffers[3]);
-    params_.head_sq = static_cast<float*>(buffers[4]);
-    params_.best = static_cast<unsigned long long*>(buffers[5]);
-    params_.arrivals = static_cast<unsigned*>(buffers[6]);
+    const int64_t* size = sizes;
+    const auto take = [&] {
+      float* buffer = at;
+      at += padded(*size++);
+      return buffer;
+    };
+    params_.x[0] = take();
+    params_.x[1] = take();
+    params_.y = reinterpret_cast<unsigned long long*>(take());
+    params_.mixer_sums = take();
+    params_.head_sq = take();
+    params_.best = reinterpret_cast<unsigned long long*>(take());
+    params_.arrivals = reinterpret_cast<unsigned*>(take());
     LAIR_RETURN_IF_ERROR(CudaStatus(ConfigurePersistentDecode(params_), "configure"));
     LAIR_ASSIGN_OR_RETURN(logits_, backend_->Allocate(DType::kF32, {1, d.vocab}));
     params_.logits = logits_.f32();
