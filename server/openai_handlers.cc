@@ -217,9 +217,9 @@ asio::awaitable<void> WholeResponse(HttpExchange& exchange, GenerationRun& run,
 }
 
 asio::awaitable<void> HandleGenerate(HttpExchange& exchange, EngineClient& client, ApiKind kind,
-                                     int chat_default_max_tokens) {
+                                     const OpenAiLimits& limits) {
   absl::StatusOr<OpenAiRequest> parsed =
-      ParseOpenAiRequest(kind, exchange.request().body(), chat_default_max_tokens);
+      ParseOpenAiRequest(kind, exchange.request().body(), limits);
   absl::Status status = parsed.status();
   std::vector<std::vector<int32_t>> prompts;
   if (status.ok()) status = client.CheckModel(parsed->model);
@@ -325,7 +325,7 @@ asio::awaitable<void> HandleDetokenize(HttpExchange& exchange, EngineClient& cli
 }
 
 asio::awaitable<void> Route(HttpExchange& exchange, EngineClient& client,
-                            const std::string& api_key, int chat_default_max_tokens) {
+                            const std::string& api_key, const OpenAiLimits& limits) {
   const std::string_view path = exchange.path();
   const http::verb method = exchange.request().method();
   if (path == "/health") {
@@ -351,9 +351,9 @@ asio::awaitable<void> Route(HttpExchange& exchange, EngineClient& client,
   if (path == "/v1/models" && method == http::verb::get) {
     co_await HandleModels(exchange, client);
   } else if (path == "/v1/completions" && method == http::verb::post) {
-    co_await HandleGenerate(exchange, client, ApiKind::kCompletion, chat_default_max_tokens);
+    co_await HandleGenerate(exchange, client, ApiKind::kCompletion, limits);
   } else if (path == "/v1/chat/completions" && method == http::verb::post) {
-    co_await HandleGenerate(exchange, client, ApiKind::kChat, chat_default_max_tokens);
+    co_await HandleGenerate(exchange, client, ApiKind::kChat, limits);
   } else if (path == "/tokenize" && method == http::verb::post) {
     co_await HandleTokenize(exchange, client);
   } else if (path == "/detokenize" && method == http::verb::post) {
@@ -384,9 +384,9 @@ bool BearerMatches(std::string_view authorization, const std::string& api_key) {
 }
 
 HttpServer::Handler MakeOpenAiHandler(EngineClient* client, std::string api_key,
-                                      int chat_default_max_tokens) {
-  return [client, api_key = std::move(api_key), chat_default_max_tokens](HttpExchange& exchange) {
-    return Route(exchange, *client, api_key, chat_default_max_tokens);
+                                      OpenAiLimits limits) {
+  return [client, api_key = std::move(api_key), limits](HttpExchange& exchange) {
+    return Route(exchange, *client, api_key, limits);
   };
 }
 

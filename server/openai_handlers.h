@@ -14,12 +14,13 @@
 
 #include "server/engine_client.h"
 #include "server/http_server.h"
+#include "server/openai_protocol.h"
 
 namespace lair::server {
 
 // `client` must outlive the handler.
 HttpServer::Handler MakeOpenAiHandler(EngineClient* client, std::string api_key,
-                                      int chat_default_max_tokens);
+                                      OpenAiLimits limits);
 
 // True when `authorization` is "Bearer KEY" (or `api_key` is empty).
 bool BearerMatches(std::string_view authorization, const std::string& api_key);

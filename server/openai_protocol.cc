@@ -178,12 +178,13 @@ absl::StatusOr<nlohmann::ordered_json> ParseMessages(const Json* messages) {
   return out;
 }
 
-absl::Status ParseSampling(ApiKind kind, const Fields& f, engine::SamplingParams* s) {
+absl::Status ParseSampling(ApiKind kind, const Fields& f, int max_tokens,
+                           engine::SamplingParams* s) {
   // 0 only with echo (checked by the caller): the prompt alone.
   LAIR_RETURN_IF_ERROR(
-      f.Int("max_tokens", kind == ApiKind::kCompletion ? 0 : 1, INT32_MAX, &s->max_tokens));
+      f.Int("max_tokens", kind == ApiKind::kCompletion ? 0 : 1, max_tokens, &s->max_tokens));
   if (kind == ApiKind::kChat)
-    LAIR_RETURN_IF_ERROR(f.Int("max_completion_tokens", 1, INT32_MAX, &s->max_tokens));
+    LAIR_RETURN_IF_ERROR(f.Int("max_completion_tokens", 1, max_tokens, &s->max_tokens));
   LAIR_RETURN_IF_ERROR(f.Int("min_tokens", 0, s->max_tokens, &s->min_tokens));
   LAIR_RETURN_IF_ERROR(f.Int("n", 1, kMaxN, &s->n));
   LAIR_RETURN_IF_ERROR(f.Float("temperature", 0, 2, false, &s->temperature));
@@ -293,14 +294,14 @@ absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(std::string_view body) 
 }
 
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view body,
-                                                 int chat_default_max_tokens) {
+                                                 const OpenAiLimits& limits) {
   LAIR_ASSIGN_OR_RETURN(const Json json, ParseBody(body));
   Fields f(json);
   OpenAiRequest request;
   request.kind = kind;
-  if (kind == ApiKind::kChat) request.sampling.max_tokens = chat_default_max_tokens;
+  if (kind == ApiKind::kChat) request.sampling.max_tokens = limits.chat_default_max_tokens;
   LAIR_RETURN_IF_ERROR(f.String("model", &request.model));
-  LAIR_RETURN_IF_ERROR(ParseSampling(kind, f, &request.sampling));
+  LAIR_RETURN_IF_ERROR(ParseSampling(kind, f, limits.max_tokens, &request.sampling));
   LAIR_RETURN_IF_ERROR(f.Bool("stream", &request.stream));
   if (const Json* options = f.Get("stream_options")) {
     if (!options->is_object()) return ParamError("stream_options", "must be an object");
@@ -327,6 +328,14 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
       request.sampling.max_tokens = 1;
     }
     if (f.Get("suffix")) return UnsupportedParamError("suffix", "suffix is not supported");
+    // best_of > n would return the n best of more completions; not done, so
+    // not silently ignored.
+    int best_of = request.sampling.n;
+    LAIR_RETURN_IF_ERROR(f.Int("best_of", request.sampling.n, kMaxN, &best_of));
+    if (best_of != request.sampling.n) {
+      return UnsupportedParamError(
+          "best_of", "only best_of equal to n (every completion returned) is supported");
+    }
     LAIR_ASSIGN_OR_RETURN(request.prompts, ParsePrompts(f.Get("prompt")));
   } else {
     LAIR_ASSIGN_OR_RETURN(request.messages, ParseMessages(f.Get("messages")));

@@ -48,12 +48,19 @@ struct OpenAiRequest {
   int truncate_prompt_tokens = 0;  // vLLM's: > 0 keeps each prompt's last so many tokens
 };
 
+// What a server allows a request: chat_default_max_tokens applies when a
+// chat request gives neither max_tokens nor max_completion_tokens
+// (completions default to OpenAI's 16), and no request may ask for more than
+// max_tokens (the engine's max_new_tokens).
+struct OpenAiLimits {
+  int chat_default_max_tokens = 1024;
+  int max_tokens = INT32_MAX;
+};
+
 // Parses a request body. Malformed JSON or a body that is not an object is
-// an InvalidArgument; `chat_default_max_tokens` applies when a chat request
-// gives neither max_tokens nor max_completion_tokens (completions default to
-// OpenAI's 16).
+// an InvalidArgument.
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view body,
-                                                 int chat_default_max_tokens);
+                                                 const OpenAiLimits& limits);
 
 // vLLM's /tokenize: a text prompt, or chat messages rendered by the chat
 // template (exactly one of the two).

@@ -32,11 +32,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerConfig& config
     return absl::UnavailableError("grpc: cannot listen on " + address);
   }
 
-  const int chat_default = std::min(config.chat_default_max_tokens, engine_config.max_new_tokens);
+  const OpenAiLimits limits{.chat_default_max_tokens = std::min(config.chat_default_max_tokens,
+                                                                engine_config.max_new_tokens),
+                            .max_tokens = engine_config.max_new_tokens};
   LAIR_ASSIGN_OR_RETURN(
       server->http_,
       HttpServer::Start(config, &server->metrics_,
-                        MakeOpenAiHandler(server->client_.get(), config.api_key, chat_default)));
+                        MakeOpenAiHandler(server->client_.get(), config.api_key, limits)));
   return server;
 }
 

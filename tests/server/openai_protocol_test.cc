@@ -8,8 +8,11 @@ namespace {
 
 using Json = nlohmann::json;
 
+// A server's limits: chat requests default to 512 tokens, none may ask for more than 4096.
+const OpenAiLimits kLimits{.chat_default_max_tokens = 512, .max_tokens = 4096};
+
 absl::Status ParseStatus(ApiKind kind, const std::string& body) {
-  return ParseOpenAiRequest(kind, body, 512).status();
+  return ParseOpenAiRequest(kind, body, kLimits).status();
 }
 
 TEST(OpenAiProtocolTest, ParsesCompletionParameters) {
@@ -20,7 +23,7 @@ TEST(OpenAiProtocolTest, ParsesCompletionParameters) {
       "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2,
       "logit_bias": {"5": -100}, "stream": true, "stream_options": {"include_usage": true},
       "user": "u", "echo": false, "unknown_field": {"ignored": true}})",
-                                                       512);
+                                                       kLimits);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->model, "m");
   ASSERT_EQ(r->prompts.size(), 2u);
@@ -52,14 +55,15 @@ TEST(OpenAiProtocolTest, ParsesChatMessagesAndLogprobs) {
       "messages": [{"role": "system", "content": "s"},
                    {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
       "logprobs": true, "top_logprobs": 3, "max_completion_tokens": 9})",
-                                                       512);
+                                                       kLimits);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->messages.size(), 2u);
   EXPECT_EQ(r->messages[1]["content"], "ab");
   EXPECT_EQ(r->sampling.logprobs, 3);
   EXPECT_EQ(r->sampling.max_tokens, 9);
   absl::StatusOr<OpenAiRequest> defaults =
-      ParseOpenAiRequest(ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}]})", 77);
+      ParseOpenAiRequest(ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}]})",
+                         {.chat_default_max_tokens = 77});
   ASSERT_TRUE(defaults.ok());
   EXPECT_EQ(defaults->sampling.max_tokens, 77);
   EXPECT_EQ(defaults->sampling.logprobs, -1);
@@ -75,6 +79,13 @@ TEST(OpenAiProtocolTest, ErrorsNameTheParam) {
       {ApiKind::kCompletion, R"({"prompt": "x", "max_tokens": "ten"})", "max_tokens"},
       {ApiKind::kCompletion, R"({"prompt": "x", "max_tokens": 0})", "max_tokens"},
       {ApiKind::kCompletion, R"({"prompt": "x", "max_tokens": 4, "min_tokens": 5})", "min_tokens"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "max_tokens": 4097})", "max_tokens"},
+      {ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4097})",
+       "max_tokens"},
+      {ApiKind::kChat,
+       R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 4097})",
+       "max_completion_tokens"},
+      {ApiKind::kCompletion, R"({"prompt": "x", "n": 3, "best_of": 2})", "best_of"},
       {ApiKind::kCompletion, R"({"prompt": "x", "allowed_token_ids": []})", "allowed_token_ids"},
       {ApiKind::kCompletion, R"({"prompt": "x", "allowed_token_ids": [-2]})", "allowed_token_ids"},
       {ApiKind::kCompletion, R"({"prompt": "x", "temperature": "hot"})", "temperature"},
@@ -121,26 +132,33 @@ TEST(OpenAiProtocolTest, MalformedAndUnsupported) {
   EXPECT_EQ(ErrorParam(ParseStatus(ApiKind::kChat, chat + R"("tool_choice": "auto"})")),
             "tool_choice");
   EXPECT_TRUE(ParseStatus(ApiKind::kChat, chat + R"("tools": [], "tool_choice": "none"})").ok());
+  // best_of above n would drop completions: refused; equal to n it changes nothing.
+  absl::Status best_of = ParseStatus(ApiKind::kCompletion, R"({"prompt": "x", "best_of": 3})");
+  EXPECT_EQ(HttpStatusFor(best_of), 422);
+  EXPECT_EQ(ErrorParam(best_of), "best_of");
+  EXPECT_TRUE(ParseStatus(ApiKind::kCompletion, R"({"prompt": "x", "n": 2, "best_of": 2})").ok());
+  // The server's cap itself is allowed.
+  EXPECT_TRUE(ParseStatus(ApiKind::kCompletion, R"({"prompt": "x", "max_tokens": 4096})").ok());
 }
 
 // Echo lists the prompt with the logprobs asked for the output.
 TEST(OpenAiProtocolTest, EchoScoresThePromptWithTheOutputsLogprobs) {
   absl::StatusOr<OpenAiRequest> scored = ParseOpenAiRequest(
-      ApiKind::kCompletion, R"({"prompt": "x", "echo": true, "logprobs": 2})", 512);
+      ApiKind::kCompletion, R"({"prompt": "x", "echo": true, "logprobs": 2})", kLimits);
   ASSERT_TRUE(scored.ok()) << scored.status();
   EXPECT_TRUE(scored->echo);
   EXPECT_EQ(scored->sampling.prompt_logprobs, 2);
   absl::StatusOr<OpenAiRequest> text_only =
-      ParseOpenAiRequest(ApiKind::kCompletion, R"({"prompt": "x", "echo": true})", 512);
+      ParseOpenAiRequest(ApiKind::kCompletion, R"({"prompt": "x", "echo": true})", kLimits);
   ASSERT_TRUE(text_only.ok()) << text_only.status();
   EXPECT_EQ(text_only->sampling.prompt_logprobs, -1);
   absl::StatusOr<OpenAiRequest> plain =
-      ParseOpenAiRequest(ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 2})", 512);
+      ParseOpenAiRequest(ApiKind::kCompletion, R"({"prompt": "x", "logprobs": 2})", kLimits);
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->sampling.prompt_logprobs, -1);
   // max_tokens 0: the prompt alone, with echo only.
   absl::StatusOr<OpenAiRequest> alone = ParseOpenAiRequest(
-      ApiKind::kCompletion, R"({"prompt": "x", "echo": true, "max_tokens": 0})", 512);
+      ApiKind::kCompletion, R"({"prompt": "x", "echo": true, "max_tokens": 0})", kLimits);
   ASSERT_TRUE(alone.ok()) << alone.status();
   EXPECT_TRUE(alone->prompt_only);
   EXPECT_EQ(alone->sampling.max_tokens, 1);
