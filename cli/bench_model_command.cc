@@ -20,16 +20,17 @@
 // each feeding back the step's greedy tokens (Model::ForwardGreedy: the
 // argmax runs on the device; decode steps replay CUDA graphs unless
 // --no-graphs, and one sequence's run as the persistent decode kernel where
-// the model and backend have it unless --no-persistent). A step is timed from a synchronized
-// backend to its host token ids. It also times the download of a [B, vocab] F32 tensor, what a host
-// sampler's logits would add to each step. It reports B·G / (sum of the timed steps) in tokens/s,
-// the mean and median step, and the step's memory floor: the weights a forward reads whole
-// (ModelSize::forward_weight_bytes: an untied embedding table is left out,
-// a lookup reads only B rows of it) plus every slot's state read and written
-// (2 × BytesPerSlot × B), over the copy bandwidth measured in the same run
-// (CUDA: a 1 GiB device-to-device Backend::Copy; CPU: a 256 MiB memcpy;
-// bytes read + written, median of 5). "fraction of floor" = floor time /
-// median step time.
+// the model and backend have it unless --no-persistent). A step is timed
+// from a synchronized backend to its host token ids. It also times the
+// download of a [B, vocab] F32 tensor, what a host sampler's logits would
+// add to each step. It reports B·G / (sum of the timed steps) in tokens/s,
+// the mean and median step, and the step's memory floor: the weights a
+// forward reads whole (ModelSize::forward_weight_bytes: an untied embedding
+// table is left out, a lookup reads only B rows of it) plus every slot's
+// state read and written (2 × BytesPerSlot × B), over the copy bandwidth
+// measured in the same run (CUDA: a 1 GiB device-to-device Backend::Copy;
+// CPU: a 256 MiB memcpy; bytes read + written, median of 5). "fraction of
+// floor" = floor time / median step time.
 //
 // prefill runs N untimed prefills and one timed one, and reports B·P / time
 // in tokens/s and its FLOP rate against a Backend::Gemm measured in the same

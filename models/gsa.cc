@@ -26,8 +26,8 @@ class GsaMixer : public Mixer {
   absl::StatusOr<Var> Forward(Graph& g, const LinearInput& x,
                               const StepContext& ctx) const override {
     const int groups = config_.num_heads / config_.num_kv_heads;
-    // The forget gate, logsigmoid(f_proj(x)) / gate_logit_normalizer, in the group's epilogue.
-    // q and k through the feature map, v through silu, in the products.
+    // q and k through the feature map, v through silu, in the products; the
+    // forget gate beside them (Forget).
     LAIR_ASSIGN_OR_RETURN(const kernels::Activation feature, ActivationNamed(config_.feature_map));
     LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv,
                           qkv_.Forward(g, x, ctx, 2, Forget(),
@@ -58,7 +58,8 @@ class GsaMixer : public Mixer {
   }
 
  private:
-  // The forget gate's product of x, beside q, k, v.
+  // The forget gate's product of x, beside q, k, v:
+  // logsigmoid(f_proj(x)) / gate_logit_normalizer, in the group's epilogue.
   std::array<LinearWeight, 1> Forget() const {
     return {{{f_, -1, {UnaryOp::kLogSigmoid, 1.0f / config_.gate_logit_normalizer}}}};
   }
