@@ -217,17 +217,6 @@ absl::StatusOr<Tensor> Prefill(Bench& b, const BenchModelFlags& f, double* secon
   return logits;
 }
 
-// The argmax of each row of host F32 logits [B, vocab].
-std::vector<int32_t> Argmax(const Tensor& logits) {
-  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
-  std::vector<int32_t> ids(rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = logits.f32() + r * vocab;
-    ids[r] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
-  }
-  return ids;
-}
-
 void PrintHeader(const Bench& b, const BenchModelFlags& f) {
   std::printf(
       "backend %s (gemm %s); model %s: %s, %.1fM parameters, weights %.1f MB (%s matrices), "
@@ -264,7 +253,7 @@ absl::Status RunDecode(const BenchModelFlags& f) {
     step.start_positions.push_back(f.prompt_len);
   }
   step.cu_seqlens.push_back(f.batch);
-  step.tokens = Argmax(logits);
+  step.tokens = RowArgmax(logits);
   std::vector<double> step_seconds;
   for (int i = 0; i < f.warmup + f.gen_len; ++i) {
     LAIR_RETURN_IF_ERROR(b.backend->Synchronize());

@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -134,6 +135,17 @@ double RelativeError(const Tensor& a, const Tensor& b) {
   }
   if (ref == 0) return diff == 0 ? 0 : std::sqrt(diff);
   return std::sqrt(diff / ref);
+}
+
+std::vector<int32_t> RowArgmax(const Tensor& t) {
+  LAIR_CHECK(t.device() == Device::kCpu && t.dtype() == DType::kF32 && t.shape().size() == 2);
+  const int64_t rows = t.dim(0), cols = t.dim(1);
+  std::vector<int32_t> ids(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = t.f32() + r * cols;
+    ids[r] = static_cast<int32_t>(std::max_element(row, row + cols) - row);
+  }
+  return ids;
 }
 
 }  // namespace lair

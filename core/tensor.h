@@ -87,4 +87,9 @@ absl::Status ExpectShape(const Tensor& t, const Shape& shape, std::string_view w
 // ‖a − b‖₂ / ‖b‖₂ over float32 host tensors of equal size (0 when both are 0).
 double RelativeError(const Tensor& a, const Tensor& b);
 
+// The first largest index of each row of a float32 host tensor [rows, cols]:
+// greedy decoding's tokens from host logits (Backend::ArgmaxRows does this
+// on the device).
+std::vector<int32_t> RowArgmax(const Tensor& t);
+
 }  // namespace lair

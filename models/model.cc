@@ -1,7 +1,5 @@
 #include "models/model.h"
 
-#include <algorithm>
-
 #include "checkpoint/config_reader.h"
 #include "checkpoint/safetensors.h"
 #include "models/config.h"
@@ -33,14 +31,7 @@ absl::StatusOr<std::vector<int32_t>> Model::ForwardGreedy(const ForwardBatch& ba
   if (batch.all_logits || !batch.logit_rows.empty())
     return absl::InvalidArgumentError("ForwardGreedy: all_logits and logit_rows are not supported");
   LAIR_ASSIGN_OR_RETURN(Tensor logits, Forward(batch, pool));
-  const Tensor host = logits.ToF32();
-  const int64_t rows = host.dim(0), vocab = host.dim(1);
-  std::vector<int32_t> ids(rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = host.f32() + r * vocab;
-    ids[r] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
-  }
-  return ids;
+  return RowArgmax(logits);
 }
 
 }  // namespace lair::models

@@ -1,5 +1,8 @@
 #include "core/tensor.h"
 
+#include <cstdint>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace lair {
@@ -33,6 +36,13 @@ TEST(TensorTest, RelativeError) {
   EXPECT_EQ(RelativeError(a, b), 0.0);
   Tensor c = Tensor::FromFloats({2}, {3, 5});
   EXPECT_NEAR(RelativeError(c, b), 0.2, 1e-12);
+}
+
+TEST(TensorTest, RowArgmaxTakesEachRowsFirstLargest) {
+  Tensor logits = Tensor::FromFloats({3, 4}, {1, 7, 7, 2,     // a tie: the first
+                                              -5, -4, -9, -4,  // negatives
+                                              0, 0, 0, 3});
+  EXPECT_EQ(RowArgmax(logits), (std::vector<int32_t>{1, 1, 3}));
 }
 
 }  // namespace

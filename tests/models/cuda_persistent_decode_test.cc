@@ -42,7 +42,6 @@ bool HasHopper() {
 #endif
 }
 
-using testing::HostArgmax;
 using Runner = testing::ModelRunner;
 
 Runner Make(const std::string& dir, const std::string& device, bool fast, bool fold,
@@ -125,7 +124,7 @@ TEST_P(PersistentDecodeTest, MatchesCpuAndStepGraphs) {
   step.cu_seqlens = {0, 1};
   step.slots = {2};
   step.start_positions = {9};
-  step.tokens = {HostArgmax(want)[0]};
+  step.tokens = {RowArgmax(want)[0]};
   for (int i = 0; i < 6; ++i) {
     const std::string what = "step " + std::to_string(i);
     want = cpu.Forward(step);
@@ -136,7 +135,7 @@ TEST_P(PersistentDecodeTest, MatchesCpuAndStepGraphs) {
     EXPECT_LE(RelativeError(by_folded, want), kBf16Tol) << what;
     EXPECT_LE(RelativeError(by_unfolded, want), kBf16Tol) << what;
     EXPECT_LE(RelativeError(by_folded, by_graphs), kBf16Tol) << what;
-    step.tokens = HostArgmax(want);
+    step.tokens = RowArgmax(want);
     ++step.start_positions[0];
   }
   EXPECT_EQ(folded.model->persistent_decode_steps(), 6) << folded.model->persistent_decode_status();
@@ -153,7 +152,7 @@ TEST_P(PersistentDecodeTest, MatchesCpuAndStepGraphs) {
   std::vector<float> sorted(kernel_logits.f32(), kernel_logits.f32() + kernel_logits.numel());
   std::sort(sorted.begin(), sorted.end(), std::greater<>());
   if (sorted[0] - sorted[1] > 1e-3f * std::abs(sorted[0])) {
-    EXPECT_EQ((*ids)[0], HostArgmax(kernel_logits)[0]);
+    EXPECT_EQ((*ids)[0], RowArgmax(kernel_logits)[0]);
   }
   want = cpu.Forward(step);
   graphs.Forward(step);
@@ -165,7 +164,7 @@ TEST_P(PersistentDecodeTest, MatchesCpuAndStepGraphs) {
   both.cu_seqlens = {0, 1, 2};
   both.slots = {2, 0};
   both.start_positions = {step.start_positions[0], 4};
-  both.tokens = {HostArgmax(want)[0], 5};
+  both.tokens = {RowArgmax(want)[0], 5};
   want = cpu.Forward(both);
   EXPECT_LE(RelativeError(folded.Forward(both), want), kBf16Tol) << "two sequences";
   EXPECT_LE(RelativeError(unfolded.Forward(both), want), kBf16Tol) << "two sequences";

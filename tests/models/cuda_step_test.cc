@@ -5,7 +5,6 @@
 // fp32 tolerance and kFast on bf16 weights (bf16 tensor cores), loaded as
 // `lair serve` loads them (norm weights folded into the products), at the
 // bf16 one. Skips without a GPU.
-#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -25,7 +24,6 @@ constexpr double kRoundingTol = 1e-6;
 constexpr double kF32Tol = 1e-4;
 constexpr double kBf16Tol = 3e-2;
 
-using testing::HostArgmax;
 using Runner = testing::ModelRunner;
 
 class CudaStepTest : public ::testing::TestWithParam<std::string> {
@@ -81,7 +79,7 @@ TEST_P(CudaStepTest, GraphReplayMatchesEagerAndCpu) {
   step.cu_seqlens = {0, 1, 2, 3};
   step.slots = {2, 0, 1};
   step.start_positions = {5, 3, 7};
-  step.tokens = HostArgmax(first[0]);
+  step.tokens = RowArgmax(first[0]);
   for (int i = 0; i < 8; ++i) {
     if (i == 5) {
       step.cu_seqlens = {0, 1};
@@ -99,8 +97,8 @@ TEST_P(CudaStepTest, GraphReplayMatchesEagerAndCpu) {
     const Tensor fast_logits = fast.Forward(step);
     EXPECT_LE(RelativeError(op_by_op, want), kF32Tol) << what;
     EXPECT_LE(RelativeError(fast_logits, want), kBf16Tol) << what;
-    EXPECT_EQ(*ids, HostArgmax(op_by_op)) << what;
-    step.tokens = HostArgmax(want);
+    EXPECT_EQ(*ids, RowArgmax(op_by_op)) << what;
+    step.tokens = RowArgmax(want);
     for (int32_t& p : step.start_positions) ++p;
   }
   // Both batch sizes recur after their first (op by op) step, so both replay.
@@ -136,7 +134,7 @@ TEST_P(CudaStepTest, LongPrefillOnTheFastPathMatchesCpu) {
   step.cu_seqlens = {0, 1, 2};
   step.slots = {1, 3};
   step.start_positions = {30, 24};
-  step.tokens = HostArgmax(want);
+  step.tokens = RowArgmax(want);
   EXPECT_LE(RelativeError(fast.Forward(step), cpu.Forward(step)), kBf16Tol) << "step";
 }
 

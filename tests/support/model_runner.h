@@ -2,10 +2,7 @@
 // same steps on several backends or load options and compare the logits.
 #pragma once
 
-#include <algorithm>
-#include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -44,16 +41,6 @@ inline ModelRunner LoadRunner(const std::string& dir, const std::string& device,
   EXPECT_TRUE(pool.ok()) << pool.status();
   if (pool.ok()) r.pool = std::make_unique<models::StatePool>(std::move(*pool));
   return r;
-}
-
-// The greedy token of each row of host logits [rows, vocab].
-inline std::vector<int32_t> HostArgmax(const Tensor& logits) {
-  std::vector<int32_t> ids;
-  for (int64_t r = 0; r < logits.dim(0); ++r) {
-    const float* row = logits.f32() + r * logits.dim(1);
-    ids.push_back(static_cast<int32_t>(std::max_element(row, row + logits.dim(1)) - row));
-  }
-  return ids;
 }
 
 }  // namespace lair::testing
