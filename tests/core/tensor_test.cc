@@ -39,7 +39,7 @@ TEST(TensorTest, RelativeError) {
 }
 
 TEST(TensorTest, RowArgmaxTakesEachRowsFirstLargest) {
-  Tensor logits = Tensor::FromFloats({3, 4}, {1, 7, 7, 2,     // a tie: the first
+  Tensor logits = Tensor::FromFloats({3, 4}, {1, 7, 7, 2,      // a tie: the first
                                               -5, -4, -9, -4,  // negatives
                                               0, 0, 0, 3});
   EXPECT_EQ(RowArgmax(logits), (std::vector<int32_t>{1, 1, 3}));
