@@ -609,10 +609,7 @@ __device__ void Produce(const PersistentDecodeParams& p, unsigned char* ring, Sm
   // From the first chunk that begins there or after, chunks wait until l is
   // released: every tile read before the release lies in an earlier chunk.
   const PersistentDecodeDims& d = p.dims;
-  const auto tiles = [&](DecodePhase phase) {
-    return static_cast<int64_t>(PhaseShare(d, phase, p.ctas, blockIdx.x).count) *
-           d.TilesPerUnit(phase);
-  };
+  const auto tiles = [&](DecodePhase phase) { return PhaseTiles(d, phase, p.ctas, blockIdx.x); };
   const int64_t before_mlp = tiles(DecodePhase::kMixerIn) + tiles(DecodePhase::kMixerOut);
   const int64_t layer_tiles = before_mlp + tiles(DecodePhase::kMlpIn) + tiles(DecodePhase::kMlpOut);
   const auto first_held_chunk = [&](int l) {
