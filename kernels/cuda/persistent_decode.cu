@@ -2,7 +2,9 @@
 // consumer warps and one producer warp:
 //   producer: for each stage-sized chunk j of the CTA's weight stream, wait
 //     until ring stage j % S is free, then bulk-copy the chunk into it
-//     (completing on the stage's `full` mbarrier);
+//     (completing on the stage's `full` mbarrier); from a layer's first
+//     whole MLP chunk on, only once the consumers have their words of y
+//     (Smem::mlp_released);
 //   consumers: for each product, form its input in shared memory (bf16),
 //     take the CTA's tiles (warp w those with stream index ≡ w mod 8), sum
 //     each tile's m16n8k16 products into the CTA's rows, free the tile's
@@ -58,6 +60,16 @@ constexpr int kMaxHidden = 4 * kQuads * kConsumers;
 // Shared memory beyond the ring.
 struct Smem {
   uint64_t full[kStages], empty[kStages];
+  // The layers whose MLP the producer may stream: the consumers count one
+  // when their words of y are in. Every L2 round trip takes two to three
+  // times as long while the stream fills DRAM's queues, and the MLP's
+  // chunks are not read before the barrier after o_proj; held back until
+  // then, they no longer slow the y exchange on the critical path (on an
+  // H200, GLA 1.3B: the words in 0.7 µs after the last is published instead
+  // of 3.6, a layer 35.4 µs instead of 36.9; docs/benchmarks.md). A count,
+  // not an mbarrier: the consumers may run layers ahead of the producer's
+  // waits, and a parity tells only two phases apart.
+  volatile int mlp_released;
   float warp_sums[kConsumerWarps][kStepColumns];
   float z[kMaxRank];                             // the state step's low-rank gate input
   unsigned long long warp_best[kConsumerWarps];  // the head's argmax keys
@@ -126,6 +138,7 @@ class Consumer {
       float* const next = p_.x[(l + 1) % 2];
       float state[kStepColumns];
       const bool stepping = LoadState(layer, state);
+      if (!stepping) ReleaseMlpStream();
       ZeroSums(next, 1 - set);
       NormedInput(x, layer.mixer_norm);
       Product(DecodePhase::kMixerIn);
@@ -302,7 +315,8 @@ class Consumer {
     for (int j = 0; j < kStepColumns; ++j) v[j] = words[2 + j];
     const float out_gate = warp_ == 0 && d_.output_gate ? Silu(words[kWords - 1]) : 1.0f;
     if (warp_ == 1 && lane_ < d_.rank) s_->z[lane_] = words[kWords - 1];
-    ConsumerSync();  // z in shared memory
+    ConsumerSync();  // z in shared memory, and every warp's words of y in
+    ReleaseMlpStream();
 #pragma unroll
     for (int r = 0; r < kMaxRank / 4; ++r)
       if (4 * r < d_.rank)
@@ -485,6 +499,11 @@ class Consumer {
     MbarWait(&s_->full[slot], static_cast<unsigned>(stage / kStages) & 1u);
     return ring_ + slot * kStageBytes + (index % kTilesPerStage) * kDecodeTileBytes;
   }
+  // Lets the producer stream this layer's MLP (Smem::mlp_released).
+  __device__ void ReleaseMlpStream() {
+    if (tid_ == 0) s_->mlp_released = ++released_layers_;
+  }
+
   // Frees the tile's share of its stage (every lane's reads of it done).
   __device__ void ReleaseTile(const unsigned char* tile) {
     __syncwarp();
@@ -578,16 +597,32 @@ class Consumer {
   const int tid_ = static_cast<int>(threadIdx.x), warp_ = tid_ / 32, lane_ = tid_ % 32;
   int64_t tile_ = 0;  // this CTA's tiles taken so far: the stream's position
   int row0_ = 0, rows_here_ = 0;
-  unsigned barriers_ = 0;  // grid barriers passed (thread 0's count)
+  unsigned barriers_ = 0;    // grid barriers passed (thread 0's count)
+  int released_layers_ = 0;  // layers whose MLP the producer may stream (thread 0's count)
 };
 
 __device__ void Produce(const PersistentDecodeParams& p, unsigned char* ring, Smem* s) {
   const uint8_t* stream = p.stream + p.stream_offsets[blockIdx.x];
   const int64_t bytes = p.stream_offsets[blockIdx.x + 1] - p.stream_offsets[blockIdx.x];
   const int64_t chunks = (bytes + kStageBytes - 1) / kStageBytes;
+  // Layer l's MLP starts at tile l·layer_tiles + before_mlp of the stream.
+  // From the first chunk that begins there or after, chunks wait until l is
+  // released: every tile read before the release lies in an earlier chunk.
+  const PersistentDecodeDims& d = p.dims;
+  const auto tiles = [&](DecodePhase phase) { return PhaseTiles(d, phase, p.ctas, blockIdx.x); };
+  const int64_t before_mlp = tiles(DecodePhase::kMixerIn) + tiles(DecodePhase::kMixerOut);
+  const int64_t layer_tiles = before_mlp + tiles(DecodePhase::kMlpIn) + tiles(DecodePhase::kMlpOut);
+  const auto first_held_chunk = [&](int l) {
+    return (l * layer_tiles + before_mlp + kTilesPerStage - 1) / kTilesPerStage;
+  };
+  int held = 0;  // the first layer whose MLP this producer has not yet released
   for (int64_t j = 0; j < chunks; ++j) {
     const int slot = static_cast<int>(j % kStages);
     if (j >= kStages) MbarWait(&s->empty[slot], static_cast<unsigned>(j / kStages - 1) & 1u);
+    for (; held < d.layers && first_held_chunk(held) <= j; ++held) {
+      while (s->mlp_released <= held) {
+      }
+    }
     const int64_t left = bytes - j * kStageBytes;
     const unsigned n = static_cast<unsigned>(left < kStageBytes ? left : kStageBytes);
     MbarExpectBytes(&s->full[slot], n);
@@ -612,7 +647,7 @@ struct SmemLayout {
     for (int n :
          {most(d.Units(DecodePhase::kMixerIn)), 2 * mlp_units, most(d.Units(DecodePhase::kHead))})
       rows_most = kDecodeTileRows * n > rows_most ? kDecodeTileRows * n : rows_most;
-    input = kStages * kStageBytes + static_cast<int>(sizeof(Smem));
+    input = kStages * kStageBytes + static_cast<int>((sizeof(Smem) + 15) / 16 * 16);
     rows = input + (widest * 2 + 15) / 16 * 16;
     bytes = rows + rows_most * 4;
   }
@@ -632,6 +667,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       MbarInit(&s->full[i], 1);
       MbarInit(&s->empty[i], kTilesPerStage);
     }
+    s->mlp_released = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();

@@ -125,6 +125,13 @@ __host__ __device__ inline DecodeShare PhaseShare(const PersistentDecodeDims& d,
   return DecodeShare{u0, GroupBegin(units, ctas, c + 1) - u0};
 }
 
+// The tiles of CTA c's share of `phase`, which its stream holds in phase
+// order (kMixerIn, kMixerOut, kMlpIn, kMlpOut a layer, then kHead).
+__host__ __device__ inline int64_t PhaseTiles(const PersistentDecodeDims& d, DecodePhase phase,
+                                              int ctas, int c) {
+  return static_cast<int64_t>(PhaseShare(d, phase, ctas, c).count) * d.TilesPerUnit(phase);
+}
+
 // Byte offset, within a row tile, of element (r, k) of its 16 × 256 block:
 // the 16 k-steps one after another, each 32 lanes of 16 bytes holding the
 // lane's m16n8k16 A fragment {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1),

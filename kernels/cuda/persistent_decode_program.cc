@@ -85,8 +85,7 @@ void WriteTiles(const PersistentDecodeDims& d, DecodePhase phase, const HostRows
 }
 
 int64_t PhaseBytes(const PersistentDecodeDims& d, DecodePhase phase, int ctas, int c) {
-  return static_cast<int64_t>(PhaseShare(d, phase, ctas, c).count) * d.TilesPerUnit(phase) *
-         kDecodeTileBytes;
+  return PhaseTiles(d, phase, ctas, c) * kDecodeTileBytes;
 }
 
 constexpr DecodePhase kLayerPhases[] = {DecodePhase::kMixerIn, DecodePhase::kMixerOut,
