@@ -8,7 +8,6 @@ lair_library(lair_cuda_dense STATIC
   ${CMAKE_CURRENT_LIST_DIR}/dense_gemm.cu
   ${CMAKE_CURRENT_LIST_DIR}/dense_small_gemm.cu
   ${CMAKE_CURRENT_LIST_DIR}/dense_small_gemm_gemv.cu
-  ${CMAKE_CURRENT_LIST_DIR}/dense_small_gemm_mma.cu
   ${CMAKE_CURRENT_LIST_DIR}/dense_small_gemm_narrow_k.cu
   ${CMAKE_CURRENT_LIST_DIR}/dense_small_gemm_ring.cu
   ${CMAKE_CURRENT_LIST_DIR}/dense_norm.cu

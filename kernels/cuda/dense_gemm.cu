@@ -858,7 +858,8 @@ absl::Status GemmRunner::RunSwiGlu(std::span<const GemmCall, 3> calls, GemmPreci
   }
   std::vector<GemmCall> gate_up(calls.begin(), calls.begin() + 2);
   // The ring kernel's rows: its input and its output rounded to the weights' type.
-  const bool rounded = ReadsRoundedActivations(calls.first<2>(), precision);
+  const SmallProduct kind = SmallProductFor(calls.first<2>(), precision);
+  const bool rounded = kind == SmallProduct::kTensorCore;
   if (a_norm && rounded) {
     LAIR_ASSIGN_OR_RETURN(gate_up, im.FormRounded(gate_up, a_norm));
   } else if (a_norm && GemvFormsNorm(*a_norm, gate_up.front())) {
@@ -869,9 +870,9 @@ absl::Status GemmRunner::RunSwiGlu(std::span<const GemmCall, 3> calls, GemmPreci
   const GemmCall& gate = gate_up.front();
   const size_t element = rounded ? 2 : sizeof(float);
   LAIR_ASSIGN_OR_RETURN(char* hidden, im.gated.Get(static_cast<size_t>(gate.m * gate.n) * element));
-  LAIR_RETURN_IF_ERROR(
-      CudaStatus(LaunchSiluPair(std::span<const GemmCall, 2>(gate_up.data(), 2), hidden, im.stream),
-                 "silu pair"));
+  LAIR_RETURN_IF_ERROR(CudaStatus(
+      LaunchSiluPair(kind, std::span<const GemmCall, 2>(gate_up.data(), 2), hidden, im.stream),
+      "silu pair"));
   GemmCall down = calls[2];
   if (rounded) {
     down.a_rounded = hidden;

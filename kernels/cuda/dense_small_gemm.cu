@@ -3,7 +3,8 @@
 // activations and 16-bit weights w [n, k]. Memory-bound on w: every kernel
 // keeps many 16-byte weight loads in flight and reads each weight once.
 // This file routes a group of products to a kernel (dense_small_gemm_gemv.cu,
-// _mma.cu, _ring.cu) and cuts tensor-core products into CTAs and k splits.
+// _narrow_k.cu, _ring.cu) and cuts tensor-core products into CTAs and k
+// splits.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -22,8 +23,8 @@ namespace {
 
 // Clusters of `size` CTAs (along y) of `kernel`, with `threads` threads and
 // `shared_bytes` of dynamic shared memory each, that run at once. Clusters
-// pack into GPCs with SM slots to spare: on an H100 a version of
-// WideMmaKernel at two CTAs per SM ran 264 CTAs alone but 237 in clusters
+// pack into GPCs with SM slots to spare: on an H100 a tensor-core kernel
+// (since removed) at two CTAs per SM ran 264 CTAs alone but 237 in clusters
 // of 3 and 240 in clusters of 8 (Nsight Compute), so grids cut for 264
 // CTAs took two waves.
 // (Per device: a process may drive GPUs of different kinds.)
@@ -119,15 +120,16 @@ cudaError_t LaunchGroup(SmallProduct kind, std::span<const GemmCall> calls, cuda
   const SmallGroup<T> g = GroupOf<T>(calls);
   if (kind == SmallProduct::kGemv) return LaunchGemv(g, stream);
   if (kind == SmallProduct::kNarrowK) return LaunchNarrowK(g, stream);
-  return g.m > kWideRows ? LaunchPipeMma(g, stream) : LaunchMma(g, stream);
+  return LaunchPipeMma(g, stream);
 }
 
 template <typename T>
-cudaError_t LaunchPair(std::span<const GemmCall, 2> gate_up, void* out, cudaStream_t stream) {
+cudaError_t LaunchPair(SmallProduct kind, std::span<const GemmCall, 2> gate_up, void* out,
+                       cudaStream_t stream) {
   SmallGroup<T> g = GroupOf<T>(gate_up);
   g.silu_pair = true;
   g.c[0] = g.c[1] = nullptr;
-  if (g.m > kWideRows) {
+  if (kind == SmallProduct::kTensorCore) {
     g.silu_pair16 = static_cast<T*>(out);
     return LaunchPipeMma(g, stream);
   }
@@ -141,11 +143,9 @@ cudaError_t LaunchPair(std::span<const GemmCall, 2> gate_up, void* out, cudaStre
 using small_product::kGemvFastMaxRows;
 using small_product::kGemvMaxRows;
 using small_product::kMembers;
-using small_product::kMmaRows;
 using small_product::kNarrowK;
 using small_product::kNarrowKMaxRows;
 using small_product::kPipeRows;
-using small_product::MmaStagesK;
 
 SmallProduct SmallProductFor(std::span<const GemmCall> calls, GemmPrecision precision) {
   if (calls.empty() || calls.size() > kMembers) return SmallProduct::kNone;
@@ -166,15 +166,12 @@ SmallProduct SmallProductFor(std::span<const GemmCall> calls, GemmPrecision prec
   if (first.m <= (fast ? kGemvFastMaxRows : kGemvMaxRows)) return SmallProduct::kGemv;
   if (first.k <= kNarrowK && first.m <= kNarrowKMaxRows) return SmallProduct::kNarrowK;
   // Clusters and the dependent launch's wait need sm_90.
-  if (fast && first.m <= kPipeRows && HopperOrLater()) {
-    if (first.m > kMmaRows || MmaStagesK(first.k)) return SmallProduct::kTensorCore;
-  }
+  if (fast && first.m <= kPipeRows && HopperOrLater()) return SmallProduct::kTensorCore;
   return SmallProduct::kNone;
 }
 
 bool ReadsRoundedActivations(std::span<const GemmCall> calls, GemmPrecision precision) {
-  return SmallProductFor(calls, precision) == SmallProduct::kTensorCore &&
-         calls.front().m > small_product::kWideRows;
+  return SmallProductFor(calls, precision) == SmallProduct::kTensorCore;
 }
 
 cudaError_t LaunchSmallProduct(SmallProduct kind, std::span<const GemmCall> calls,
@@ -185,10 +182,8 @@ cudaError_t LaunchSmallProduct(SmallProduct kind, std::span<const GemmCall> call
 }
 
 bool TakesSiluPair(std::span<const GemmCall, 2> gate_up, GemmPrecision precision) {
-  if (SmallProductFor(gate_up, precision) != SmallProduct::kGemv &&
-      !ReadsRoundedActivations(gate_up, precision)) {
-    return false;
-  }
+  const SmallProduct kind = SmallProductFor(gate_up, precision);
+  if (kind != SmallProduct::kGemv && kind != SmallProduct::kTensorCore) return false;
   const GemmCall& gate = gate_up[0];
   for (const GemmCall& g : gate_up) {
     if (g.n != gate.n || g.bias || !g.act.identity() || g.residual || g.c16 || g.a_gate ||
@@ -199,10 +194,11 @@ bool TakesSiluPair(std::span<const GemmCall, 2> gate_up, GemmPrecision precision
   return true;
 }
 
-cudaError_t LaunchSiluPair(std::span<const GemmCall, 2> gate_up, void* out, cudaStream_t stream) {
+cudaError_t LaunchSiluPair(SmallProduct kind, std::span<const GemmCall, 2> gate_up, void* out,
+                           cudaStream_t stream) {
   return gate_up[0].b_type == DType::kBF16
-             ? small_product::LaunchPair<__nv_bfloat16>(gate_up, out, stream)
-             : small_product::LaunchPair<__half>(gate_up, out, stream);
+             ? small_product::LaunchPair<__nv_bfloat16>(kind, gate_up, out, stream)
+             : small_product::LaunchPair<__half>(kind, gate_up, out, stream);
 }
 
 }  // namespace lair::kernels::cuda::dense

@@ -1,7 +1,7 @@
 // Products of few activation rows against 16-bit weights in the nn.Linear
-// layout (dense_small_gemm.cu routes them to dense_small_gemm_gemv.cu, _mma.cu
-// or _ring.cu): a decode step's projections. Every kernel streams the weights
-// once and take a whole linear group (up to
+// layout (dense_small_gemm.cu routes them to dense_small_gemm_gemv.cu,
+// _narrow_k.cu or _ring.cu): a decode step's projections. Every kernel
+// streams the weights once and takes a whole linear group (up to
 // kSmallProductMembers products of the same activations) in one launch,
 // applying each member's bias, activation and residual in their epilogue.
 //   - kGemv: fp32 arithmetic, one warp per weight row. Exact, so both
@@ -10,9 +10,10 @@
 //     low-rank gate's up-projection) and more rows than the GEMV takes, up
 //     to 1024. Exact.
 //   - kTensorCore (fast path, sm_90): bf16/f16 mma.sync on the activations
-//     rounded to the weights' type, 3 to 32 rows (cuBLASLt above);
-//     the k range is split across the CTAs of a thread-block cluster, which
-//     sum their partials through distributed shared memory in a fixed order
+//     rounded to the weights' type, 3 to 32 rows (cuBLASLt above), weights
+//     and activations streamed through a shared-memory ring; the k range is
+//     split across the CTAs of a thread-block cluster, which sum their
+//     partials through distributed shared memory in a fixed order
 //     (deterministic).
 #pragma once
 
@@ -45,8 +46,8 @@ SmallProduct SmallProductFor(std::span<const GemmCall> calls, GemmPrecision prec
 
 // Whether the kernel SmallProductFor picks for `calls` can read their
 // activations already rounded to the weights' type (GemmCall::a_rounded):
-// the shared-memory ring of 17 to 32 rows, which then copies them into its
-// stages as they are, where it would copy fp32 and round them itself.
+// the tensor-core ring, which then copies them into its stages as they are,
+// where it would copy fp32 and round them itself.
 bool ReadsRoundedActivations(std::span<const GemmCall> calls, GemmPrecision precision);
 
 // `calls` through `kind` (not kNone), which SmallProductFor chose for them.
@@ -58,9 +59,11 @@ cudaError_t LaunchSmallProduct(SmallProduct kind, std::span<const GemmCall> call
 // equal n, without bias, activation, residual or 16-bit output, alpha 1 and
 // beta 0.
 bool TakesSiluPair(std::span<const GemmCall, 2> gate_up, GemmPrecision precision);
-// out [m, n] ← silu(gate) ∘ up in one launch (the calls' own c unused): fp32
-// from the GEMV, rounded to the weights' type from the ring kernel (where
-// ReadsRoundedActivations), ready for a down product that reads it so.
-cudaError_t LaunchSiluPair(std::span<const GemmCall, 2> gate_up, void* out, cudaStream_t stream);
+// out [m, n] ← silu(gate) ∘ up in one launch through `kind` (kGemv or
+// kTensorCore, which SmallProductFor chose for them; the calls' own c
+// unused): fp32 from the GEMV, rounded to the weights' type from the ring
+// kernel, ready for a down product that reads it so.
+cudaError_t LaunchSiluPair(SmallProduct kind, std::span<const GemmCall, 2> gate_up, void* out,
+                           cudaStream_t stream);
 
 }  // namespace lair::kernels::cuda::dense

@@ -185,22 +185,15 @@ inline constexpr int kGemvFastMaxRows = 2;
 inline constexpr int kNarrowK = 64;
 inline constexpr int kNarrowKMaxRows = 1024;
 
-// The tensor-core kernels: staged activations up to kMmaRows, chunked up to
-// kWideRows (dense_small_gemm_mma.cu), a shared-memory ring up to kPipeRows
-// (dense_small_gemm_ring.cu); cuBLASLt above.
-inline constexpr int kMmaRows = 8;
-inline constexpr int kWideRows = 16;
+// The tensor-core kernel: a shared-memory ring from the GEMV's rows up to
+// kPipeRows (dense_small_gemm_ring.cu); cuBLASLt above.
 inline constexpr int kPipeRows = 32;
 static_assert(kPipeRows == kSmallProductMaxRows);
 
 // ---------------------------------------------------------------------------
-// The tensor-core kernels: CTAs of kMmaWarps warps, k in steps of kMmaStepK
+// The tensor-core kernel: CTAs of kMmaWarps warps, k in steps of kMmaStepK
 // (two m16n8k16 mmas), split over clusters of up to kMmaMaxSplits CTAs.
 
-// Eight warps of one tile each in the 3-to-8-row kernel: with four warps of
-// two tiles, one warp per scheduler left every instruction's latency exposed
-// (Nsight Compute: ~7 cycles per issued instruction), and the per-CTA
-// staging and epilogue dominated.
 inline constexpr int kMmaWarps = 8;
 inline constexpr int kMmaThreads = kMmaWarps * 32;
 inline constexpr int kMmaStepVectors = 4;  // 8-wide vectors per 32-k step
@@ -309,9 +302,9 @@ __device__ __forceinline__ void FinishCta(const SmallGroup<T>& g, float (*partia
   const Output out = OutputOf(g, member);
   const int64_t j = (tile - Select(g.first_tile, member)) * kTileRows + o % kTileRows;
   if (tile < g.first_tile[g.count] && j < out.n) {
-    // (All sixteen rows of WideMmaKernel at once, 64 more live registers,
-    // ran GLA 1.3B at batch 16 at 4,926 tokens/s against 5,671 in batches
-    // of four.)
+    // (All sixteen rows at once, 64 more live registers, ran GLA 1.3B at
+    // batch 16 at 4,926 tokens/s against 5,671 in batches of four, in a
+    // kernel of 9 to 16 rows since removed.)
     constexpr int kBatch = 4;
     for (int64_t row0 = first_row; row0 < g.m; row0 += kBatch * stride) {
       FinishRows<kBatch>(cluster, partial, o, g.m, g.alpha, g.beta, out, j,
@@ -343,8 +336,6 @@ inline constexpr int64_t kCtaOverheadSteps = 4;
 MmaShape ShapeFor(const void* kernel, int threads, int64_t ctas, int64_t steps,
                   int64_t overhead_steps, size_t (*shared_bytes)(int64_t));
 
-inline int64_t StepsOf(int64_t k) { return (k + kMmaStepK - 1) / kMmaStepK; }
-
 // `kernel` over the cut `s` as a dependent: s.ctas × s.splits CTAs of
 // `threads` threads, blockIdx.y the split, in clusters of (1, s.splits, 1),
 // each with `shared_bytes` of dynamic shared memory. Invalid when nothing
@@ -370,14 +361,7 @@ cudaError_t LaunchGemv(const SmallGroup<T>& g, cudaStream_t stream);
 template <typename T>
 cudaError_t LaunchNarrowK(const SmallGroup<T>& g, cudaStream_t stream);
 
-// 3 to kWideRows rows (dense_small_gemm_mma.cu), sm_90.
-template <typename T>
-cudaError_t LaunchMma(const SmallGroup<T>& g, cudaStream_t stream);
-
-// Whether the 3-to-kMmaRows-row kernel can stage a split of k.
-bool MmaStagesK(int64_t k);
-
-// kWideRows + 1 to kPipeRows rows (dense_small_gemm_ring.cu), sm_90.
+// kGemvFastMaxRows + 1 to kPipeRows rows (dense_small_gemm_ring.cu), sm_90.
 template <typename T>
 cudaError_t LaunchPipeMma(const SmallGroup<T>& g, cudaStream_t stream);
 

@@ -1,5 +1,5 @@
-// Decode products of kWideRows + 1 to kPipeRows activation rows on tensor
-// cores, with weights and activations streamed through shared memory (sm_90).
+// Decode products of kGemvFastMaxRows + 1 to kPipeRows activation rows on
+// tensor cores, with weights and activations streamed through shared memory (sm_90).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -12,12 +12,10 @@
 namespace lair::kernels::cuda::dense::small_product {
 namespace {
 
-// Tensor-core product for 17 to kPipeRows activation rows: the same mma and
-// cluster reduction as dense_small_gemm_mma.cu, with weights and activations
-// streamed through a ring of kPipeStages shared-memory stages by cp.async, so
-// each SM keeps tens of KB in flight without holding them in registers (the
-// register-fed kernels there lost to cuBLASLt from 32 rows on for want of
-// bytes in flight).
+// Tensor-core product for 3 to kPipeRows activation rows: mma.sync with the
+// k range split over a cluster, weights and activations streamed through a
+// ring of kPipeStages shared-memory stages by cp.async, so each SM keeps tens
+// of KB in flight without holding them in registers.
 //
 // A stage is kStageK columns of the CTA's kPipeCtaOutputs weight rows and of
 // the activation rows, in 128-byte rows of 16-bit elements (swizzled, see
@@ -45,7 +43,11 @@ namespace {
 // Loading the fp32 activations through registers a stage ahead measured the
 // same as staging them (2,368 µs against 2,320 for a GLA 1.3B step's 121
 // products at 32 rows), and with eight activation tiles lost 11% to
-// cuBLASLt at 64 rows.
+// cuBLASLt at 64 rows. Kernels that streamed the weights straight into
+// registers took 3 to 8 and 9 to 16 rows until the twenty-second session;
+// this one, at one and two activation tiles, ran GLA 1.3B's decode step 27%
+// faster at 4 and 8 rows and 56% at 16 (H200: 1.39 against 1.78 ms at 4,
+// 1.80 against 2.82 at 16).
 constexpr int kPipeWarps = 8;
 constexpr int kPipeThreads = kPipeWarps * 32;
 static_assert(kPipeThreads == kMmaThreads, "FinishCta deals outputs to kMmaThreads threads");
@@ -306,13 +308,17 @@ cudaError_t LaunchPipeMmaTiles(const SmallGroup<T>& g, cudaStream_t stream) {
 
 }  // namespace
 
-// Three activation tiles up to 24 rows, four above.
+// As many 8-row activation tiles as m needs.
 template <typename T>
 cudaError_t LaunchPipeMma(const SmallGroup<T>& g, cudaStream_t stream) {
   if (g.a16) {
+    if (g.m <= 8) return LaunchPipeMmaTiles<T, 1, true>(g, stream);
+    if (g.m <= 16) return LaunchPipeMmaTiles<T, 2, true>(g, stream);
     if (g.m <= 24) return LaunchPipeMmaTiles<T, 3, true>(g, stream);
     return LaunchPipeMmaTiles<T, kPipeRows / 8, true>(g, stream);
   }
+  if (g.m <= 8) return LaunchPipeMmaTiles<T, 1, false>(g, stream);
+  if (g.m <= 16) return LaunchPipeMmaTiles<T, 2, false>(g, stream);
   if (g.m <= 24) return LaunchPipeMmaTiles<T, 3, false>(g, stream);
   return LaunchPipeMmaTiles<T, kPipeRows / 8, false>(g, stream);
 }
