@@ -5,12 +5,12 @@
 // kSmallProductMembers products of the same activations) in one launch,
 // applying each member's bias, activation and residual in their epilogue.
 //   - kGemv: fp32 arithmetic, one warp per weight row. Exact, so both
-//     precisions take it, up to 8 rows (2 on the fast path).
+//     precisions take it, up to 8 rows (1 on the fast path).
 //   - kNarrowK: fp32 arithmetic, one thread per output, for k ≤ 64 (a
 //     low-rank gate's up-projection) and more rows than the GEMV takes, up
 //     to 1024. Exact.
 //   - kTensorCore (fast path, sm_90): bf16/f16 mma.sync on the activations
-//     rounded to the weights' type, 3 to 32 rows (cuBLASLt above), weights
+//     rounded to the weights' type, 2 to 32 rows (cuBLASLt above), weights
 //     and activations streamed through a shared-memory ring; the k range is
 //     split across the CTAs of a thread-block cluster, which sum their
 //     partials through distributed shared memory in a fixed order

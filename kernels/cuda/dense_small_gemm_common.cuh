@@ -177,8 +177,10 @@ inline constexpr int kGemvMaxRows = 8;
 // so the GEMV's cost grows with rows: on an H100 (GLA 1.3B decode) it beat
 // bf16 cuBLASLt at 2 rows (2.09 against 2.47 ms per step) and lost at 4
 // (2.87 against 2.55) and 8 (4.39 against 2.73). Against the tensor-core
-// kernel it wins at 1 row (573 against 479 tokens/s) and ties at 2.
-inline constexpr int kGemvFastMaxRows = 2;
+// ring (H200, GLA 1.3B decode through the step graphs) it wins at 1 row
+// (1.18 against 1.26 ms a step) and loses at 2 (1.52 against 1.35; GSA
+// 1.3B 1.70 against 1.44).
+inline constexpr int kGemvFastMaxRows = 1;
 
 // The narrow-k kernel, exact: k up to kNarrowK, more rows than the GEMV
 // takes, up to kNarrowKMaxRows (a decode batch; cuBLASLt above).

@@ -276,11 +276,13 @@ cudaError_t LaunchGemvSplits(const SmallGroup<T>& g, cudaStream_t stream) {
   return LaunchGemvPaired<T, kRows, kSplits, false>(g, stream);
 }
 
-// Rows are split at up to kGemvFastMaxRows activation rows (the fast path's
-// decode; more rows need the registers for their sums).
+// Rows are split at up to kGemvSplitMaxRows activation rows (more rows need
+// the registers for their sums).
+constexpr int kGemvSplitMaxRows = 2;
+
 template <typename T, int kRows>
 cudaError_t LaunchGemvRows(const SmallGroup<T>& g, cudaStream_t stream) {
-  if constexpr (kRows > kGemvFastMaxRows) {
+  if constexpr (kRows > kGemvSplitMaxRows) {
     return LaunchGemvSplits<T, kRows, 1>(g, stream);
   } else {
     switch (SplitsFor(g.first_row[g.count], g.k)) {

@@ -12,7 +12,7 @@
 namespace lair::kernels::cuda::dense::small_product {
 namespace {
 
-// Tensor-core product for 3 to kPipeRows activation rows: mma.sync with the
+// Tensor-core product for 2 to kPipeRows activation rows: mma.sync with the
 // k range split over a cluster, weights and activations streamed through a
 // ring of kPipeStages shared-memory stages by cp.async, so each SM keeps tens
 // of KB in flight without holding them in registers.
@@ -44,10 +44,11 @@ namespace {
 // same as staging them (2,368 µs against 2,320 for a GLA 1.3B step's 121
 // products at 32 rows), and with eight activation tiles lost 11% to
 // cuBLASLt at 64 rows. Kernels that streamed the weights straight into
-// registers took 3 to 8 and 9 to 16 rows until the twenty-second session;
-// this one, at one and two activation tiles, ran GLA 1.3B's decode step 27%
-// faster at 4 and 8 rows and 56% at 16 (H200: 1.39 against 1.78 ms at 4,
-// 1.80 against 2.82 at 16).
+// registers took 3 to 8 and 9 to 16 rows, and the GEMV 2, until the
+// twenty-second session; this one, at one and two activation tiles, ran GLA
+// 1.3B's decode step 12% faster at 2 rows, 27% at 4 and 8, and 56% at 16
+// (H200: 1.35 against 1.52 ms at 2, 1.39 against 1.78 at 4, 1.80 against
+// 2.82 at 16).
 constexpr int kPipeWarps = 8;
 constexpr int kPipeThreads = kPipeWarps * 32;
 static_assert(kPipeThreads == kMmaThreads, "FinishCta deals outputs to kMmaThreads threads");

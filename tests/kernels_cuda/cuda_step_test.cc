@@ -21,7 +21,7 @@ namespace {
 
 constexpr double kBf16Tol = 2e-2;
 // Rows up to which a kFast product still takes the exact GEMV kernel.
-constexpr int64_t kFastGemvRows = 2;
+constexpr int64_t kFastGemvRows = 1;
 // The inner dimension up to which products of more rows take the exact
 // narrow-k kernel (up to 1024 rows).
 constexpr int64_t kNarrowK = 64;
@@ -60,8 +60,8 @@ class CudaStepTest : public ::testing::Test {
   std::mt19937 rng_{5};
 };
 
-// Decode-sized products (the GEMV kernel: m ≤ 8 exact, m ≤ 2 fast; the
-// tensor-core kernel: 3 to 8 rows fast) and larger ones (cuBLASLt), with and
+// Decode-sized products (the GEMV kernel: m ≤ 8 exact, m = 1 fast; the
+// tensor-core ring: 2 to 8 rows fast here) and larger ones (cuBLASLt), with and
 // without bias and beta, in both precisions, against the CPU on the
 // bf16-rounded weights.
 TEST_F(CudaStepTest, GemmOnBf16WeightsMatchesCpuInBothPrecisions) {
@@ -211,14 +211,13 @@ TEST_F(CudaStepTest, LinearGroupAddsResiduals) {
   }
 }
 
-// On the fast path every product above 2 rows with k > 64 rounds its
+// On the fast path every product above 1 row with k > 64 rounds its
 // activations to bf16 and sums in fp32, so against the CPU on bf16-rounded
 // activations and weights it is exact up to summation order (1e-5), wherever
-// it runs: the GEMV (m ≤ 2) and the narrow-k kernel (k ≤ 64, here 40), both
-// exact on the activations as given, the tensor-core kernels
-// (3 to 8 rows staged whole, 9 to 16 streamed in chunks of 128 k; k split
-// over up to eight CTAs of a cluster, so k = 8192 runs eight chunks per
-// split) or cuBLASLt (17 and 33 rows). Groups whose widths leave partial
+// it runs: the GEMV (m = 1) and the narrow-k kernel (k ≤ 64, here 40), both
+// exact on the activations as given, the tensor-core ring (2 to 32 rows in
+// one to four activation tiles; k split over up to eight CTAs of a cluster)
+// or cuBLASLt (33 rows and up). Groups whose widths leave partial
 // 16-row tiles, k with a partial 32-wide step, a bias, activations, a
 // residual in place, and a single product with beta ≠ 0. The same group
 // with a SiLU gate reads silu(gate) ∘ x, and with an input norm (RMS or
@@ -339,8 +338,8 @@ TEST_F(CudaStepTest, FastProductsAreExactOnRoundedActivations) {
 // after it in bf16, on the CUDA backend's forward (a scan's rounded output,
 // a gate product's), exactly as it reads the same values in fp32: per-head
 // norms with a gate after them (GLA's and RetNet's output stage) and a row
-// norm of silu(x) (GSA's), through the GEMV (1 and 2 rows), the tensor-core
-// kernels (24) and cuBLASLt (65).
+// norm of silu(x) (GSA's), through the GEMV (1 row), the tensor-core ring
+// (2 and 24) and cuBLASLt (65).
 TEST_F(CudaStepTest, NormsReadSixteenBitInputs) {
   const int64_t k = 512, n = 200;
   struct NormCase {
@@ -471,8 +470,8 @@ TEST_F(CudaStepTest, LinearGroupWritesSixteenBitOutputs) {
 }
 
 // A SwiGLU MLP (with an input norm and a residual) against the two linear
-// groups it stands for, run by the same backend: at 1 and 2 rows the GEMV,
-// and from 17 to 32 the ring kernel, form silu(gate) ∘ up in their epilogue,
+// groups it stands for, run by the same backend: at 1 row the GEMV, and
+// from 2 to 32 the ring kernel, form silu(gate) ∘ up in their epilogue,
 // with the same bits as the groups' products and passes; from 33 rows on
 // cuBLASLt with the gate and up outputs rounded to bf16 (within the bf16
 // tolerance). Also against the CPU in fp32.
@@ -487,7 +486,7 @@ TEST_F(CudaStepTest, SwiGluMatchesItsLinearGroups) {
   };
   const int64_t k2 = 192;
   for (const Case& shape :
-       {Case{256, 344, {1, 2, 17, 20, 32, 33, 100}}, Case{2048, 339, {1, 2, 3}}}) {
+       {Case{256, 344, {1, 2, 9, 16, 17, 20, 32, 33, 100}}, Case{2048, 339, {1, 2, 3}}}) {
     const int64_t k = shape.k, f = shape.f;
     for (int64_t m : shape.rows) {
       for (int normed : {0, 1, 2}) {
