@@ -392,6 +392,10 @@ TEST_F(CudaStepTest, NormsReadSixteenBitInputs) {
 // warps per row (by rows and k), with row counts that leave CTAs partly
 // empty, k that ends inside a chunk, and beta ≠ 0.
 TEST_F(CudaStepTest, GemvSplitsFewRowsAcrossWarps) {
+  // The exact precision: the fast path takes two rows to the ring.
+  auto exact = MakeBackend("cuda", BackendOptions{});
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  Backend& gpu = **exact;
   // A group of three members, whose rows must not mix.
   for (int64_t m : {1, 2}) {
     const int64_t k = 2056;
@@ -399,18 +403,18 @@ TEST_F(CudaStepTest, GemvSplitsFewRowsAcrossWarps) {
     const Tensor x = Rand({m, k});
     std::vector<Tensor> weights, cpu_weights, cpu_outs, gpu_outs;
     for (int64_t n : widths) {
-      const Tensor w = Up(Rand({n, k}), DType::kBF16);
-      absl::StatusOr<Tensor> host = gpu_->Download(w);
+      const Tensor w = Up(Rand({n, k}), DType::kBF16, &gpu);
+      absl::StatusOr<Tensor> host = gpu.Download(w);
       ASSERT_TRUE(host.ok()) << host.status();
       weights.push_back(w);
       cpu_weights.push_back(host->ToF32());
       cpu_outs.push_back(Tensor::Zeros(DType::kF32, {m, n}));
-      gpu_outs.push_back(Up(Rand({m, n})));
+      gpu_outs.push_back(Up(Rand({m, n}), DType::kF32, &gpu));
     }
     ASSERT_TRUE(cpu_->LinearGroup({x, cpu_weights, {}, cpu_outs}).ok());
-    ASSERT_TRUE(gpu_->LinearGroup({Up(x), weights, {}, gpu_outs}).ok());
+    ASSERT_TRUE(gpu.LinearGroup({Up(x, DType::kF32, &gpu), weights, {}, gpu_outs}).ok());
     for (size_t i = 0; i < widths.size(); ++i) {
-      EXPECT_LE(RelativeError(Down(gpu_outs[i]), cpu_outs[i]), 1e-5)
+      EXPECT_LE(RelativeError(Down(gpu_outs[i], &gpu), cpu_outs[i]), 1e-5)
           << "m=" << m << " member " << i;
     }
   }
@@ -419,15 +423,22 @@ TEST_F(CudaStepTest, GemvSplitsFewRowsAcrossWarps) {
       for (int64_t m : {1, 2}) {
         const std::string what = absl::StrCat("k=", k, " rows=", rows, " m=", m);
         const Tensor x = Rand({m, k}), c0 = Rand({m, rows});
-        const Tensor w = Up(Rand({rows, k}), DType::kBF16);
-        absl::StatusOr<Tensor> w_host = gpu_->Download(w);
+        const Tensor w = Up(Rand({rows, k}), DType::kBF16, &gpu);
+        absl::StatusOr<Tensor> w_host = gpu.Download(w);
         ASSERT_TRUE(w_host.ok()) << w_host.status();
         GemmArgs want{x, w_host->ToF32(), c0.Clone(), false, true, 1.5f, 0.5f, Tensor()};
         ASSERT_TRUE(cpu_->Gemm(want).ok()) << what;
-        GemmArgs got{Up(x), w, Up(c0), false, true, 1.5f, 0.5f, Tensor()};
-        const absl::Status st = gpu_->Gemm(got);
+        GemmArgs got{Up(x, DType::kF32, &gpu),
+                     w,
+                     Up(c0, DType::kF32, &gpu),
+                     false,
+                     true,
+                     1.5f,
+                     0.5f,
+                     Tensor()};
+        const absl::Status st = gpu.Gemm(got);
         ASSERT_TRUE(st.ok()) << what << ": " << st;
-        EXPECT_LE(RelativeError(Down(got.c), want.c), 1e-5) << what;
+        EXPECT_LE(RelativeError(Down(got.c, &gpu), want.c), 1e-5) << what;
       }
     }
   }
