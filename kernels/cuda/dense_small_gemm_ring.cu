@@ -307,21 +307,20 @@ cudaError_t LaunchPipeMmaTiles(const SmallGroup<T>& g, cudaStream_t stream) {
                    s.steps_per_split);
 }
 
+// As many 8-row activation tiles as m needs.
+template <typename T, bool kRounded>
+cudaError_t LaunchPipeMmaRows(const SmallGroup<T>& g, cudaStream_t stream) {
+  if (g.m <= 8) return LaunchPipeMmaTiles<T, 1, kRounded>(g, stream);
+  if (g.m <= 16) return LaunchPipeMmaTiles<T, 2, kRounded>(g, stream);
+  if (g.m <= 24) return LaunchPipeMmaTiles<T, 3, kRounded>(g, stream);
+  return LaunchPipeMmaTiles<T, kPipeRows / 8, kRounded>(g, stream);
+}
+
 }  // namespace
 
-// As many 8-row activation tiles as m needs.
 template <typename T>
 cudaError_t LaunchPipeMma(const SmallGroup<T>& g, cudaStream_t stream) {
-  if (g.a16) {
-    if (g.m <= 8) return LaunchPipeMmaTiles<T, 1, true>(g, stream);
-    if (g.m <= 16) return LaunchPipeMmaTiles<T, 2, true>(g, stream);
-    if (g.m <= 24) return LaunchPipeMmaTiles<T, 3, true>(g, stream);
-    return LaunchPipeMmaTiles<T, kPipeRows / 8, true>(g, stream);
-  }
-  if (g.m <= 8) return LaunchPipeMmaTiles<T, 1, false>(g, stream);
-  if (g.m <= 16) return LaunchPipeMmaTiles<T, 2, false>(g, stream);
-  if (g.m <= 24) return LaunchPipeMmaTiles<T, 3, false>(g, stream);
-  return LaunchPipeMmaTiles<T, kPipeRows / 8, false>(g, stream);
+  return g.a16 ? LaunchPipeMmaRows<T, true>(g, stream) : LaunchPipeMmaRows<T, false>(g, stream);
 }
 
 template cudaError_t LaunchPipeMma<__nv_bfloat16>(const SmallGroup<__nv_bfloat16>& g,

@@ -486,8 +486,9 @@ TEST_F(CudaStepTest, LinearGroupWritesSixteenBitOutputs) {
 // with the same bits as the groups' products and passes; from 33 rows on
 // cuBLASLt with the gate and up outputs rounded to bf16 (within the bf16
 // tolerance). Also against the CPU in fp32.
-// The second shape splits the GEMV's rows over warps and leaves its last
-// CTA part of a pair of rows. The input norm comes with a weight, and
+// The second shape splits the GEMV's row over warps at 1 row and takes the
+// ring at 2 and 3 (on this fast backend the GEMV's pairs of rows are no
+// longer reached). The input norm comes with a weight, and
 // without (a block norm folded into gate and up, which the GEMV forms at
 // one row).
 TEST_F(CudaStepTest, SwiGluMatchesItsLinearGroups) {
