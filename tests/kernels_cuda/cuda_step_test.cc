@@ -56,6 +56,62 @@ class CudaStepTest : public ::testing::Test {
     return *t;
   }
 
+  // A SwiGLU MLP of m rows (k inputs, f hidden, an input norm: 0 none, 1
+  // with a weight, 2 without; a residual) on `gpu` against the two linear
+  // groups it stands for on the same backend, within group_tol, and against
+  // the CPU's fp32 weights at the bf16 tolerance (the GPU's are rounded).
+  void ExpectSwiGluMatchesGroups(Backend& gpu, int64_t k, int64_t f, int64_t m, int normed,
+                                 double group_tol) {
+    const int64_t k2 = 192;
+    const std::string what =
+        absl::StrCat("k=", k, " f=", f, " m=", m, " normed ", normed, " (0: no, 2: no weight)");
+    const Tensor x = Rand({m, k}), residual = Rand({m, k2});
+    const Tensor wg = Rand({f, k}), wu = Rand({f, k}), wd = Rand({k2, f});
+    std::optional<NormArgs> norm;
+    if (normed > 0) {
+      norm.emplace().eps = 1e-5f;
+      if (normed == 1) norm->weight = Rand({k});
+    }
+    std::optional<NormArgs> gpu_norm = norm;
+    if (gpu_norm && gpu_norm->weight.defined())
+      gpu_norm->weight = Up(norm->weight, DType::kF32, &gpu);
+    SwiGluArgs args;
+    args.x = Up(x, DType::kF32, &gpu);
+    args.w_gate = Up(wg, DType::kBF16, &gpu);
+    args.w_up = Up(wu, DType::kBF16, &gpu);
+    args.w_down = Up(wd, DType::kBF16, &gpu);
+    args.residual = Up(residual, DType::kF32, &gpu);
+    args.out = Up(Rand({m, k2}), DType::kF32, &gpu);  // overwritten whole
+    args.input_norm = gpu_norm;
+    const absl::Status st = gpu.SwiGlu(args);
+    ASSERT_TRUE(st.ok()) << what << ": " << st;
+
+    const Tensor gate = Up(Tensor::Zeros(DType::kF32, {m, f}), DType::kF32, &gpu);
+    const Tensor up = Up(Tensor::Zeros(DType::kF32, {m, f}), DType::kF32, &gpu);
+    const Tensor gate_up[] = {args.w_gate, args.w_up}, projections[] = {gate, up};
+    LinearGroupArgs first{args.x, gate_up, {}, projections};
+    first.input_norm = gpu_norm;
+    ASSERT_TRUE(gpu.LinearGroup(first).ok()) << what;
+    const Tensor grouped = Up(Tensor::Zeros(DType::kF32, {m, k2}), DType::kF32, &gpu);
+    const Tensor residuals[] = {args.residual};
+    LinearGroupArgs down{up, {&args.w_down, 1}, {}, {&grouped, 1}, {}, residuals};
+    down.silu_gate = gate;
+    ASSERT_TRUE(gpu.LinearGroup(down).ok()) << what;
+    const Tensor out = Down(args.out, &gpu);
+    EXPECT_LE(RelativeError(out, Down(grouped, &gpu)), group_tol) << what;
+
+    SwiGluArgs want;
+    want.x = x;
+    want.w_gate = wg;
+    want.w_up = wu;
+    want.w_down = wd;
+    want.residual = residual;
+    want.out = Tensor::Zeros(DType::kF32, {m, k2});
+    want.input_norm = norm;
+    ASSERT_TRUE(cpu_->SwiGlu(want).ok()) << what;
+    EXPECT_LE(RelativeError(out, want.out), kBf16Tol) << what << " vs CPU";
+  }
+
   std::unique_ptr<Backend> gpu_, cpu_;
   std::mt19937 rng_{5};
 };
@@ -487,66 +543,19 @@ TEST_F(CudaStepTest, LinearGroupWritesSixteenBitOutputs) {
 // cuBLASLt with the gate and up outputs rounded to bf16 (within the bf16
 // tolerance). Also against the CPU in fp32.
 // The second shape splits the GEMV's row over warps at 1 row and takes the
-// ring at 2 and 3 (the GEMV's pairs of rows: the exact backend's test below). The input norm comes
-// with a weight, and without (a block norm folded into gate and up, which the GEMV forms at one
-// row).
+// ring at 2 and 3 (the GEMV's pairs of rows: the exact backend's test
+// below). The input norm comes with a weight, and without (a block norm
+// folded into gate and up, which the GEMV forms at one row).
 TEST_F(CudaStepTest, SwiGluMatchesItsLinearGroups) {
   struct Case {
     int64_t k, f;
     std::vector<int64_t> rows;
   };
-  const int64_t k2 = 192;
   for (const Case& shape :
        {Case{256, 344, {1, 2, 9, 16, 17, 20, 32, 33, 100}}, Case{2048, 339, {1, 2, 3}}}) {
-    const int64_t k = shape.k, f = shape.f;
     for (int64_t m : shape.rows) {
       for (int normed : {0, 1, 2}) {
-        const std::string what =
-            absl::StrCat("k=", k, " f=", f, " m=", m, " normed ", normed, " (0: no, 2: no weight)");
-        const Tensor x = Rand({m, k}), residual = Rand({m, k2});
-        const Tensor wg = Rand({f, k}), wu = Rand({f, k}), wd = Rand({k2, f});
-        std::optional<NormArgs> norm;
-        if (normed > 0) {
-          norm.emplace().eps = 1e-5f;
-          if (normed == 1) norm->weight = Rand({k});
-        }
-        SwiGluArgs args;
-        args.x = Up(x);
-        args.w_gate = Up(wg, DType::kBF16);
-        args.w_up = Up(wu, DType::kBF16);
-        args.w_down = Up(wd, DType::kBF16);
-        args.residual = Up(residual);
-        args.out = Up(Rand({m, k2}));  // overwritten whole
-        std::optional<NormArgs> gpu_norm = norm;
-        if (gpu_norm && gpu_norm->weight.defined()) gpu_norm->weight = Up(norm->weight);
-        args.input_norm = gpu_norm;
-        const absl::Status st = gpu_->SwiGlu(args);
-        ASSERT_TRUE(st.ok()) << what << ": " << st;
-
-        const Tensor gate = Up(Tensor::Zeros(DType::kF32, {m, f}));
-        const Tensor up = Up(Tensor::Zeros(DType::kF32, {m, f}));
-        const Tensor gate_up[] = {args.w_gate, args.w_up}, projections[] = {gate, up};
-        LinearGroupArgs first{args.x, gate_up, {}, projections};
-        first.input_norm = gpu_norm;
-        ASSERT_TRUE(gpu_->LinearGroup(first).ok()) << what;
-        const Tensor grouped = Up(Tensor::Zeros(DType::kF32, {m, k2}));
-        const Tensor residuals[] = {args.residual};
-        LinearGroupArgs down{up, {&args.w_down, 1}, {}, {&grouped, 1}, {}, residuals};
-        down.silu_gate = gate;
-        ASSERT_TRUE(gpu_->LinearGroup(down).ok()) << what;
-        const double err = RelativeError(Down(args.out), Down(grouped));
-        EXPECT_LE(err, m > 32 ? kBf16Tol : 0.0) << what;
-
-        SwiGluArgs exact;
-        exact.x = x;
-        exact.w_gate = wg;
-        exact.w_up = wu;
-        exact.w_down = wd;
-        exact.residual = residual;
-        exact.out = Tensor::Zeros(DType::kF32, {m, k2});
-        exact.input_norm = norm;
-        ASSERT_TRUE(cpu_->SwiGlu(exact).ok()) << what;
-        EXPECT_LE(RelativeError(Down(args.out), exact.out), kBf16Tol) << what << " vs CPU";
+        ExpectSwiGluMatchesGroups(*gpu_, shape.k, shape.f, m, normed, m > 32 ? kBf16Tol : 0.0);
       }
     }
   }
@@ -555,63 +564,12 @@ TEST_F(CudaStepTest, SwiGluMatchesItsLinearGroups) {
 // The same on the exact backend, where the GEMV takes up to 8 rows: the
 // pairs of rows it reads together (2 and 3), its widest shape (8), and one
 // row more (9: no kernel forms silu(gate) ∘ up, so the op runs as the two
-// groups do). Each against the groups within fp32 summation order, and
-// against the CPU's fp32 weights at the bf16 tolerance (the GPU's weights
-// are rounded).
+// groups do), each against the groups within fp32 summation order.
 TEST_F(CudaStepTest, SwiGluOnTheExactBackendMatchesItsLinearGroups) {
   auto made = MakeBackend("cuda", BackendOptions{});
   ASSERT_TRUE(made.ok()) << made.status();
-  Backend& gpu = **made;
-  const int64_t k = 2056, f = 339, k2 = 192;
   for (int64_t m : {1, 2, 3, 8, 9}) {
-    for (int normed : {0, 1, 2}) {
-      const std::string what = absl::StrCat("m=", m, " normed ", normed, " (0: no, 2: no weight)");
-      const Tensor x = Rand({m, k}), residual = Rand({m, k2});
-      const Tensor wg = Rand({f, k}), wu = Rand({f, k}), wd = Rand({k2, f});
-      std::optional<NormArgs> norm;
-      if (normed > 0) {
-        norm.emplace().eps = 1e-5f;
-        if (normed == 1) norm->weight = Rand({k});
-      }
-      std::optional<NormArgs> gpu_norm = norm;
-      if (gpu_norm && gpu_norm->weight.defined())
-        gpu_norm->weight = Up(norm->weight, DType::kF32, &gpu);
-      SwiGluArgs args;
-      args.x = Up(x, DType::kF32, &gpu);
-      args.w_gate = Up(wg, DType::kBF16, &gpu);
-      args.w_up = Up(wu, DType::kBF16, &gpu);
-      args.w_down = Up(wd, DType::kBF16, &gpu);
-      args.residual = Up(residual, DType::kF32, &gpu);
-      args.out = Up(Rand({m, k2}), DType::kF32, &gpu);  // overwritten whole
-      args.input_norm = gpu_norm;
-      const absl::Status st = gpu.SwiGlu(args);
-      ASSERT_TRUE(st.ok()) << what << ": " << st;
-
-      const Tensor gate = Up(Tensor::Zeros(DType::kF32, {m, f}), DType::kF32, &gpu);
-      const Tensor up = Up(Tensor::Zeros(DType::kF32, {m, f}), DType::kF32, &gpu);
-      const Tensor gate_up[] = {args.w_gate, args.w_up}, projections[] = {gate, up};
-      LinearGroupArgs first{args.x, gate_up, {}, projections};
-      first.input_norm = gpu_norm;
-      ASSERT_TRUE(gpu.LinearGroup(first).ok()) << what;
-      const Tensor grouped = Up(Tensor::Zeros(DType::kF32, {m, k2}), DType::kF32, &gpu);
-      const Tensor residuals[] = {args.residual};
-      LinearGroupArgs down{up, {&args.w_down, 1}, {}, {&grouped, 1}, {}, residuals};
-      down.silu_gate = gate;
-      ASSERT_TRUE(gpu.LinearGroup(down).ok()) << what;
-      const Tensor out = Down(args.out, &gpu);
-      EXPECT_LE(RelativeError(out, Down(grouped, &gpu)), 1e-5) << what;
-
-      SwiGluArgs want;
-      want.x = x;
-      want.w_gate = wg;
-      want.w_up = wu;
-      want.w_down = wd;
-      want.residual = residual;
-      want.out = Tensor::Zeros(DType::kF32, {m, k2});
-      want.input_norm = norm;
-      ASSERT_TRUE(cpu_->SwiGlu(want).ok()) << what;
-      EXPECT_LE(RelativeError(out, want.out), kBf16Tol) << what << " vs CPU";
-    }
+    for (int normed : {0, 1, 2}) ExpectSwiGluMatchesGroups(**made, 2056, 339, m, normed, 1e-5);
   }
 }
 
