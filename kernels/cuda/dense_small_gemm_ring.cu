@@ -53,7 +53,9 @@ constexpr int kPipeWarps = 8;
 constexpr int kPipeThreads = kPipeWarps * 32;
 static_assert(kPipeThreads == kMmaThreads, "FinishCta deals outputs to kMmaThreads threads");
 constexpr int kPipeCtaOutputs = kPipeWarps * kTileRows;
-constexpr int kPipePartialStride = kPipeCtaOutputs + 4;     // as kPartialStride
+// Partial outputs [row][output] padded so that the fragment stores of a warp
+// hit 32 distinct banks (row stride 132 ≡ 4 mod 32, rows 2t apart).
+constexpr int kPipePartialStride = kPipeCtaOutputs + 4;
 constexpr int kStageK = 2 * kMmaStepK;                      // 128-byte rows of 16-bit elements
 [[maybe_unused]] constexpr int kStageChunks = kStageK / 8;  // 16-byte chunks per row
 [[maybe_unused]] constexpr int kStageQuads = kStageK / 4;   // 16-byte fp32 copies per row
@@ -125,7 +127,7 @@ __device__ __forceinline__ void FinishSiluPairCta(const SmallGroup<T>& g,
   cluster.sync();  // no CTA leaves while another reads its shared memory
 }
 
-// Launched as MmaKernel is (clusters of (1, splits, 1), blockIdx.y the
+// Launched by LaunchCut (clusters of (1, splits, 1), blockIdx.y the
 // split), with PipeSharedBytes<kActTiles, kRounded>() of dynamic shared
 // memory; m ≤ kActTiles · 8. kRounded: the activations are g.a16, copied
 // into the ring as they are; else g.a, copied as fp32 and rounded there.
