@@ -3,7 +3,7 @@
 //
 //   lair bench decode  --model DIR [--device cpu|cuda] [--dtype f32|bf16] [--gemm fast|exact]
 //                      --batch B --prompt-len P --gen-len G [--warmup N] [--no-graphs]
-//                      [--keep-norm-weights]
+//                      [--keep-norm-weights] [--keep-low-rank-gates]
 //   lair bench prefill --model DIR [--device cpu|cuda] [--dtype f32|bf16] [--gemm fast|exact]
 //                      --batch B --prompt-len P [--warmup N] [--keep-norm-weights]
 //                      [--scan-schedule auto|one-pass|two-pass|segmented]
@@ -14,7 +14,9 @@
 // random prompts of P tokens as one ForwardBatch (the mixers' chunked form)
 // into zeroed slots. As `lair serve` does, the load folds the norms' weights
 // into the products that read them (models::LoadOptions::fold_norm_weights)
-// unless --keep-norm-weights.
+// unless --keep-norm-weights, and fuses each low-rank gate's two products
+// into one weight for the decode steps (LoadOptions::fuse_low_rank_gates)
+// unless --keep-low-rank-gates.
 //
 // decode then runs N untimed and G timed steps of one token per sequence,
 // each feeding back the step's greedy tokens (Model::ForwardGreedy: the
@@ -80,6 +82,7 @@ struct BenchModelFlags {
   bool no_graphs = false;              // decode only
   bool no_persistent = false;          // decode only: LoadOptions::persistent_decode off
   bool keep_norm_weights = false;      // LoadOptions::fold_norm_weights off
+  bool keep_low_rank_gates = false;    // LoadOptions::fuse_low_rank_gates off
   int batch = 1;
   int prompt_len = 0;
   int gen_len = 0;  // decode only
@@ -183,6 +186,7 @@ absl::StatusOr<Bench> Setup(const BenchModelFlags& f, int max_context, bool deco
   options.step_graphs = !f.no_graphs;
   options.persistent_decode = decode && !f.no_persistent;
   options.fold_norm_weights = !f.keep_norm_weights;
+  options.fuse_low_rank_gates = decode && !f.keep_low_rank_gates;
   options.weight_dtype = f.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   options.max_context = max_context;
   LAIR_ASSIGN_OR_RETURN(b.model, models::Model::Load(f.model, b.backend.get(), options));
@@ -302,6 +306,7 @@ absl::Status RunDecode(const BenchModelFlags& f) {
   }
   Row("persistent kernel", persistent);
   Row("norm weights", f.keep_norm_weights ? "kept" : "folded into the products");
+  Row("low-rank gates", f.keep_low_rank_gates ? "kept" : "fused for decode steps");
   Row("host logits would add",
       Printed("%.3f ms per step (download of %.2f MB)", download_seconds * 1e3,
               static_cast<double>(device_logits.nbytes()) / 1e6));
@@ -373,6 +378,9 @@ void AddCommand(CLI::App& app, bool decode) {
                   "Run one-sequence decode steps on the step graphs, not the persistent kernel");
   cmd->add_flag("--keep-norm-weights", flags->keep_norm_weights,
                 "Load the norms' weights as they are (no folding into the products)");
+  if (decode)
+    cmd->add_flag("--keep-low-rank-gates", flags->keep_low_rank_gates,
+                  "Decode low-rank gates through their two products (no fused weight)");
   cmd->add_option("--batch", flags->batch, "Sequences B")->capture_default_str();
   cmd->add_option("--prompt-len", flags->prompt_len, "Prompt tokens P per sequence")->required();
   if (decode) cmd->add_option("--gen-len", flags->gen_len, "Timed decode steps G")->required();

@@ -87,6 +87,7 @@ int RunGenerate(const GenerateFlags& flags) {
   models::LoadOptions options;
   options.max_context = static_cast<int>(prompt.size()) + flags.max_tokens;
   options.fold_norm_weights = true;  // inference only
+  options.fuse_low_rank_gates = true;
   options.persistent_decode = true;
   auto model = models::Model::Load(flags.model, backend->get(), options);
   if (!model.ok()) return fail(model.status());

@@ -60,6 +60,7 @@ absl::StatusOr<std::unique_ptr<engine::ModelRunner>> LoadRunner(const ServeFlags
   options.weight_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
   options.max_context = flags.max_context;
   options.fold_norm_weights = true;  // inference only
+  options.fuse_low_rank_gates = true;
   options.persistent_decode = true;
   LAIR_ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model,
                         models::Model::Load(flags.model, backend.get(), options));

@@ -125,7 +125,9 @@ class Backend {
   virtual absl::Status DecayForward(const SequenceBatch& batch, const DecayForwardArgs& args,
                                     MixerForm form) = 0;
   // Whether DecayForward takes `args` with its gate as gk_low_rank (gk
-  // unset) for this batch and form; the caller forms gk where not.
+  // unset) for this batch and form; the caller forms gk where not. Reads
+  // only args' kind and shapes and gk_low_rank.weight, so a caller may ask
+  // before z exists.
   virtual bool FormsLowRankGate(const SequenceBatch& /*batch*/, const DecayForwardArgs& /*args*/,
                                 MixerForm /*form*/) const {
     return false;

@@ -176,8 +176,11 @@ ModelSize Decoder::size() const {
   ModelSize size;
   for (int id = 0; id < params_->size(); ++id) {
     const Tensor& t = params_->tensors()[id];
-    size.parameters += t.numel();
     size.weight_bytes += static_cast<int64_t>(t.nbytes());
+    // A derived weight stands in for products of the model's own, so it is
+    // not among the parameters or the floor's bytes.
+    if (params_->is_derived(id)) continue;
+    size.parameters += t.numel();
     if (id != spec_.embedding || spec_.lm_head == spec_.embedding) {
       size.forward_weight_bytes += static_cast<int64_t>(t.nbytes());
     }
@@ -445,6 +448,13 @@ absl::StatusOr<LossAndGradients> Decoder::LossAndGrad(const std::vector<int32_t>
         "(LoadOptions::fold_norm_weights), so its weights are not the checkpoint's parameters; "
         "load it without folding to train");
   }
+  for (int id = 0; id < params_->size(); ++id) {
+    if (params_->is_derived(id)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "LossAndGrad: the model was loaded with ", params_->name(id),
+          " derived for inference (LoadOptions::fuse_low_rank_gates); load it without to train"));
+    }
+  }
   // Logits at positions 0..T-2 depend only on tokens 0..T-2 (causality).
   const int n = static_cast<int>(tokens.size()) - 1;
   std::vector<int32_t> inputs(tokens.begin(), tokens.end() - 1),
@@ -508,6 +518,16 @@ std::unique_ptr<Model> MakeDecoder(const DecoderConfig& config, std::unique_ptr<
                                            max_context, step_graphs, std::move(folded_norms));
   if (persistent_decode) decoder->PreparePersistentDecode();
   return decoder;
+}
+
+absl::Status FuseLowRankGates(DecoderSpec& spec, Params& params, std::vector<int>& folded_norms) {
+  for (LayerSpec& layer : spec.layers) {
+    LAIR_ASSIGN_OR_RETURN(const DerivedWeight fused, layer.mixer->FuseLowRankGate(params));
+    if (fused.id < 0 || folded_norms.empty()) continue;
+    folded_norms.resize(params.size(), -1);
+    folded_norms[fused.id] = folded_norms[fused.reads_as];
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<int>> FoldNormWeights(const DecoderSpec& spec, Params& params) {

@@ -55,6 +55,13 @@ struct VectorDecayDecodeForm {
   float head_eps = 1e-6f;
 };
 
+// A weight a mixer derived for inference (Mixer::FuseLowRankGate), and the
+// weight whose input it reads (under the same norm, folded or not).
+struct DerivedWeight {
+  int id = -1;  // -1: none
+  int reads_as = -1;
+};
+
 // A layer's token mixer: the only per-family computation.
 class Mixer {
  public:
@@ -75,6 +82,14 @@ class Mixer {
   // The mixer's parameters as a backend's persistent decode kernel takes
   // them (kernels/persistent_decode.h), where it is GLA-shaped; else nullopt.
   virtual std::optional<VectorDecayDecodeForm> PersistentDecodeForm() const { return std::nullopt; }
+  // Derives a low-rank gate's two products as one weight
+  // (Params::AddProduct), which the mixer's decode steps read among its
+  // input products where the backend would otherwise run the gate's small
+  // second product as a launch of its own (GLA: gk_proj.1 · gk_proj.0).
+  // Default: none.
+  virtual absl::StatusOr<DerivedWeight> FuseLowRankGate(Params& /*params*/) {
+    return DerivedWeight{};
+  }
 };
 
 // Checkpoint names of the skeleton's weights ("{i}" is the layer index).
@@ -152,6 +167,12 @@ std::unique_ptr<Model> MakeDecoder(const DecoderConfig& config, std::unique_ptr<
 // (no pass of their own at batch 1). Returns, per parameter, the
 // norm weight folded into it or -1.
 absl::StatusOr<std::vector<int>> FoldNormWeights(const DecoderSpec& spec, Params& params);
+
+// Every layer's Mixer::FuseLowRankGate, after FoldNormWeights (the fused
+// weight carries the norm weight its source carries: `folded_norms`, when not
+// empty, grows to mark it). Inference only: the derived weights are not the
+// checkpoint's parameters, so such a model refuses LossAndGrad.
+absl::Status FuseLowRankGates(DecoderSpec& spec, Params& params, std::vector<int>& folded_norms);
 
 // The family's spec for any parsed config, weights declared through `params`
 // (models/families.h has one builder per family).

@@ -4,6 +4,8 @@
 // then a per-head RMSNorm gated by swish(g_proj(x)) and o_proj.
 #include <cmath>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include "models/families.h"
 
@@ -12,9 +14,10 @@ namespace {
 
 class GlaMixer : public Mixer {
  public:
-  GlaMixer(const GlaConfig& config, ProjectionTriple qkv, int gk0, int gk1, int gk1_bias,
-           HeadOutputGate output, int o)
-      : config_(config),
+  GlaMixer(std::string prefix, const GlaConfig& config, ProjectionTriple qkv, int gk0, int gk1,
+           int gk1_bias, HeadOutputGate output, int o)
+      : prefix_(std::move(prefix)),
+        config_(config),
         qkv_(qkv),
         gk0_(gk0),
         gk1_(gk1),
@@ -34,13 +37,17 @@ class GlaMixer : public Mixer {
     const int groups = config_.num_heads / config_.num_kv_heads;
     // q and k through the feature map (if any), in the products.
     LAIR_ASSIGN_OR_RETURN(const kernels::Activation feature, ActivationNamed(config_.feature_map));
+    // gk = logsigmoid(gk_proj.1(gk_proj.0(x))) / gate_logit_normalizer. At a
+    // decode step whose backend does not form it from gk_proj.0's output,
+    // one product among the input products forms it through the fused
+    // weight (FuseLowRankGate) where gk_proj.1 would take a launch between
+    // them and the step.
+    const bool fused = fused_gate_ >= 0 && groups == 1 &&
+                       g.ReadsFusedGate(ctx.batch, gk1_, config_.num_heads, config_.head_k_dim,
+                                        config_.head_v_dim, ctx.form);
     LAIR_ASSIGN_OR_RETURN(std::vector<Var> qkv,
-                          qkv_.Forward(g, x, ctx, 1, AlsoOfInput(), {feature, feature, {}},
+                          qkv_.Forward(g, x, ctx, 1, AlsoOfInput(fused), {feature, feature, {}},
                                        /*to_mixer=*/groups == 1));
-    // gk = logsigmoid(gk_proj.1(·)) / gate_logit_normalizer: formed by the
-    // decay op (the CUDA decode step reads gk_proj.1's weights itself), or
-    // with grouped heads in the product, then repeated.
-    const LowRankDecayGate gate{qkv[3], gk1_, gk1_bias_, 1.0f / config_.gate_logit_normalizer};
     DecayInputs in;
     in.kind = kernels::DecayKind::kVector;
     in.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_k_dim));
@@ -50,12 +57,20 @@ class GlaMixer : public Mixer {
                           RepeatKvHeads(g, SplitHeads(g, qkv[1], config_.num_kv_heads), groups));
     LAIR_ASSIGN_OR_RETURN(in.v,
                           RepeatKvHeads(g, SplitHeads(g, qkv[2], config_.num_kv_heads), groups));
-    if (groups == 1) {
-      in.gk_low_rank = gate;
+    if (fused) {
+      in.gk = SplitHeads(g, qkv[3], config_.num_heads);
     } else {
-      LAIR_ASSIGN_OR_RETURN(Var gk, g.Linear(gate.z, gate.AsLinear()));
-      LAIR_ASSIGN_OR_RETURN(in.gk,
-                            RepeatKvHeads(g, SplitHeads(g, gk, config_.num_kv_heads), groups));
+      // From gk_proj.0's output z: the decay op forms gk (the CUDA decode
+      // step reads gk_proj.1's weights itself), or with grouped heads
+      // gk_proj.1's product, then repeated.
+      const LowRankDecayGate gate{qkv[3], gk1_, gk1_bias_, GateScale()};
+      if (groups == 1) {
+        in.gk_low_rank = gate;
+      } else {
+        LAIR_ASSIGN_OR_RETURN(Var gk, g.Linear(gate.z, gate.AsLinear()));
+        LAIR_ASSIGN_OR_RETURN(in.gk,
+                              RepeatKvHeads(g, SplitHeads(g, gk, config_.num_kv_heads), groups));
+      }
     }
     LAIR_ASSIGN_OR_RETURN(Var o, g.Decay(ctx.batch, in, ctx.State(0), ctx.form));
     return g.Linear(output_.Input(g, qkv.size() > 4 ? qkv[4] : Var{}, o), {o_}, x.x);
@@ -70,26 +85,40 @@ class GlaMixer : public Mixer {
     f.head_norm = output_.norm, f.o = o_;
     f.heads = config_.num_heads, f.dk = config_.head_k_dim, f.dv = config_.head_v_dim;
     f.rank = config_.gate_low_rank_dim;
-    f.gate_scale = 1.0f / static_cast<float>(config_.gate_logit_normalizer);
+    f.gate_scale = GateScale();
     f.head_eps = output_.eps;
     return f;
   }
 
   std::vector<int> InputProjections() const override {
-    return WithWeights(qkv_.Weights(), AlsoOfInput());
+    return WithWeights(qkv_.Weights(), AlsoOfInput(/*fused_gate=*/false));
+  }
+
+  // gk_proj.1 · gk_proj.0: 2·R·hidden·key_dim more bytes for the input
+  // products to read, but no launch of its own.
+  absl::StatusOr<DerivedWeight> FuseLowRankGate(Params& params) override {
+    LAIR_ASSIGN_OR_RETURN(fused_gate_, params.AddProduct(prefix_ + "gk_proj.fused", gk1_, gk0_));
+    return DerivedWeight{fused_gate_, gk0_};
   }
 
  private:
-  // q, k, v, the gate's low-rank input and g_proj all read x: one group.
-  std::vector<LinearWeight> AlsoOfInput() const {
-    std::vector<LinearWeight> also = {{gk0_}};
+  // q, k, v, the gate's low-rank input (or, fused, the gate) and g_proj
+  // all read x: one group.
+  std::vector<LinearWeight> AlsoOfInput(bool fused_gate) const {
+    std::vector<LinearWeight> also = {
+        fused_gate ? LowRankDecayGate{{}, fused_gate_, gk1_bias_, GateScale()}.AsLinear()
+                   : LinearWeight{gk0_}};
     for (const LinearWeight& w : output_.Projections()) also.push_back(w);
     return also;
   }
 
+  float GateScale() const { return 1.0f / static_cast<float>(config_.gate_logit_normalizer); }
+
+  std::string prefix_;
   GlaConfig config_;
   ProjectionTriple qkv_;
   int gk0_, gk1_, gk1_bias_;
+  int fused_gate_ = -1;  // FuseLowRankGate's weight, or -1
   HeadOutputGate output_;
   int o_;
 };
@@ -112,7 +141,7 @@ absl::StatusOr<DecoderSpec> BuildGla(const GlaConfig& config, Params& params) {
         LAIR_ASSIGN_OR_RETURN(int o,
                               params.AddMatrix(p + "o_proj.weight", {hidden, config.value_dim}));
         LAIR_ASSIGN_OR_RETURN(HeadOutputGate output, HeadOutputGate::Declare(params, p, config));
-        return std::make_unique<GlaMixer>(config, qkv, gk0, gk1, gk1_bias, output, o);
+        return std::make_unique<GlaMixer>(p, config, qkv, gk0, gk1, gk1_bias, output, o);
       });
 }
 

@@ -602,6 +602,21 @@ absl::StatusOr<Var> Graph::Attention(const kernels::SequenceBatch& batch, const 
   return out;
 }
 
+bool Graph::ReadsFusedGate(const kernels::SequenceBatch& batch, int gate_weight, int heads,
+                           int key_dim, int value_dim, kernels::MixerForm form) const {
+  if (record_) return false;
+  for (size_t i = 1; i < batch.cu_seqlens.size(); ++i) {
+    if (batch.cu_seqlens[i] - batch.cu_seqlens[i - 1] != 1) return false;
+  }
+  kernels::DecayForwardArgs args;
+  args.kind = kernels::DecayKind::kVector;
+  args.heads = heads;
+  args.key_dim = key_dim;
+  args.value_dim = value_dim;
+  args.gk_low_rank.weight = (*params_)[gate_weight];
+  return !backend_->FormsLowRankGate(batch, args, form);
+}
+
 absl::StatusOr<Var> Graph::Decay(const kernels::SequenceBatch& batch, const DecayInputs& given,
                                  const Tensor& state, kernels::MixerForm form) {
   DecayInputs in = given;

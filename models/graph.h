@@ -210,6 +210,14 @@ class Graph {
                                 const int32_t* start_positions_device = nullptr);
   absl::StatusOr<Var> Decay(const kernels::SequenceBatch& batch, const DecayInputs& in,
                             const Tensor& state, kernels::MixerForm form);
+  // Whether a decay of `batch` should read a low-rank gate (gate_weight, its
+  // second product [heads·key_dim, R]) through the fused weight its mixer
+  // derived (Mixer::FuseLowRankGate): an inference graph's decode step (one
+  // token per sequence) whose backend would not form the gate itself
+  // (Backend::FormsLowRankGate), so that Decay would run the gate's small
+  // product as a launch of its own.
+  bool ReadsFusedGate(const kernels::SequenceBatch& batch, int gate_weight, int heads, int key_dim,
+                      int value_dim, kernels::MixerForm form) const;
   absl::StatusOr<Var> Gsa(const kernels::SequenceBatch& batch, const GsaInputs& in,
                           const Tensor& state_k, const Tensor& state_v, kernels::MixerForm form);
   absl::StatusOr<Var> Mlstm(const kernels::SequenceBatch& batch, const MlstmInputs& in,

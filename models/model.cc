@@ -21,6 +21,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   if (options.fold_norm_weights) {
     LAIR_ASSIGN_OR_RETURN(folded_norms, FoldNormWeights(spec, *params));
   }
+  if (options.fuse_low_rank_gates) {
+    LAIR_RETURN_IF_ERROR(FuseLowRankGates(spec, *params, folded_norms));
+  }
   return MakeDecoder(BaseConfig(config), std::move(params), std::move(spec), backend,
                      options.max_context, options.step_graphs, std::move(folded_norms),
                      options.persistent_decode);

@@ -33,6 +33,11 @@ struct LoadOptions {
   // decoder.h FoldNormWeights): inference only, as the checkpoint's weights
   // are then no longer the model's parameters (LossAndGrad refuses).
   bool fold_norm_weights = false;
+  // Derive each low-rank gate's two products as one weight, which decode
+  // steps read among the mixer's input products where the backend does not
+  // form the gate itself (models/decoder.h FuseLowRankGates): inference
+  // only (LossAndGrad refuses).
+  bool fuse_low_rank_gates = false;
   // Run a decode step of one sequence as the backend's persistent decode
   // kernel where it has one for the model (models/decoder.h): a copy of the
   // weights laid out at load, so serving loads ask for it (serve, generate,

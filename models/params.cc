@@ -75,6 +75,7 @@ absl::StatusOr<int> Params::Add(const std::string& name, const Shape& shape, Ini
   tensors_.push_back(std::move(stored));
   names_.push_back(name);
   matrix_.push_back(matrix);
+  derived_.push_back(false);
   return size() - 1;
 }
 
@@ -105,6 +106,35 @@ absl::Status Params::ScaleColumns(int matrix, int vector) {
   });
   LAIR_ASSIGN_OR_RETURN(tensors_[matrix], Place(w, matrix_dtype_));
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> Params::AddProduct(const std::string& name, int left, int right) {
+  const Tensor& l = tensors_.at(left);
+  const Tensor& r = tensors_.at(right);
+  if (!matrix_[left] || !matrix_[right] || l.rank() != 2 || r.rank() != 2 || l.dim(1) != r.dim(0)) {
+    return absl::InvalidArgumentError(absl::StrCat("AddProduct: ", names_[left], " ",
+                                                   l.DebugString(), " cannot multiply ",
+                                                   names_[right], " ", r.DebugString()));
+  }
+  const int64_t rows = l.dim(0), inner = l.dim(1), cols = r.dim(1);
+  LAIR_ASSIGN_OR_RETURN(const Tensor a, HostF32Copy(l));
+  LAIR_ASSIGN_OR_RETURN(const Tensor b, HostF32Copy(r));
+  Tensor product = Tensor::Zeros(DType::kF32, {rows, cols});
+  const float* pa = a.f32();
+  const float* pb = b.f32();
+  float* out = product.f32();
+  ParallelFor(rows, 0, [&](int64_t i) {
+    for (int64_t j = 0; j < inner; ++j) {
+      const float x = pa[i * inner + j];
+      for (int64_t c = 0; c < cols; ++c) out[i * cols + c] += x * pb[j * cols + c];
+    }
+  });
+  LAIR_ASSIGN_OR_RETURN(Tensor stored, Place(product, matrix_dtype_));
+  tensors_.push_back(std::move(stored));
+  names_.push_back(name);
+  matrix_.push_back(true);
+  derived_.push_back(true);
+  return size() - 1;
 }
 
 absl::StatusOr<Tensor> Params::HostF32Copy(const Tensor& stored) const {

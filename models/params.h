@@ -95,12 +95,18 @@ class Params {
   // they may read it without its weight (models/decoder.h). Computed in F32
   // from the stored values, then stored as the matrix was.
   absl::Status ScaleColumns(int matrix, int vector);
+  // A new matrix, left · right (left [out, r], right [r, in] matrices),
+  // computed in F32 from the stored values and stored as matrices are: a
+  // weight derived for inference (is_derived), not a checkpoint parameter.
+  absl::StatusOr<int> AddProduct(const std::string& name, int left, int right);
 
   int size() const { return static_cast<int>(names_.size()); }
   const std::string& name(int id) const { return names_[id]; }
   const std::vector<Tensor>& tensors() const { return tensors_; }
   // Whether parameter `id` was declared with AddMatrix.
   bool is_matrix(int id) const { return matrix_[id]; }
+  // Whether parameter `id` came from AddProduct.
+  bool is_derived(int id) const { return derived_[id]; }
   int64_t NumElements() const;
 
  private:
@@ -115,6 +121,7 @@ class Params {
   std::vector<std::string> names_;
   std::vector<Tensor> tensors_;
   std::vector<bool> matrix_;
+  std::vector<bool> derived_;
 };
 
 }  // namespace lair::models

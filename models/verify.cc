@@ -125,14 +125,15 @@ absl::StatusOr<Goldens> ReadGoldens(const std::string& dir) {
   return g;
 }
 
-// Loaded as `lair serve` loads it, norms' weights folded into the products,
-// unless `for_training` (LossAndGrad).
+// Loaded as `lair serve` loads it, norms' weights folded into the products
+// and low-rank gates fused, unless `for_training` (LossAndGrad).
 absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& dir, const Goldens& golden,
                                                  kernels::Backend* backend, DType weight_dtype,
                                                  bool for_training = false) {
   LoadOptions load;
   load.weight_dtype = weight_dtype;
   load.fold_norm_weights = !for_training;
+  load.fuse_low_rank_gates = !for_training;
   load.max_context = static_cast<int>(
       std::max(golden.prompt_a.size() + golden.greedy.size(), golden.prompt_b.size()));
   return Model::Load(dir, backend, load);

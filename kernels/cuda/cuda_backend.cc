@@ -432,7 +432,7 @@ class CudaBackend : public Backend {
   bool FormsLowRankGate(const SequenceBatch& batch, const DecayForwardArgs& a,
                         MixerForm form) const override {
     const LowRankGate& g = a.gk_low_rank;
-    return g.defined() && a.kind == DecayKind::kVector && batch.num_seqs > 0 &&
+    return g.weight.defined() && a.kind == DecayKind::kVector && batch.num_seqs > 0 &&
            TakesStep(batch, a.value_dim, form) && a.key_dim <= cuda::kMaxStepKeyDim &&
            cuda::StepHoldsRows(a.value_dim, a.heads, batch.num_seqs, sm_count_) &&
            IsSixteenBitFloat(g.weight.dtype()) && g.weight.rank() == 2 &&

@@ -4,7 +4,8 @@
 // the same steps run op by op (to rounding), kExact must match the CPU at
 // fp32 tolerance and kFast on bf16 weights (bf16 tensor cores), loaded as
 // `lair serve` loads them (norm weights folded into the products), at the
-// bf16 one. Skips without a GPU.
+// bf16 one; GLA's fused low-rank gate at a batch whose step does not form
+// the gate. Skips without a GPU.
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -160,6 +161,78 @@ TEST_P(CudaStepTest, ReplayedLogitsMatchOpByOp) {
     for (int32_t& p : step.start_positions) ++p;
   }
   EXPECT_EQ(graphs.model->recorded_step_graphs(), 1);
+}
+
+// GLA at GLA 1.3B's head shape (dk 256, dv 512; two layers): decode steps of
+// 20 sequences stage their state rows on GPUs of up to 160 SMs, so the step
+// does not form the low-rank gate, and the input products (the ring
+// kernel's rows) form it through the fused weight (LoadOptions::
+// fuse_low_rank_gates); steps of 4 sequences hold their rows and form it
+// themselves. Loaded as `lair serve` loads it, against the CPU, and against
+// the same load without the fused weight.
+TEST(CudaFusedGateTest, DecodeStepsMatchCpu) {
+  if (!kernels::MakeBackend("cuda").ok()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir =
+      (std::filesystem::path(::testing::TempDir()) / "lair_cuda_fused_gate").string();
+  InitOptions init;
+  init.family = "gla";
+  init.preset = "tiny";
+  init.seed = 5;
+  init.overrides = {{"hidden_size", "1024"}};
+  ASSERT_TRUE(InitModel(init, dir).ok());
+  constexpr int kSeqs = 20;
+  const auto make = [&](const std::string& device, kernels::GemmMode gemm, DType weights,
+                        bool serving, bool fuse) {
+    kernels::BackendOptions backend_options;
+    backend_options.gemm = gemm;
+    LoadOptions options;
+    options.max_context = 64;
+    options.weight_dtype = weights;
+    options.fold_norm_weights = serving;
+    options.fuse_low_rank_gates = fuse;
+    return testing::LoadRunner(dir, device, backend_options, options, kSeqs);
+  };
+  Runner cpu = make("cpu", kernels::GemmMode::kExact, DType::kF32, false, false);
+  Runner fused = make("cuda", kernels::GemmMode::kFast, DType::kBF16, true, true);
+  Runner kept = make("cuda", kernels::GemmMode::kFast, DType::kBF16, true, false);
+  Runner* all[] = {&cpu, &fused, &kept};
+
+  // Prompts of 3 tokens into every slot, then steps of all 20 sequences and
+  // of the first 4.
+  ForwardBatch prefill;
+  for (int s = 0; s < kSeqs; ++s) {
+    for (int t = 0; t < 3; ++t) prefill.tokens.push_back((s * 31 + t * 7 + 1) % 512);
+    prefill.cu_seqlens.push_back(3 * s);
+    prefill.slots.push_back(s);
+    prefill.start_positions.push_back(0);
+  }
+  prefill.cu_seqlens.push_back(3 * kSeqs);
+  std::vector<Tensor> first;
+  for (Runner* r : all) first.push_back(r->Forward(prefill));
+  ASSERT_TRUE(first[0].defined());
+  EXPECT_LE(RelativeError(first[1], first[0]), kBf16Tol) << "prefill";
+  ForwardBatch step;
+  step.tokens = RowArgmax(first[0]);
+  for (int s = 0; s <= kSeqs; ++s) step.cu_seqlens.push_back(s);
+  for (int s = 0; s < kSeqs; ++s) {
+    step.slots.push_back(s);
+    step.start_positions.push_back(3);
+  }
+  for (int i = 0; i < 6; ++i) {
+    if (i == 3) {
+      step.cu_seqlens.resize(5);
+      step.slots.resize(4);
+      step.start_positions.resize(4);
+      step.tokens.resize(4);
+    }
+    const std::string what =
+        "step " + std::to_string(i) + " of " + std::to_string(step.slots.size()) + " sequences";
+    const Tensor want = cpu.Forward(step);
+    EXPECT_LE(RelativeError(fused.Forward(step), want), kBf16Tol) << what;
+    EXPECT_LE(RelativeError(kept.Forward(step), want), kBf16Tol) << what;
+    step.tokens = RowArgmax(want);
+    for (int32_t& p : step.start_positions) ++p;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFamilies, CudaStepTest,

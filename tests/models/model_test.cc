@@ -229,6 +229,61 @@ INSTANTIATE_TEST_SUITE_P(Families, FoldedNormsTest,
                            return info.param.substr(0, info.param.find('-'));
                          });
 
+// --- Low-rank gates fused for decode steps (LoadOptions::fuse_low_rank_gates)
+
+// The CPU never forms a low-rank gate in its decay step, so GLA's decode
+// steps read gk_proj.1 · gk_proj.0 as one weight among the input products.
+// In f32 that changes only rounding. With 16-bit weights the fused matrix is
+// rounded as one, so the decode steps, and only they, move from the unfused
+// model's logits, within the bf16 tolerance. The model reports the
+// checkpoint's parameters, holds the fused weight beside them, and refuses to
+// train.
+TEST(FusedLowRankGatesTest, DecodeStepsReadTheFusedGate) {
+  const std::string dir = testing::FixturesDir() + "/models/gla-tiny";
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << "fixture " << dir << " is absent";
+  auto backend = kernels::MakeCpuBackend(2);
+  const std::vector<int32_t> prompt = Prompt(dir);
+  const std::vector<int32_t> head(prompt.begin(), prompt.begin() + 40);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const std::string what = dtype == DType::kF32 ? "f32" : "bf16";
+    std::vector<Tensor> logits[2];
+    ModelSize size[2];
+    for (bool fuse : {false, true}) {
+      LoadOptions options;
+      options.max_context = 128;
+      options.weight_dtype = dtype;
+      options.fuse_low_rank_gates = fuse;
+      auto model = Model::Load(dir, backend.get(), options);
+      ASSERT_TRUE(model.ok()) << model.status();
+      size[fuse] = (*model)->size();
+      auto pool = StatePool::Create(backend.get(), (*model)->state_layout(), 1);
+      ASSERT_TRUE(pool.ok()) << pool.status();
+      auto prefill = (*model)->Forward(Single(head, 0, 0, true), *pool);
+      ASSERT_TRUE(prefill.ok()) << prefill.status();
+      logits[fuse].push_back(*prefill);
+      for (int i = 40; i < 43; ++i) {
+        auto step = (*model)->Forward(Single({prompt[i]}, 0, i, false), *pool);
+        ASSERT_TRUE(step.ok()) << step.status();
+        logits[fuse].push_back(*step);
+      }
+      if (fuse) {
+        EXPECT_EQ((*model)->LossAndGrad(head).status().code(),
+                  absl::StatusCode::kFailedPrecondition);
+      }
+    }
+    EXPECT_EQ(size[1].parameters, size[0].parameters) << what;
+    EXPECT_GT(size[1].weight_bytes, size[0].weight_bytes) << what;
+    EXPECT_EQ(RelativeError(logits[1][0], logits[0][0]), 0.0) << what << " prefill";
+    for (size_t i = 1; i < logits[0].size(); ++i) {
+      const double error = RelativeError(logits[1][i], logits[0][i]);
+      EXPECT_LT(error, dtype == DType::kF32 ? 1e-5 : 3e-2) << what << " step " << i;
+      if (dtype != DType::kF32) {
+        EXPECT_GT(error, 0.0) << what << " step " << i;
+      }
+    }
+  }
+}
+
 // --- Load-time errors ----------------------------------------------------
 
 class LoadErrorTest : public ::testing::Test {
