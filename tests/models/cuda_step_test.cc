@@ -27,6 +27,16 @@ constexpr double kBf16Tol = 3e-2;
 
 using Runner = testing::ModelRunner;
 
+// The model in `dir` on `device`, multiplying as `gemm`, loaded with
+// `options` (64 tokens of context) and a pool of `slots`.
+Runner LoadOn(const std::string& dir, const std::string& device, kernels::GemmMode gemm,
+              LoadOptions options, int slots = 4) {
+  kernels::BackendOptions backend_options;
+  backend_options.gemm = gemm;
+  options.max_context = 64;
+  return testing::LoadRunner(dir, device, backend_options, options, slots);
+}
+
 class CudaStepTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -42,14 +52,11 @@ class CudaStepTest : public ::testing::TestWithParam<std::string> {
 
   Runner Make(const std::string& device, kernels::GemmMode gemm, bool graphs,
               DType weights = DType::kF32, bool fold_norms = false) {
-    kernels::BackendOptions backend_options;
-    backend_options.gemm = gemm;
     LoadOptions options;
-    options.max_context = 64;
     options.step_graphs = graphs;
     options.weight_dtype = weights;
     options.fold_norm_weights = fold_norms;
-    return testing::LoadRunner(dir_, device, backend_options, options);
+    return LoadOn(dir_, device, gemm, options);
   }
 
   std::string dir_;
@@ -183,14 +190,11 @@ TEST(CudaFusedGateTest, DecodeStepsMatchCpu) {
   constexpr int kSeqs = 20;
   const auto make = [&](const std::string& device, kernels::GemmMode gemm, DType weights,
                         bool serving, bool fuse) {
-    kernels::BackendOptions backend_options;
-    backend_options.gemm = gemm;
     LoadOptions options;
-    options.max_context = 64;
     options.weight_dtype = weights;
     options.fold_norm_weights = serving;
     options.fuse_low_rank_gates = fuse;
-    return testing::LoadRunner(dir, device, backend_options, options, kSeqs);
+    return LoadOn(dir, device, gemm, options, kSeqs);
   };
   Runner cpu = make("cpu", kernels::GemmMode::kExact, DType::kF32, false, false);
   Runner fused = make("cuda", kernels::GemmMode::kFast, DType::kBF16, true, true);
