@@ -604,10 +604,8 @@ absl::StatusOr<Var> Graph::Attention(const kernels::SequenceBatch& batch, const 
 
 bool Graph::ReadsFusedGate(const kernels::SequenceBatch& batch, int gate_weight, int heads,
                            int key_dim, int value_dim, kernels::MixerForm form) const {
-  if (record_) return false;
-  for (size_t i = 1; i < batch.cu_seqlens.size(); ++i) {
-    if (batch.cu_seqlens[i] - batch.cu_seqlens[i - 1] != 1) return false;
-  }
+  // A decode step as the decoder tells one (every sequence has a token).
+  if (record_ || batch.max_seqlen != 1) return false;
   kernels::DecayForwardArgs args;
   args.kind = kernels::DecayKind::kVector;
   args.heads = heads;
