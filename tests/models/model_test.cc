@@ -36,6 +36,23 @@ ForwardBatch Single(const std::vector<int32_t>& tokens, int slot, int start, boo
   return b;
 }
 
+// Logits of a prefill of prompt[0, 40) into slot 0 of a fresh one-slot
+// pool (every position), then of three decode steps of prompt[40, 43).
+void PrefillThenThreeSteps(Model& model, kernels::Backend* backend,
+                           const std::vector<int32_t>& prompt, std::vector<Tensor>* logits) {
+  auto pool = StatePool::Create(backend, model.state_layout(), 1);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const std::vector<int32_t> head(prompt.begin(), prompt.begin() + 40);
+  auto prefill = model.Forward(Single(head, 0, 0, true), *pool);
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  logits->push_back(*prefill);
+  for (int i = 40; i < 43; ++i) {
+    auto step = model.Forward(Single({prompt[i]}, 0, i, false), *pool);
+    ASSERT_TRUE(step.ok()) << step.status();
+    logits->push_back(*step);
+  }
+}
+
 // Row `row` of a [R, V] host tensor as [1, V].
 Tensor Row(const Tensor& t, int64_t row) { return t.Rows(row, row + 1).Clone(); }
 
@@ -199,17 +216,8 @@ TEST_P(FoldedNormsTest, GiveTheUnfoldedLogitsAndRefuseToTrain) {
     options.fold_norm_weights = fold;
     auto model = Model::Load(dir, backend.get(), options);
     ASSERT_TRUE(model.ok()) << model.status();
-    auto pool = StatePool::Create(backend.get(), (*model)->state_layout(), 1);
-    ASSERT_TRUE(pool.ok()) << pool.status();
+    ASSERT_NO_FATAL_FAILURE(PrefillThenThreeSteps(**model, backend.get(), prompt, &logits[fold]));
     const std::vector<int32_t> head(prompt.begin(), prompt.begin() + 40);
-    auto prefill = (*model)->Forward(Single(head, 0, 0, true), *pool);
-    ASSERT_TRUE(prefill.ok()) << prefill.status();
-    logits[fold].push_back(*prefill);
-    for (int i = 40; i < 43; ++i) {
-      auto step = (*model)->Forward(Single({prompt[i]}, 0, i, false), *pool);
-      ASSERT_TRUE(step.ok()) << step.status();
-      logits[fold].push_back(*step);
-    }
     const absl::StatusOr<LossAndGradients> trained = (*model)->LossAndGrad(head);
     if (fold) {
       EXPECT_EQ(trained.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -256,16 +264,7 @@ TEST(FusedLowRankGatesTest, DecodeStepsReadTheFusedGate) {
       auto model = Model::Load(dir, backend.get(), options);
       ASSERT_TRUE(model.ok()) << model.status();
       size[fuse] = (*model)->size();
-      auto pool = StatePool::Create(backend.get(), (*model)->state_layout(), 1);
-      ASSERT_TRUE(pool.ok()) << pool.status();
-      auto prefill = (*model)->Forward(Single(head, 0, 0, true), *pool);
-      ASSERT_TRUE(prefill.ok()) << prefill.status();
-      logits[fuse].push_back(*prefill);
-      for (int i = 40; i < 43; ++i) {
-        auto step = (*model)->Forward(Single({prompt[i]}, 0, i, false), *pool);
-        ASSERT_TRUE(step.ok()) << step.status();
-        logits[fuse].push_back(*step);
-      }
+      ASSERT_NO_FATAL_FAILURE(PrefillThenThreeSteps(**model, backend.get(), prompt, &logits[fuse]));
       if (fuse) {
         EXPECT_EQ((*model)->LossAndGrad(head).status().code(),
                   absl::StatusCode::kFailedPrecondition);
