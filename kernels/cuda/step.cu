@@ -15,8 +15,8 @@
 //
 // GLA's and RetNet's per-head output norm after the step keeps a launch of
 // its own: forming it here (the head's last CTA after a fenced ticket, or the
-// head's CTAs as a cluster) or finishing it in o_proj's GEMV from sums of
-// squares the step wrote measured no faster (docs/benchmarks.md).
+// head's CTAs as a cluster) or finishing it in o_proj's GEMV or ring product
+// from sums of squares the step wrote measured no faster (docs/benchmarks.md).
 //
 // A vector decay may come as a low-rank gate (ScanParams::left_low_rank,
 // GLA's gk_proj.1): every CTA forms its head's gates from the token's rank-R
