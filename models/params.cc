@@ -116,20 +116,17 @@ absl::StatusOr<int> Params::AddProduct(const std::string& name, int left, int ri
                                                    l.DebugString(), " cannot multiply ",
                                                    names_[right], " ", r.DebugString()));
   }
-  const int64_t rows = l.dim(0), inner = l.dim(1), cols = r.dim(1);
   LAIR_ASSIGN_OR_RETURN(const Tensor a, HostF32Copy(l));
   LAIR_ASSIGN_OR_RETURN(const Tensor b, HostF32Copy(r));
-  Tensor product = Tensor::Zeros(DType::kF32, {rows, cols});
-  const float* pa = a.f32();
-  const float* pb = b.f32();
-  float* out = product.f32();
-  ParallelFor(rows, 0, [&](int64_t i) {
-    for (int64_t j = 0; j < inner; ++j) {
-      const float x = pa[i * inner + j];
-      for (int64_t c = 0; c < cols; ++c) out[i * cols + c] += x * pb[j * cols + c];
-    }
-  });
-  LAIR_ASSIGN_OR_RETURN(Tensor stored, Place(product, matrix_dtype_));
+  // The fp32 reference backend's product (OpenBLAS), whatever backend the
+  // weights live on.
+  kernels::GemmArgs product;
+  product.a = a;
+  product.b = b;
+  product.trans_b = false;
+  product.c = Tensor::Zeros(DType::kF32, {l.dim(0), r.dim(1)});
+  LAIR_RETURN_IF_ERROR(kernels::MakeCpuBackend()->Gemm(product));
+  LAIR_ASSIGN_OR_RETURN(Tensor stored, Place(product.c, matrix_dtype_));
   tensors_.push_back(std::move(stored));
   names_.push_back(name);
   matrix_.push_back(true);
