@@ -88,7 +88,7 @@ class EngineImpl final : public Engine {
   // Frees seq's slot and forgets it. REQUIRES: its output is finished.
   void Retire(Sequence* seq);
   // Ends every unfinished completion of `group` with `reason`.
-  void Abort(RequestGroup* group, FinishReason reason, absl::Status status);
+  void Abort(RequestGroup* group, FinishReason reason, const absl::Status& status);
   Sequence* Find(SequenceId id);
   // Sends pending outputs of the groups touched this iteration.
   void Emit();
@@ -383,7 +383,7 @@ void EngineImpl::Retire(Sequence* seq) {
   sequences_.erase(seq->id());
 }
 
-void EngineImpl::Abort(RequestGroup* group, FinishReason reason, absl::Status status) {
+void EngineImpl::Abort(RequestGroup* group, FinishReason reason, const absl::Status& status) {
   const absl::Time now = absl::Now();
   for (OutputProcessor& out : group->outputs) {
     if (!out.finished()) out.Finish(reason, status, now);

@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<StateCache>> StateCache::Create(SlotStore* store,
   std::fprintf(
       stderr, "lair engine: %d state slots of %lld bytes (%lld bytes in all, budget %lld)\n",
       num_slots, static_cast<long long>(bytes_per_slot),
-      static_cast<long long>(bytes_per_slot * num_slots), static_cast<long long>(budget_bytes));
+      static_cast<long long>(bytes_per_slot) * num_slots, static_cast<long long>(budget_bytes));
   return std::unique_ptr<StateCache>(new StateCache(store, num_slots, bytes_per_slot));
 }
 

@@ -17,6 +17,7 @@ packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # gRPC front end
   libboost-dev libboost-system-dev  # Beast/Asio HTTP front end
   clang libclang-rt-14-dev     # libFuzzer and sanitizer runtimes
+  clang-format clang-tidy      # scripts/lint.sh
   python3 python3-pip
 )
 

@@ -33,7 +33,7 @@ struct TemplateError : std::runtime_error {
 [[noreturn]] void Fail(const std::string& message) { throw TemplateError(message); }
 
 // A Jinja value: JSON, or undefined (a missing variable, key or attribute).
-struct Value {
+struct Value {  // NOLINT(bugprone-exception-escape): json moves do not throw
   bool defined = true;
   Json json;
 };
@@ -109,7 +109,7 @@ std::vector<Token> Tokenize(std::string_view src) {
 
 struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
-struct Expr {
+struct Expr {  // NOLINT(bugprone-exception-escape): json moves do not throw
   enum Kind {
     kLiteral,
     kName,
@@ -443,7 +443,7 @@ std::vector<Segment> Segments(const std::string& source) {
     } else if (drop_next_newline) {
       if (text.rfind("\r\n", 0) == 0)
         text.erase(0, 2);
-      else if (text.rfind("\n", 0) == 0)
+      else if (text.rfind('\n', 0) == 0)
         text.erase(0, 1);
     }
     if (open == std::string::npos) {

@@ -86,7 +86,7 @@ class Fields {
   const Json& object_;
 };
 
-absl::StatusOr<std::vector<int32_t>> TokenIds(const Json& array, const char* param) {
+absl::StatusOr<std::vector<int32_t>> TokenIds(const Json& array, std::string_view param) {
   std::vector<int32_t> ids;
   for (const Json& id : array) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
@@ -114,7 +114,7 @@ absl::Status OptionalTokenIds(const Fields& f, const char* name, bool non_empty,
 // prompt: a string, a list of strings, a list of token ids, or a list of
 // lists of token ids.
 absl::StatusOr<std::vector<PromptInput>> ParsePrompts(const Json* prompt) {
-  const char* kParam = "prompt";
+  constexpr std::string_view kParam = "prompt";
   if (!prompt) return ParamError(kParam, "is required");
   std::vector<PromptInput> prompts;
   if (prompt->is_string()) {
@@ -146,7 +146,7 @@ absl::StatusOr<std::vector<PromptInput>> ParsePrompts(const Json* prompt) {
 // messages: objects with a string role and content that is a string, null,
 // or a list of {"type": "text", "text": ...} parts (joined into one string).
 absl::StatusOr<nlohmann::ordered_json> ParseMessages(const Json* messages) {
-  const char* kParam = "messages";
+  constexpr std::string_view kParam = "messages";
   if (!messages) return ParamError(kParam, "is required");
   if (!messages->is_array() || messages->empty())
     return ParamError(kParam, "must be a non-empty list");

@@ -30,7 +30,7 @@ namespace lair::server {
 
 enum class ApiKind { kCompletion, kChat };
 
-struct OpenAiRequest {
+struct OpenAiRequest {  // NOLINT(bugprone-exception-escape): json moves do not throw
   ApiKind kind = ApiKind::kCompletion;
   std::string model;                  // may be empty: the served model
   std::vector<PromptInput> prompts;   // completions: one engine request each
@@ -64,7 +64,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(ApiKind kind, std::string_view 
 
 // vLLM's /tokenize: a text prompt, or chat messages rendered by the chat
 // template (exactly one of the two).
-struct TokenizeRequest {
+struct TokenizeRequest {  // NOLINT(bugprone-exception-escape): json moves do not throw
   std::string model;
   std::optional<std::string> prompt;
   nlohmann::ordered_json messages;  // when no prompt

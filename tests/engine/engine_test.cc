@@ -21,6 +21,7 @@ using testing::FakeTokenizer;
 
 std::vector<int32_t> Prompt(int length, int salt) {
   std::vector<int32_t> tokens;
+  tokens.reserve(length);
   for (int i = 0; i < length; ++i) tokens.push_back((i * 37 + salt * 101) % 500);
   return tokens;
 }
@@ -66,6 +67,7 @@ Completion Alone(EngineRequest r, bool with_tokenizer = false) {
 
 TEST(EngineTest, BatchInvarianceOf32ConcurrentGreedyRequests) {
   std::vector<EngineRequest> requests;
+  requests.reserve(32);
   for (int i = 0; i < 32; ++i) requests.push_back(Request(absl::StrCat("r", i), 5 + i * 3, i, 12));
   EngineConfig config;
   config.max_batch_tokens = 64;  // forces chunked prefill next to decodes
@@ -90,6 +92,7 @@ TEST(EngineTest, PreemptionAndResumeGiveIdenticalOutputs) {
   config.max_batch_tokens = 16;
   Harness h(config);
   std::vector<EngineRequest> requests;
+  requests.reserve(8);
   for (int i = 0; i < 8; ++i) requests.push_back(Request(absl::StrCat("p", i), 10 + i, i, 20));
   for (const EngineRequest& r : requests) ASSERT_TRUE(h.Submit(r).ok());
   ASSERT_TRUE(h.collector.WaitFinished(8));

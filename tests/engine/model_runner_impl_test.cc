@@ -89,6 +89,7 @@ TEST_P(RealModelTest, BatchingPreemptionAndForkingDoNotChangeOutputs) {
   ASSERT_TRUE(golden.ok()) << golden.status();
   const std::vector<int32_t> base = Ints(*(*golden)->Get("prompt_a"));
   std::vector<EngineRequest> requests;
+  requests.reserve(6);
   for (int i = 0; i < 6; ++i) {
     requests.push_back(Greedy(absl::StrCat("g", i),
                               std::vector<int32_t>(base.begin() + i * 7, base.begin() + 30 + i * 9),

@@ -71,7 +71,7 @@ TEST(SamplerTest, SeedAndIndexFixTheDraw) {
 
 TEST(SamplerTest, FiltersLeaveOnlyTheBestTokens) {
   // No ties here: tokens by logit are 1, 3, 2, 0, 5, 4.
-  auto Logits = [] { return std::vector<float>{1.0f, 3.0f, 2.0f, 2.5f, -1.0f, 0.5f}; };
+  auto untied_logits = [] { return std::vector<float>{1.0f, 3.0f, 2.0f, 2.5f, -1.0f, 0.5f}; };
   for (int variant = 0; variant < 3; ++variant) {
     SamplingParams p;
     if (variant == 0) p.top_k = 1;
@@ -79,7 +79,7 @@ TEST(SamplerTest, FiltersLeaveOnlyTheBestTokens) {
     if (variant == 2) p.min_p = 1.0f;
     SamplingState state(SamplingParams(), {}, 3, 0);
     for (int i = 0; i < 20; ++i) {
-      auto logits = Logits();
+      auto logits = untied_logits();
       EXPECT_EQ(Sample(p, logits, state).token, 1) << "variant " << variant;
     }
   }
@@ -88,7 +88,7 @@ TEST(SamplerTest, FiltersLeaveOnlyTheBestTokens) {
   p.top_k = 3;
   SamplingState state(SamplingParams(), {}, 3, 0);
   for (int i = 0; i < 200; ++i) {
-    auto logits = Logits();
+    auto logits = untied_logits();
     const int32_t token = Sample(p, logits, state).token;
     EXPECT_TRUE(token == 1 || token == 2 || token == 3) << token;
   }

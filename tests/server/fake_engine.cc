@@ -159,7 +159,7 @@ void FakeEngine::Loop() {
         stepped = true;
       }
     }
-    Deliver(std::move(deliveries));
+    Deliver(deliveries);
     wake_.notify_all();
     if (stop) return;
     if (stepped)
@@ -253,8 +253,8 @@ engine::RequestOutput FakeEngine::Advance(Live& live, int index) {
   return out;
 }
 
-void FakeEngine::Deliver(std::vector<Delivery> deliveries) {
-  for (auto& [callback, output] : deliveries) callback(output);
+void FakeEngine::Deliver(const std::vector<Delivery>& deliveries) {
+  for (const auto& [callback, output] : deliveries) callback(output);
 }
 
 }  // namespace lair::server::testing

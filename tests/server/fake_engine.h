@@ -52,7 +52,7 @@ class FakeEngine final : public engine::Engine {
   // Admits waiting requests, advances every running one by a token.
   std::vector<Delivery> StepLocked();
   engine::RequestOutput Advance(Live& live, int index);
-  void Deliver(std::vector<Delivery> deliveries);
+  void Deliver(const std::vector<Delivery>& deliveries);
   std::vector<Delivery> CancelLocked(const std::string& id);
 
   const Tokenizer* const tokenizer_;
