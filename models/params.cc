@@ -72,10 +72,14 @@ absl::StatusOr<int> Params::Add(const std::string& name, const Shape& shape, Ini
                                 bool matrix) {
   LAIR_ASSIGN_OR_RETURN(Tensor host, source_->Read(name, shape, init));
   LAIR_ASSIGN_OR_RETURN(Tensor stored, Place(host, matrix ? matrix_dtype_ : DType::kF32));
+  return Append(name, std::move(stored), matrix, /*derived=*/false);
+}
+
+int Params::Append(const std::string& name, Tensor stored, bool matrix, bool derived) {
   tensors_.push_back(std::move(stored));
   names_.push_back(name);
   matrix_.push_back(matrix);
-  derived_.push_back(false);
+  derived_.push_back(derived);
   return size() - 1;
 }
 
@@ -127,11 +131,7 @@ absl::StatusOr<int> Params::AddProduct(const std::string& name, int left, int ri
   product.c = Tensor::Zeros(DType::kF32, {l.dim(0), r.dim(1)});
   LAIR_RETURN_IF_ERROR(kernels::MakeCpuBackend()->Gemm(product));
   LAIR_ASSIGN_OR_RETURN(Tensor stored, Place(product.c, matrix_dtype_));
-  tensors_.push_back(std::move(stored));
-  names_.push_back(name);
-  matrix_.push_back(true);
-  derived_.push_back(true);
-  return size() - 1;
+  return Append(name, std::move(stored), /*matrix=*/true, /*derived=*/true);
 }
 
 absl::StatusOr<Tensor> Params::HostF32Copy(const Tensor& stored) const {

@@ -114,6 +114,8 @@ class Params {
   absl::StatusOr<Tensor> Place(const Tensor& host, DType dtype) const;
   // A host F32 copy of stored parameter values, which the caller may change.
   absl::StatusOr<Tensor> HostF32Copy(const Tensor& stored) const;
+  // Appends a parameter to the parallel lists below; returns its id.
+  int Append(const std::string& name, Tensor stored, bool matrix, bool derived);
 
   ParamSource* source_;
   kernels::Backend* backend_;
