@@ -124,7 +124,7 @@ __device__ __forceinline__ void FinishSiluPairCta(const SmallGroup<T>& g,
       g.silu_pair16[row * n + j] = T(Silu(gate) * up);
     }
   }
-  cluster.sync();  // no CTA leaves while another reads its shared memory
+  ClusterBarrierBeforeExit();
 }
 
 // Launched by LaunchCut (clusters of (1, splits, 1), blockIdx.y the
