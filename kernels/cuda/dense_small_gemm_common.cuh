@@ -258,6 +258,7 @@ template <typename Cluster>
 __device__ __forceinline__ float ClusterSum(Cluster& cluster, float* at) {
   const int splits = static_cast<int>(cluster.num_blocks());
   const auto local = static_cast<uint32_t>(__cvta_generic_to_shared(at));
+  // Every rank's load is issued before the first add waits on one.
   float value[kMmaMaxSplits];
 #pragma unroll
   for (int q = 0; q < kMmaMaxSplits; ++q) {
