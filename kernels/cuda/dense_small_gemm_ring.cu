@@ -169,12 +169,15 @@ __global__ void __launch_bounds__(kPipeThreads, 2)
     if (weight_src[u][0] != nullptr) weight_src[u][0] += copy_chunk * 8;
     weight_dst[u] = Swizzled(row, copy_chunk);
   }
+  // The weights are read once a step: evicted from L2 first (EvictFirstPolicy).
+  const uint64_t read_once = EvictFirstPolicy();
   const auto copy_weights = [&](int slot, int64_t k0) {
     const bool in_k = k0 + copy_chunk * 8 < k;
 #pragma unroll
     for (int u = 0; u < kWeightCopies; ++u) {
       const bool inside = weight_src[u][0] != nullptr && in_k;
-      CpAsync16(weights_of(slot) + weight_dst[u], inside ? weight_src[u][0] + k0 : g.w[0], inside);
+      CpAsync16(weights_of(slot) + weight_dst[u], inside ? weight_src[u][0] + k0 : g.w[0], inside,
+                read_once);
     }
   };
   // Activation copy u of this thread: unit i % per_row of row i / per_row,

@@ -105,15 +105,15 @@ struct StateRows {
   float4 (*staged)[Shape::kThreads];
 
   __device__ __forceinline__ void Load(const float* base, int64_t dv, int a0, int dk,
-                                       bool zero_init) {
+                                       bool zero_init, uint64_t read_once) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int a = a0 + u * Shape::kRowGroups;
       const bool present = a < dk && !zero_init;
       if constexpr (Shape::kStaged) {
-        if (present) CpAsync16(&staged[u][threadIdx.x], base + a * dv, true);
+        if (present) CpAsync16(&staged[u][threadIdx.x], base + a * dv, true, read_once);
       } else {
-        held[u] = present ? *reinterpret_cast<const float4*>(base + a * dv)
+        held[u] = present ? __ldcs(reinterpret_cast<const float4*>(base + a * dv))
                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
     }
@@ -186,7 +186,10 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
   const bool zero_init = p.s_init.ptr == nullptr;
   StateRows<Shape> rows;
   rows.staged = staged;
-  rows.Load(base, p.dv, rg, dk, zero_init);
+  // The state is read and written once a step: loaded evict-first
+  // (EvictFirstPolicy), stored as streaming (evict-first) stores.
+  const uint64_t read_once = EvictFirstPolicy();
+  rows.Load(base, p.dv, rg, dk, zero_init, read_once);
   if (p.left_low_rank.z) PrefetchLowRankRows<kThreads>(p.left_low_rank, h, dk);
   WaitForPrerequisites();
   // One token per sequence (LaunchStep's contract), so sequence seq's token
@@ -241,7 +244,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
   // The state pass: read, decay, add the outer product, accumulate sᵀq'.
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   for (int a0 = rg; a0 < dk; a0 += kRowGroups * kUnroll) {
-    if (a0 != rg) rows.Load(base, p.dv, a0, dk, zero_init);
+    if (a0 != rg) rows.Load(base, p.dv, a0, dk, zero_init, read_once);
     rows.Wait();
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -260,7 +263,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
       acc.y += qa * s.y;
       acc.z += qa * s.z;
       acc.w += qa * s.w;
-      *reinterpret_cast<float4*>(base + a * p.dv) = s;
+      __stcs(reinterpret_cast<float4*>(base + a * p.dv), s);
     }
   }
   // The column sums: over a warp's row groups by shuffles, then over the
