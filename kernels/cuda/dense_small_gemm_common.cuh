@@ -159,15 +159,6 @@ __device__ __forceinline__ float Dot8(const float2 (&wf)[4], const float4& x0, c
          x1.y * wf[2].y + x1.z * wf[3].x + x1.w * wf[3].y;
 }
 
-// A 16-byte weight load that skips L1: each weight is read once.
-__device__ __forceinline__ uint4 LoadStreaming(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 // ---------------------------------------------------------------------------
 // The rows each kernel takes (SmallProductFor routes by them).
 
