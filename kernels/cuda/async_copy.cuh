@@ -22,7 +22,7 @@ __device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid
                "r"(valid ? 16 : 0));
 }
 // An L2 policy that evicts the lines it covers first: for data a decode step
-// reads once (the ring products' weights, the state step's states), so that
+// reads once (the ring's and the GEMV's weights, the state step's states), so that
 // they do not push out of L2 the activations and residuals that the next
 // kernels read. On an H200 the two together ran GLA 1.3B's decode step 3.5%
 // faster at batch 32, 4% at 16 and 2–3% at 2 and 4; the persistent batch-1

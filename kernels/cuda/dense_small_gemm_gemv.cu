@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/dense_small_gemm_common.cuh"
 #include "kernels/cuda/dependent_launch.cuh"
 
@@ -31,13 +32,24 @@ constexpr int64_t kGemvWarpsPerSm = 24;
 constexpr int kGemvMaxSplits = 4;
 
 // A lane's kGemvUnroll 16-byte loads of a weight row from vector `base` on
-// (zeros from vector `vectors` on: the row's or the warp's share's end).
+// (zeros from vector `vectors` on: the row's or the warp's share's end),
+// under L2 evict-first as the ring's weights: a step reads them once. On an
+// H200 this took GSA 1.3B's batch-1 step from 1.400–1.403 to 1.388–1.399 ms
+// and GLA 1.3B's without the persistent kernel from 1.205–1.209 to
+// 1.191–1.199 (docs/benchmarks.md).
 __device__ __forceinline__ void LoadWeightChunk(const uint4* row, int64_t vectors, int64_t base,
                                                 int lane, uint4 (&chunk)[kGemvUnroll]) {
+  const uint64_t read_once = EvictFirstPolicy();
 #pragma unroll
   for (int u = 0; u < kGemvUnroll; ++u) {
     const int64_t v = base + u * 32 + lane;
-    chunk[u] = v < vectors ? __ldg(row + v) : make_uint4(0, 0, 0, 0);
+    uint4 w = make_uint4(0, 0, 0, 0);
+    if (v < vectors) {
+      asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+          : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+          : "l"(row + v), "l"(read_once));
+    }
+    chunk[u] = w;
   }
 }
 
