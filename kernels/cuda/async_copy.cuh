@@ -22,11 +22,12 @@ __device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid
                "r"(valid ? 16 : 0));
 }
 // An L2 policy that evicts the lines it covers first: for data a decode step
-// reads once (the ring's and the GEMV's weights, the state step's states), so that
-// they do not push out of L2 the activations and residuals that the next
-// kernels read. On an H200 the two together ran GLA 1.3B's decode step 3.5%
-// faster at batch 32, 4% at 16 and 2–3% at 2 and 4; the persistent batch-1
-// kernel's weight stream so was 1.3% slower (docs/benchmarks.md).
+// reads once (the ring's and the GEMV's weights, the state step's states), so
+// that they do not push out of L2 the activations and residuals that the next
+// kernels read. On an H200 the ring's weights and the states together ran GLA
+// 1.3B's decode step 3.5% faster at batch 32, 4% at 16 and 2–3% at 2 and 4;
+// the persistent batch-1 kernel's weight stream so was 1.3% slower
+// (docs/benchmarks.md).
 __device__ __forceinline__ uint64_t EvictFirstPolicy() {
   uint64_t policy;
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
