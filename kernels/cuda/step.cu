@@ -97,7 +97,9 @@ struct StepTraits {
 
 // The thread's state rows a0 + u·kRowGroups at `base` (zeros past dk or
 // without an initial state), in registers or in its shared-memory slots
-// `staged[u][threadIdx.x]` (as Shape says).
+// `staged[u][threadIdx.x]` (as Shape says). Read once a step, so evicted
+// from L2 first: staged rows are copied under `read_once`
+// (EvictFirstPolicy), held rows loaded as streaming loads (__ldcs).
 template <typename Shape>
 struct StateRows {
   static constexpr int kUnroll = Shape::kUnroll;
@@ -187,7 +189,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
   StateRows<Shape> rows;
   rows.staged = staged;
   // The state is read and written once a step: loaded evict-first
-  // (EvictFirstPolicy), stored as streaming (evict-first) stores.
+  // (StateRows::Load), stored as streaming (evict-first) stores.
   const uint64_t read_once = EvictFirstPolicy();
   rows.Load(base, p.dv, rg, dk, zero_init, read_once);
   if (p.left_low_rank.z) PrefetchLowRankRows<kThreads>(p.left_low_rank, h, dk);
