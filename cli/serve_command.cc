@@ -14,10 +14,8 @@
 
 #include "CLI/CLI.hpp"
 #include "cli/command_registry.h"
+#include "cli/serving_model.h"
 #include "engine/engine.h"
-#include "engine/model_runner_impl.h"
-#include "kernels/backend.h"
-#include "models/model.h"
 #include "server/server.h"
 #include "server/shutdown_signal.h"
 #include "spdlog/spdlog.h"
@@ -27,12 +25,8 @@ namespace lair::cli {
 namespace {
 
 struct ServeFlags {
-  std::string model;
+  ServingModelFlags model;
   std::string tokenizer;  // empty: the model folder
-  std::string device = "cpu";
-  std::string dtype;          // empty: f32 on the CPU, bf16 on CUDA
-  std::string gemm = "fast";  // kernels::GemmMode
-  int max_context = 4096;     // KV length per sequence for softmax-attention families
   double shutdown_grace_seconds = 10;
   server::ServerConfig server;
   engine::EngineConfig engine;
@@ -47,51 +41,19 @@ void RaiseFileLimit() {
   }
 }
 
-absl::StatusOr<std::unique_ptr<engine::ModelRunner>> LoadRunner(const ServeFlags& flags) {
-  kernels::BackendOptions backend_options;
-  LAIR_ASSIGN_OR_RETURN(backend_options.gemm, kernels::ParseGemmMode(flags.gemm, "--gemm"));
-  LAIR_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
-                        kernels::MakeBackend(flags.device, backend_options));
-  models::LoadOptions options;
-  const std::string dtype =
-      flags.dtype.empty() ? (flags.device == "cpu" ? "f32" : "bf16") : flags.dtype;
-  if (dtype != "f32" && dtype != "bf16")
-    return absl::InvalidArgumentError("--dtype: use f32 or bf16");
-  options.weight_dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
-  options.max_context = flags.max_context;
-  options.fold_norm_weights = true;  // inference only
-  options.fuse_low_rank_gates = true;
-  options.persistent_decode = true;
-  LAIR_ASSIGN_OR_RETURN(std::unique_ptr<models::Model> model,
-                        models::Model::Load(flags.model, backend.get(), options));
-  if (const absl::Status persistent = model->persistent_decode_status(); persistent.ok()) {
-    spdlog::info("one-sequence decode steps run as the persistent decode kernel");
-  } else {
-    spdlog::info("one-sequence decode steps run on the step graphs ({})",
-                 std::string(persistent.message()));
-  }
-  // Only softmax attention (llama) has a per-sequence context limit; the
-  // recurrent families carry a fixed-size state.
-  const int max_context = model->family() == "llama" ? flags.max_context : 0;
-  spdlog::info("model {} ({}), vocabulary {}, on {}", flags.model, model->family(),
-               model->vocab_size(), backend->Name());
-  return std::unique_ptr<engine::ModelRunner>(
-      new engine::ModelRunnerImpl(std::move(backend), std::move(model), max_context));
-}
-
 int RunServe(ServeFlags flags) {
   server::InstallTerminationHandlers();
   RaiseFileLimit();
   flags.server.shutdown_grace = absl::Seconds(flags.shutdown_grace_seconds);
   if (flags.server.served_model_name.empty()) {
     flags.server.served_model_name =
-        std::filesystem::path(flags.model).lexically_normal().filename().string();
+        std::filesystem::path(flags.model.model).lexically_normal().filename().string();
     if (flags.server.served_model_name.empty()) {
       flags.server.served_model_name =
-          std::filesystem::path(flags.model).parent_path().filename().string();
+          std::filesystem::path(flags.model.model).parent_path().filename().string();
     }
   }
-  const std::string tokenizer_dir = flags.tokenizer.empty() ? flags.model : flags.tokenizer;
+  const std::string tokenizer_dir = flags.tokenizer.empty() ? flags.model.model : flags.tokenizer;
   auto fail = [](const absl::Status& status) {
     spdlog::error("lair serve: {}", status.ToString());
     return 2;
@@ -99,15 +61,18 @@ int RunServe(ServeFlags flags) {
 
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Load(tokenizer_dir);
   if (!tokenizer.ok()) return fail(tokenizer.status());
-  absl::StatusOr<std::unique_ptr<engine::ModelRunner>> runner = LoadRunner(flags);
-  if (!runner.ok()) return fail(runner.status());
-  if ((*tokenizer)->VocabSize() > (*runner)->vocab_size()) {
+  absl::StatusOr<ServingRunner> loaded = LoadServingRunner(flags.model);
+  if (!loaded.ok()) return fail(loaded.status());
+  spdlog::info("one-sequence decode steps run on {}", loaded->decode_path);
+  spdlog::info("model {}", loaded->model);
+  std::unique_ptr<engine::ModelRunnerImpl>& runner = loaded->runner;
+  if ((*tokenizer)->VocabSize() > runner->vocab_size()) {
     return fail(absl::InvalidArgumentError(
         "the tokenizer in " + tokenizer_dir + " has " + std::to_string((*tokenizer)->VocabSize()) +
-        " tokens but the model only " + std::to_string((*runner)->vocab_size())));
+        " tokens but the model only " + std::to_string(runner->vocab_size())));
   }
   absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
-      engine::Engine::Create(std::move(*runner), tokenizer->get(), flags.engine);
+      engine::Engine::Create(std::move(runner), tokenizer->get(), flags.engine);
   if (!engine.ok()) return fail(engine.status());
   const engine::EngineStats capacity = (*engine)->Stats();
   spdlog::info(
@@ -139,7 +104,7 @@ LAIR_REGISTER_COMMAND(serve, [](CLI::App& app) {
   auto flags = std::make_shared<ServeFlags>();
   server::ServerConfig& s = flags->server;
   engine::EngineConfig& e = flags->engine;
-  command->add_option("--model", flags->model, "Model folder (config.json and weights)")
+  command->add_option("--model", flags->model.model, "Model folder (config.json and weights)")
       ->required();
   command->add_option("--tokenizer", flags->tokenizer,
                       "Tokenizer folder (default: the model folder)");
@@ -152,15 +117,16 @@ LAIR_REGISTER_COMMAND(serve, [](CLI::App& app) {
   command
       ->add_option("--api-key", s.api_key, "Require 'Authorization: Bearer KEY' on both protocols")
       ->envname("LAIR_API_KEY");
-  command->add_option("--device", flags->device, "cpu, cuda or cuda:N")->capture_default_str();
-  command->add_option("--dtype", flags->dtype,
+  command->add_option("--device", flags->model.device, "cpu, cuda or cuda:N")
+      ->capture_default_str();
+  command->add_option("--dtype", flags->model.dtype,
                       "Weight type: f32 or bf16 (default f32 on cpu, bf16 on cuda)");
   command
-      ->add_option("--gemm", flags->gemm,
+      ->add_option("--gemm", flags->model.gemm,
                    "Matrix products on CUDA: fast (tensor cores) or exact (fp32)")
       ->capture_default_str();
   command
-      ->add_option("--max-context", flags->max_context,
+      ->add_option("--max-context", flags->model.max_context,
                    "Context length for softmax-attention models")
       ->capture_default_str();
   command->add_option("--max-batch-tokens", e.max_batch_tokens, "Tokens per engine step")
