@@ -78,10 +78,15 @@ class EngineImpl final : public Engine {
   void Loop();
   void Step();
   void Admit(Submission submission);
+  // Whether seq's next token is the first maximum of its raw logits, so
+  // the runner may pick it on the device (ScheduleOutput::argmax_ids).
+  bool TakesArgmax(const Sequence& seq) const;
   // Samples seq's next token from `logits` and, at a request's first
   // sample with n > 1, forks its siblings.
   void Advance(Sequence* seq, std::vector<float> logits, absl::Time now);
   void Accept(Sequence* seq, std::vector<float> logits, absl::Time now);
+  // Appends a sampled token to seq and its output.
+  void Record(Sequence* seq, SampleResult sample, absl::Time now);
   void Fork(Sequence* leader, const std::vector<float>& logits, absl::Time now);
   // Scores the prompt tokens that `prompt`'s logits predict into the group.
   void ScorePrompt(Sequence* seq, PromptLogits& prompt);
@@ -279,7 +284,9 @@ void EngineImpl::Step() {
   if (schedule.empty()) return;
   const absl::Time start = absl::Now();
   for (const auto& [id, count] : schedule.num_scheduled_tokens) {
-    for (OutputProcessor& out : Find(id)->group().outputs) out.MarkScheduled(start);
+    Sequence* seq = Find(id);
+    for (OutputProcessor& out : seq->group().outputs) out.MarkScheduled(start);
+    if (TakesArgmax(*seq)) schedule.argmax_ids.insert(id);
   }
   RunnerOutput result = runner_->Execute(schedule);
   const absl::Time now = absl::Now();
@@ -292,7 +299,22 @@ void EngineImpl::Step() {
   for (SequenceLogits& l : result.logits) {
     if (Sequence* seq = Find(l.id)) Advance(seq, std::move(l.logits), now);
   }
+  for (const SequenceToken& t : result.tokens) {
+    Sequence* seq = Find(t.id);
+    if (seq == nullptr) continue;
+    Record(seq, SampleResult{.token = t.token, .logprob = std::nullopt}, now);
+    if (seq->output().finished()) Retire(seq);
+  }
   ++steps_total_;
+}
+
+bool EngineImpl::TakesArgmax(const Sequence& seq) const {
+  const SamplingParams& p = seq.params();
+  const RequestGroup& group = seq.group();
+  return p.temperature == 0.0f && p.logprobs < 0 && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && p.logit_bias.empty() &&
+         p.allowed_token_ids.empty() && seq.output().num_generated() >= p.min_tokens &&
+         (group.forked || p.n == 1);  // a fork samples its siblings from the leader's logits
 }
 
 void EngineImpl::Admit(Submission s) {
@@ -339,14 +361,17 @@ void EngineImpl::ScorePrompt(Sequence* seq, PromptLogits& prompt) {
 }
 
 void EngineImpl::Accept(Sequence* seq, std::vector<float> logits, absl::Time now) {
-  if (seq->at_first_sample() && seq->params().prompt_logprobs >= 0) {
-    seq->output().SetPromptLogprobs(seq->group().prompt_logprobs);
-  }
   KeepAllowedTokens(seq->params(), logits);
   if (seq->output().num_generated() < seq->params().min_tokens) {
     MaskStopTokens(seq->params(), eos_, logits);
   }
-  SampleResult sample = Sample(seq->params(), logits, seq->sampling());
+  Record(seq, Sample(seq->params(), logits, seq->sampling()), now);
+}
+
+void EngineImpl::Record(Sequence* seq, SampleResult sample, absl::Time now) {
+  if (seq->at_first_sample() && seq->params().prompt_logprobs >= 0) {
+    seq->output().SetPromptLogprobs(seq->group().prompt_logprobs);
+  }
   seq->AppendToken(sample.token);
   ++generated_tokens_total_;
   touched_.insert(&seq->group());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -98,6 +99,26 @@ RunnerOutput ModelRunnerImpl::Execute(const ScheduleOutput& schedule) {
       run.logit_rows.push_back(run.cu_seqlens[r] + j);
     }
     if (batch.needs_logits[rows[r]]) run.logit_rows.push_back(run.cu_seqlens[r + 1] - 1);
+  }
+  // Tokens every sampling row would take as the first maximum of its logits
+  // come from the device: a step then downloads B ids, not B × vocab floats.
+  const bool argmax_only = !scoring && std::all_of(rows.begin(), rows.end(), [&](int i) {
+    return !batch.needs_logits[i] || schedule.argmax_ids.contains(batch.ids[i]);
+  });
+  if (argmax_only) {
+    absl::StatusOr<std::vector<int32_t>> tokens = model_->ForwardGreedy(run, pool());
+    if (tokens.ok() && tokens->size() != rows.size()) {
+      tokens = absl::InternalError(absl::StrCat("ForwardGreedy returned ", tokens->size(),
+                                                " tokens for ", rows.size(), " sequences"));
+    }
+    if (!tokens.ok()) {
+      for (int i : rows) out.failures.push_back({batch.ids[i], tokens.status()});
+      return out;
+    }
+    for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
+      if (batch.needs_logits[rows[r]]) out.tokens.push_back({batch.ids[rows[r]], (*tokens)[r]});
+    }
+    return out;
   }
   absl::StatusOr<Tensor> logits = model_->Forward(run, pool());
   if (!logits.ok()) {

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "engine/sequence.h"
 
 namespace lair::engine {
@@ -45,6 +46,13 @@ struct ScheduleOutput {
   std::vector<SequenceId> finished_ids;
   // Sequences preempted this step: state saved to host, slot free.
   std::vector<SequenceId> preempted_ids;
+  // Sequences whose next token is the first maximum of their raw logits
+  // (greedy, and nothing that reads or changes the logits: no logprobs,
+  // penalties, bias, allowed ids or stop-token masking). Set by the engine.
+  // When every sequence due to sample is one of these and no prompt is
+  // scored, the runner may pick the tokens on the device and return them
+  // instead of the logits (RunnerOutput::tokens).
+  absl::flat_hash_set<SequenceId> argmax_ids;
 
   bool empty() const { return num_scheduled_tokens.empty(); }
 };

@@ -85,6 +85,39 @@ TEST(EngineTest, BatchInvarianceOf32ConcurrentGreedyRequests) {
   }
 }
 
+// A greedy request that reads nothing of its logits takes its tokens from
+// the runner's argmax; asking for logprobs sends the logits to the host
+// sampler instead. The tokens must not depend on which one picked them.
+TEST(EngineTest, ArgmaxStepsMatchTheHostSampler) {
+  EngineConfig config;
+  config.state_memory_bytes = 64 * 1024;
+  Harness device(config);
+  ASSERT_TRUE(device.Submit(Request("g", 9, 3, 16)).ok());
+  ASSERT_TRUE(device.collector.WaitFinished(1));
+  EXPECT_EQ(device.runner->argmax_steps.load(), device.runner->steps.load());
+
+  EngineRequest scored = Request("g", 9, 3, 16);
+  scored.sampling.logprobs = 0;
+  Harness host(config);
+  ASSERT_TRUE(host.Submit(scored).ok());
+  ASSERT_TRUE(host.collector.WaitFinished(1));
+  EXPECT_EQ(host.runner->argmax_steps.load(), 0);
+  EXPECT_EQ(device.collector.Get("g").tokens, host.collector.Get("g").tokens);
+  EXPECT_EQ(device.collector.Get("g").tokens.size(), 16u);
+
+  // Beside a sampled request every step goes to the host sampler, and the
+  // greedy request's tokens stay the same.
+  EngineRequest sampled = Request("s", 7, 5, 16);
+  sampled.sampling.temperature = 0.8f;
+  sampled.sampling.seed = 7;
+  Harness mixed(config);
+  ASSERT_TRUE(mixed.Submit(Request("g", 9, 3, 16)).ok());
+  ASSERT_TRUE(mixed.Submit(sampled).ok());
+  ASSERT_TRUE(mixed.collector.WaitFinished(2));
+  EXPECT_LT(mixed.runner->argmax_steps.load(), mixed.runner->steps.load());
+  EXPECT_EQ(mixed.collector.Get("g").tokens, device.collector.Get("g").tokens);
+}
+
 TEST(EngineTest, PreemptionAndResumeGiveIdenticalOutputs) {
   EngineConfig config;
   config.state_memory_bytes = 2 * 1024;  // two slots for eight requests

@@ -2,6 +2,7 @@
 // Tokenizer, and a collector of RequestOutputs.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -70,6 +71,14 @@ class FakeRunner : public ModelRunner {
     const models::ForwardBatch& f = batch->forward;
     tokens_run += static_cast<int64_t>(f.tokens.size());
     steps += 1;
+    // As ModelRunnerImpl: tokens instead of logits when every sampling row
+    // takes its argmax and no prompt is scored.
+    bool argmax_only = true;
+    for (int i = 0; i < f.num_seqs(); ++i) {
+      argmax_only &= batch->prompt_rows[i] == 0 &&
+                     (!batch->needs_logits[i] || schedule.argmax_ids.contains(batch->ids[i]));
+    }
+    argmax_steps += argmax_only ? 1 : 0;
     for (int i = 0; i < f.num_seqs(); ++i) {
       uint64_t& state = states_.at(f.slots[i]);
       bool failed = false;
@@ -84,7 +93,12 @@ class FakeRunner : public ModelRunner {
         for (int v = 0; v < vocab_; ++v) {
           logits[v] = static_cast<float>(Mix(state + static_cast<uint64_t>(v)) % 1000) / 100.0f;
         }
-        out.logits.push_back({batch->ids[i], std::move(logits)});
+        if (argmax_only) {
+          const auto first_max = std::max_element(logits.begin(), logits.end());
+          out.tokens.push_back({batch->ids[i], static_cast<int32_t>(first_max - logits.begin())});
+        } else {
+          out.logits.push_back({batch->ids[i], std::move(logits)});
+        }
       }
     }
     return out;
@@ -99,6 +113,7 @@ class FakeRunner : public ModelRunner {
 
   std::atomic<int64_t> tokens_run{0};
   std::atomic<int64_t> steps{0};
+  std::atomic<int64_t> argmax_steps{0};  // steps that returned tokens, not logits
   std::atomic<int64_t> saves{0};
   std::atomic<int64_t> restores{0};
   std::atomic<int64_t> copies{0};

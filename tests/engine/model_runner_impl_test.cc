@@ -3,10 +3,12 @@
 // must not change any output.
 #include "engine/model_runner_impl.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/safetensors.h"
 #include "engine/engine.h"
@@ -81,6 +83,52 @@ TEST_P(RealModelTest, ReproducesReferenceGreedyTokensWithChunkedPrefill) {
   auto out = RunAll(dir, config, {Greedy("a", prompt, static_cast<int>(expected.size()))});
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0], expected);
+}
+
+// Two prompts in one step, run by fresh runners told that none, one or both
+// take their argmax: tokens only when both do, and then each the first
+// maximum of the logits the host would have sampled from.
+TEST_P(RealModelTest, RunnerReturnsArgmaxTokensOnlyWhenEverySequenceTakesThem) {
+  LAIR_FIXTURE_OR_SKIP(dir, "models/" + GetParam());
+  auto golden = SafetensorsFile::Open(dir + "/golden.safetensors");
+  ASSERT_TRUE(golden.ok()) << golden.status();
+  const std::vector<int32_t> prompt = Ints(*(*golden)->Get("prompt_a"));
+  const std::vector<int32_t> shorter(prompt.begin(), prompt.begin() + prompt.size() / 2);
+  auto run = [&](absl::flat_hash_set<SequenceId> argmax_ids) {
+    auto runner = ModelRunnerImpl::Load(dir, "cpu", models::LoadOptions());
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    if (!runner.ok()) return RunnerOutput();
+    EXPECT_TRUE((*runner)->CreateSlots(2).ok());
+    ScheduleOutput step;
+    for (const auto& [id, tokens] : {std::pair{0, prompt}, std::pair{1, shorter}}) {
+      NewSequenceData& data = step.new_sequences.emplace_back();
+      data.id = id;
+      data.slot = id;
+      data.token_ids = tokens;
+    }
+    step.num_scheduled_tokens = {{0, static_cast<int>(prompt.size())},
+                                 {1, static_cast<int>(shorter.size())}};
+    step.total_num_scheduled_tokens = static_cast<int>(prompt.size() + shorter.size());
+    step.argmax_ids = std::move(argmax_ids);
+    return (*runner)->Execute(step);
+  };
+  const RunnerOutput host = run({});
+  ASSERT_TRUE(host.failures.empty());
+  ASSERT_EQ(host.logits.size(), 2u);
+  EXPECT_TRUE(host.tokens.empty());
+  const RunnerOutput one = run({0});
+  EXPECT_EQ(one.logits.size(), 2u);
+  EXPECT_TRUE(one.tokens.empty());
+  const RunnerOutput both = run({0, 1});
+  ASSERT_TRUE(both.failures.empty());
+  EXPECT_TRUE(both.logits.empty());
+  ASSERT_EQ(both.tokens.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<float>& logits = host.logits[i].logits;
+    EXPECT_EQ(both.tokens[i].id, host.logits[i].id);
+    EXPECT_EQ(both.tokens[i].token,
+              std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
 }
 
 TEST_P(RealModelTest, BatchingPreemptionAndForkingDoNotChangeOutputs) {
