@@ -4,12 +4,13 @@
 //
 //   lair bench engine --model DIR [--device cpu|cuda] [--dtype f32|bf16] [--gemm fast|exact]
 //                     --batch B --prompt-len P --gen-len G [--temperature T]
-//                     [--max-batch-tokens N] [--rounds R]
+//                     [--top-k K] [--top-p P] [--max-batch-tokens N] [--rounds R]
 //
 // It loads DIR as `lair serve` does (cli/serving_model.h), makes an Engine
 // of B state slots, then runs R rounds. A round submits B requests at once,
 // each of P random prompt tokens and G generated tokens (ignore_eos;
-// temperature T, 0 = greedy; seeded), and waits for all of them. The first
+// temperature T, 0 = greedy, with top_k and top_p; seeded), and waits for
+// all of them. The first
 // round warms up (it records the decode step graphs) and is not reported.
 // For each other round it reports:
 //   - decode: once every request has its first token, until the last one
@@ -17,10 +18,10 @@
 //     (that window over the steps of the request that started last);
 //   - end to end: B·G tokens over the time from submission to the last finish;
 //   - time to first token, mean and longest.
-// Greedy requests take their tokens from the device's argmax (one download
-// of B ids a step: ScheduleOutput::argmax_ids); T > 0 downloads each step's
-// logits for the host sampler. `lair bench decode` times the model's steps
-// alone, for comparison.
+// The requests ask for nothing the device cannot draw (no logprobs or
+// penalties), so each step downloads B token ids
+// (ScheduleOutput::device_sampling). `lair bench decode` times the model's
+// greedy steps alone, for comparison.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -49,6 +50,8 @@ struct BenchEngineFlags {
   int prompt_len = 0;
   int gen_len = 0;
   float temperature = 0;
+  int top_k = 0;
+  float top_p = 1;
   int max_batch_tokens = engine::EngineConfig().max_batch_tokens;
   int rounds = 3;
 };
@@ -58,6 +61,9 @@ absl::Status Validate(const BenchEngineFlags& f) {
   if (f.prompt_len < 1) return absl::InvalidArgumentError("--prompt-len must be >= 1");
   if (f.gen_len < 2) return absl::InvalidArgumentError("--gen-len must be >= 2");
   if (!(f.temperature >= 0)) return absl::InvalidArgumentError("--temperature must be >= 0");
+  if (f.top_k < 0) return absl::InvalidArgumentError("--top-k must be >= 0");
+  if (!(f.top_p > 0 && f.top_p <= 1))
+    return absl::InvalidArgumentError("--top-p must be in (0, 1]");
   if (f.max_batch_tokens < 1) return absl::InvalidArgumentError("--max-batch-tokens must be >= 1");
   if (f.rounds < 2) {
     return absl::InvalidArgumentError("--rounds must be >= 2 (the first one warms up)");
@@ -166,11 +172,10 @@ absl::Status RunBenchEngine(const BenchEngineFlags& f) {
   std::printf("model %s; one-sequence decode steps on %s\n", loaded.model.c_str(),
               loaded.decode_path.c_str());
   std::printf(
-      "engine: %d requests at once, prompt %d, %d generated tokens each, temperature %g "
-      "(%s), max_batch_tokens %d, %d state slots of %.2f MB\n",
-      f.batch, f.prompt_len, f.gen_len, f.temperature,
-      f.temperature == 0 ? "greedy: device argmax" : "host sampler on downloaded logits",
-      f.max_batch_tokens, f.batch, static_cast<double>(bytes_per_slot) / 1e6);
+      "engine: %d requests at once, prompt %d, %d generated tokens each, temperature %g, "
+      "top_k %d, top_p %g, max_batch_tokens %d, %d state slots of %.2f MB\n",
+      f.batch, f.prompt_len, f.gen_len, f.temperature, f.top_k, f.top_p, f.max_batch_tokens,
+      f.batch, static_cast<double>(bytes_per_slot) / 1e6);
 
   std::mt19937 rng(20261129);
   std::uniform_int_distribution<int32_t> token(0, vocab - 1);
@@ -185,6 +190,8 @@ absl::Status RunBenchEngine(const BenchEngineFlags& f) {
       for (int32_t& t : request.prompt_tokens) t = token(rng);
       request.sampling.max_tokens = f.gen_len;
       request.sampling.temperature = f.temperature;
+      request.sampling.top_k = f.top_k;
+      request.sampling.top_p = f.top_p;
       request.sampling.ignore_eos = true;
       request.sampling.seed = static_cast<uint64_t>(i);
       LAIR_RETURN_IF_ERROR(eng->Submit(std::move(request), recorder.Callback(i)));
@@ -208,9 +215,10 @@ absl::Status RunBenchEngine(const BenchEngineFlags& f) {
   });
   const RoundFigures& median = by_rate[by_rate.size() / 2];
   std::printf(
-      "lair bench engine: %s B=%d P=%d G=%d T=%g: %.1f decode tokens/s, %.3f ms/step, "
+      "lair bench engine: %s B=%d P=%d G=%d T=%g top_k=%d top_p=%g: %.1f decode tokens/s, %.3f "
+      "ms/step, "
       "%.1f tokens/s end to end (median of %zu rounds)\n",
-      f.model.model.c_str(), f.batch, f.prompt_len, f.gen_len, f.temperature,
+      f.model.model.c_str(), f.batch, f.prompt_len, f.gen_len, f.temperature, f.top_k, f.top_p,
       median.decode_tokens_per_second, median.step_seconds * 1e3,
       median.end_to_end_tokens_per_second, rounds.size());
   return absl::OkStatus();
@@ -235,6 +243,8 @@ LAIR_REGISTER_COMMAND(bench_engine, [](CLI::App& app) {
   cmd->add_option("--prompt-len", flags->prompt_len, "Prompt tokens P per request")->required();
   cmd->add_option("--gen-len", flags->gen_len, "Generated tokens G per request")->required();
   cmd->add_option("--temperature", flags->temperature, "0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", flags->top_k, "0 = off")->capture_default_str();
+  cmd->add_option("--top-p", flags->top_p, "1 = off")->capture_default_str();
   cmd->add_option("--max-batch-tokens", flags->max_batch_tokens, "Tokens per engine step")
       ->capture_default_str();
   cmd->add_option("--rounds", flags->rounds, "Rounds of B requests, the first untimed")

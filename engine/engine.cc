@@ -78,9 +78,9 @@ class EngineImpl final : public Engine {
   void Loop();
   void Step();
   void Admit(Submission submission);
-  // Whether seq's next token is the first maximum of its raw logits, so
-  // the runner may pick it on the device (ScheduleOutput::argmax_ids).
-  bool TakesArgmax(const Sequence& seq) const;
+  // Whether seq's next draw reads nothing but its raw logits, so the runner
+  // may make it on the device (ScheduleOutput::device_sampling).
+  static bool SamplesOnDevice(const Sequence& seq);
   // Samples seq's next token from `logits` and, at a request's first
   // sample with n > 1, forks its siblings.
   void Advance(Sequence* seq, std::vector<float> logits, absl::Time now);
@@ -283,10 +283,28 @@ void EngineImpl::Step() {
   }
   if (schedule.empty()) return;
   const absl::Time start = absl::Now();
+  // Draws go to the device for all sequences due to sample or for none, so
+  // that each draws from its RNG exactly once whichever path it takes.
+  std::vector<Sequence*> sampling;
+  bool on_device = true;
   for (const auto& [id, count] : schedule.num_scheduled_tokens) {
     Sequence* seq = Find(id);
     for (OutputProcessor& out : seq->group().outputs) out.MarkScheduled(start);
-    if (TakesArgmax(*seq)) schedule.argmax_ids.insert(id);
+    on_device &= seq->params().prompt_logprobs < 0;       // a scored prompt needs the logits
+    if (seq->num_computed_tokens == seq->num_tokens()) {  // due to sample
+      on_device &= SamplesOnDevice(*seq);
+      sampling.push_back(seq);
+    }
+  }
+  for (Sequence* seq : sampling) {
+    if (!on_device) break;
+    const SamplingParams& p = seq->params();
+    schedule.device_sampling[seq->id()] = {
+        .temperature = p.temperature,
+        .top_k = p.top_k,
+        .top_p = p.top_p,
+        .min_p = p.min_p,
+        .u = p.temperature > 0 ? seq->sampling().NextUniform() : 0.0};
   }
   RunnerOutput result = runner_->Execute(schedule);
   const absl::Time now = absl::Now();
@@ -308,13 +326,12 @@ void EngineImpl::Step() {
   ++steps_total_;
 }
 
-bool EngineImpl::TakesArgmax(const Sequence& seq) const {
+bool EngineImpl::SamplesOnDevice(const Sequence& seq) {
   const SamplingParams& p = seq.params();
-  const RequestGroup& group = seq.group();
-  return p.temperature == 0.0f && p.logprobs < 0 && p.repetition_penalty == 1.0f &&
-         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && p.logit_bias.empty() &&
-         p.allowed_token_ids.empty() && seq.output().num_generated() >= p.min_tokens &&
-         (group.forked || p.n == 1);  // a fork samples its siblings from the leader's logits
+  return p.logprobs < 0 && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f && p.logit_bias.empty() && p.allowed_token_ids.empty() &&
+         seq.output().num_generated() >= p.min_tokens &&
+         (seq.group().forked || p.n == 1);  // a fork samples its siblings from the leader's logits
 }
 
 void EngineImpl::Admit(Submission s) {

@@ -32,8 +32,7 @@ struct PromptLogits {
   std::vector<float> logits;  // [positions, vocab], unprocessed
 };
 
-// A sequence's next token, picked by the runner as the first maximum of its
-// logits (ScheduleOutput::argmax_ids).
+// A sequence's next token, drawn by the runner (ScheduleOutput::device_sampling).
 struct SequenceToken {
   SequenceId id = 0;
   int32_t token = 0;
@@ -48,7 +47,7 @@ struct SequenceFailure {
 // one that consumed all its known tokens appears in exactly one.
 struct RunnerOutput {
   std::vector<SequenceLogits> logits;       // sequences due to sample, batch order
-  std::vector<SequenceToken> tokens;        // or their tokens (argmax_ids), batch order
+  std::vector<SequenceToken> tokens;        // or their tokens (device_sampling), batch order
   std::vector<PromptLogits> prompt_logits;  // prompts being scored, batch order
   std::vector<SequenceFailure> failures;    // sequences that failed this step
 };

@@ -100,15 +100,24 @@ RunnerOutput ModelRunnerImpl::Execute(const ScheduleOutput& schedule) {
     }
     if (batch.needs_logits[rows[r]]) run.logit_rows.push_back(run.cu_seqlens[r + 1] - 1);
   }
-  // Tokens every sampling row would take as the first maximum of its logits
-  // come from the device: a step then downloads B ids, not B × vocab floats.
-  const bool argmax_only = !scoring && std::all_of(rows.begin(), rows.end(), [&](int i) {
-    return !batch.needs_logits[i] || schedule.argmax_ids.contains(batch.ids[i]);
+  // Rows that need only their draw get it on the device: a step then
+  // downloads B ids, not B × vocab floats.
+  const bool on_device = !scoring && std::all_of(rows.begin(), rows.end(), [&](int i) {
+    return !batch.needs_logits[i] || schedule.device_sampling.contains(batch.ids[i]);
   });
-  if (argmax_only) {
-    absl::StatusOr<std::vector<int32_t>> tokens = model_->ForwardGreedy(run, pool());
+  if (on_device) {
+    std::vector<kernels::RowSampling> draws;  // greedy for rows that do not sample
+    for (int i : rows) {
+      draws.push_back(batch.needs_logits[i] ? schedule.device_sampling.at(batch.ids[i])
+                                            : kernels::RowSampling());
+    }
+    const bool greedy = std::all_of(draws.begin(), draws.end(), [](const kernels::RowSampling& d) {
+      return d.temperature == 0;
+    });
+    absl::StatusOr<std::vector<int32_t>> tokens =
+        greedy ? model_->ForwardGreedy(run, pool()) : model_->ForwardSample(run, pool(), draws);
     if (tokens.ok() && tokens->size() != rows.size()) {
-      tokens = absl::InternalError(absl::StrCat("ForwardGreedy returned ", tokens->size(),
+      tokens = absl::InternalError(absl::StrCat("the model returned ", tokens->size(),
                                                 " tokens for ", rows.size(), " sequences"));
     }
     if (!tokens.ok()) {

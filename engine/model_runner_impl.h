@@ -4,8 +4,9 @@
 // Each step it turns the schedule into one packed ForwardBatch
 // (BatchBuilder), runs Model::Forward (logits of each sequence's last
 // token) and hands back the rows of the sequences due to sample; or, when
-// every one of those is in ScheduleOutput::argmax_ids and no prompt is
-// scored, Model::ForwardGreedy, and hands back their tokens. Sequences
+// every one of those is in ScheduleOutput::device_sampling and no prompt is
+// scored, Model::ForwardGreedy (all greedy) or Model::ForwardSample, and
+// hands back their tokens. Sequences
 // whose tokens would overrun max_context fail alone, before the forward; a
 // Forward error fails every sequence of that step.
 //

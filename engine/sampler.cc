@@ -58,9 +58,8 @@ void LogSoftmax(std::span<float> logits) {
 }
 
 // Masks (sets to -inf) tokens removed by min-p, top-k and top-p, given
-// log-probabilities. Returns the surviving token ids in the order the draw
-// walks them: most probable first (ties by lower id) when anything is
-// filtered, else plain id order (no sort needed).
+// log-probabilities. Returns the surviving token ids (ranked, most probable
+// first with ties by lower id, when anything is filtered; else in id order).
 std::vector<int32_t> Filter(const SamplingParams& params, std::span<float> logprobs) {
   const int vocab = static_cast<int>(logprobs.size());
   std::vector<int32_t> order(vocab);
@@ -137,7 +136,8 @@ SampleResult Sample(const SamplingParams& params, std::span<float> logits, Sampl
   }
   for (float& l : logits) l /= params.temperature;
   LogSoftmax(logits);
-  const std::vector<int32_t> kept = Filter(params, logits);
+  std::vector<int32_t> kept = Filter(params, logits);
+  std::sort(kept.begin(), kept.end());  // the draw walks ids in order (kernels/sampling.h)
   // Renormalize over the survivors, then walk them in order.
   double mass = 0;
   for (int32_t id : kept) mass += std::exp(static_cast<double>(logits[id]));

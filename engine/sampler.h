@@ -14,7 +14,9 @@
 //
 // Reproducibility: each completion owns a SamplingState whose RNG is
 // seeded from (request seed, completion index) alone, and the draw walks
-// tokens in a fixed order, so the output does not depend on the batch.
+// the kept tokens in id order, so the output does not depend on the batch.
+// The filters and the draw are kernels/sampling.h's, which the backends'
+// SampleRows run on the device for requests that need nothing else.
 //
 // Thread safety: SamplingState is thread-compatible; Sample is a pure
 // function of its arguments.

@@ -13,8 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "engine/sequence.h"
+#include "kernels/sampling.h"
 
 namespace lair::engine {
 
@@ -46,13 +47,14 @@ struct ScheduleOutput {
   std::vector<SequenceId> finished_ids;
   // Sequences preempted this step: state saved to host, slot free.
   std::vector<SequenceId> preempted_ids;
-  // Sequences whose next token is the first maximum of their raw logits
-  // (greedy, and nothing that reads or changes the logits: no logprobs,
-  // penalties, bias, allowed ids or stop-token masking). Set by the engine.
-  // When every sequence due to sample is one of these and no prompt is
-  // scored, the runner may pick the tokens on the device and return them
-  // instead of the logits (RunnerOutput::tokens).
-  absl::flat_hash_set<SequenceId> argmax_ids;
+  // Sequences due to sample this step whose draw reads nothing but their
+  // raw logits (no logprobs, penalties, bias, allowed ids or stop-token
+  // masking), each with its rule and draw (kernels/sampling.h; temperature
+  // 0 takes the argmax). Set by the engine for every sequence due to sample,
+  // or for none. When every one is here and no prompt is scored, the runner
+  // draws the tokens where the logits are and returns them instead
+  // (RunnerOutput::tokens).
+  absl::flat_hash_map<SequenceId, kernels::RowSampling> device_sampling;
 
   bool empty() const { return num_scheduled_tokens.empty(); }
 };

@@ -56,6 +56,29 @@ absl::Status Backend::ArgmaxRows(const Tensor& logits, const Tensor& ids) {
   return absl::OkStatus();
 }
 
+absl::Status Backend::SampleRows(const Tensor& logits, std::span<const RowSampling> rows,
+                                 const Tensor& ids) {
+  if (device() != Device::kCpu) {
+    return absl::UnimplementedError(absl::StrCat(Name(), " has no SampleRows"));
+  }
+  if (logits.rank() != 2 || logits.dtype() != DType::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SampleRows: logits must be F32 [R, V], got ", logits.DebugString()));
+  }
+  if (ids.dtype() != DType::kI32) return absl::InvalidArgumentError("SampleRows: ids must be I32");
+  LAIR_RETURN_IF_ERROR(ExpectShape(ids, {logits.dim(0)}, "ids"));
+  if (static_cast<int64_t>(rows.size()) != logits.dim(0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SampleRows: ", rows.size(), " sampling rows for ", logits.dim(0), " logits rows"));
+  }
+  const int64_t vocab = logits.dim(1);
+  for (int64_t r = 0; r < logits.dim(0); ++r) {
+    ids.data<int32_t>()[r] =
+        SampleRow(std::span<const float>(logits.f32() + r * vocab, vocab), rows[r]);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Backend::LinearGroup(const LinearGroupArgs& args) {
   LAIR_ASSIGN_OR_RETURN(std::vector<LinearProduct> products, LinearGroupProducts(args, device()));
   // The input the products read, when not x itself.

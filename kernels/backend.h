@@ -23,6 +23,7 @@
 #include "kernels/dense.h"
 #include "kernels/mixer.h"
 #include "kernels/persistent_decode.h"
+#include "kernels/sampling.h"
 
 namespace lair::kernels {
 
@@ -106,6 +107,10 @@ class Backend {
   // ids[r] = the first index of the largest value of row r of logits [R, V]
   // F32 (greedy sampling without moving the logits); ids is I32 [R].
   virtual absl::Status ArgmaxRows(const Tensor& logits, const Tensor& ids);
+  // ids[r] = the token kernels/sampling.h's rules draw from row r of logits
+  // [R, V] F32 under rows[r] (R of them); ids is I32 [R].
+  virtual absl::Status SampleRows(const Tensor& logits, std::span<const RowSampling> rows,
+                                  const Tensor& ids);
   // Runs nothing: records the device work `step` queues into a graph, or
   // Unimplemented where the backend has none. `step` must not synchronize,
   // read device memory on the host or grow memory. Launch the graph to run it.

@@ -90,6 +90,22 @@ class Decoder : public Model {
     LAIR_ASSIGN_OR_RETURN(Tensor ids, backend_->Download(out.ids));
     return std::vector<int32_t>(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
   }
+  absl::StatusOr<std::vector<int32_t>> ForwardSample(
+      const ForwardBatch& batch, StatePool& pool,
+      std::span<const kernels::RowSampling> rows) override {
+    if (batch.all_logits || !batch.logit_rows.empty())
+      return absl::InvalidArgumentError(
+          "ForwardSample: all_logits and logit_rows are not supported");
+    if (static_cast<int>(rows.size()) != batch.num_seqs()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ForwardSample: ", rows.size(), " sampling rows for ", batch.num_seqs(), " sequences"));
+    }
+    // The step's ids buffer (its argmax) takes the drawn tokens.
+    LAIR_ASSIGN_OR_RETURN(StepOutput out, Step(batch, pool, /*greedy=*/true));
+    LAIR_RETURN_IF_ERROR(backend_->SampleRows(out.logits, rows, out.ids));
+    LAIR_ASSIGN_OR_RETURN(Tensor ids, backend_->Download(out.ids));
+    return std::vector<int32_t>(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
+  }
   // Lays the model out for the backend's persistent decode kernel, where
   // both have one; else records why not (persistent_decode_status). Never
   // fails the model: the step graphs serve without it.

@@ -1,5 +1,8 @@
 #include "models/model.h"
 
+#include <span>
+
+#include "absl/strings/str_cat.h"
 #include "checkpoint/config_reader.h"
 #include "checkpoint/safetensors.h"
 #include "models/config.h"
@@ -35,6 +38,24 @@ absl::StatusOr<std::vector<int32_t>> Model::ForwardGreedy(const ForwardBatch& ba
     return absl::InvalidArgumentError("ForwardGreedy: all_logits and logit_rows are not supported");
   LAIR_ASSIGN_OR_RETURN(Tensor logits, Forward(batch, pool));
   return RowArgmax(logits);
+}
+
+absl::StatusOr<std::vector<int32_t>> Model::ForwardSample(
+    const ForwardBatch& batch, StatePool& pool, std::span<const kernels::RowSampling> rows) {
+  if (batch.all_logits || !batch.logit_rows.empty())
+    return absl::InvalidArgumentError("ForwardSample: all_logits and logit_rows are not supported");
+  if (static_cast<int>(rows.size()) != batch.num_seqs()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ForwardSample: ", rows.size(), " sampling rows for ", batch.num_seqs(), " sequences"));
+  }
+  LAIR_ASSIGN_OR_RETURN(Tensor logits, Forward(batch, pool));
+  std::vector<int32_t> tokens;
+  const int64_t vocab = logits.dim(1);
+  for (int64_t r = 0; r < logits.dim(0); ++r) {
+    tokens.push_back(
+        kernels::SampleRow(std::span<const float>(logits.f32() + r * vocab, vocab), rows[r]));
+  }
+  return tokens;
 }
 
 }  // namespace lair::models

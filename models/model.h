@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,12 @@ class Model {
   // !batch.all_logits and no logit_rows.
   virtual absl::StatusOr<std::vector<int32_t>> ForwardGreedy(const ForwardBatch& batch,
                                                              StatePool& pool);
+  // Forward, then each sequence's token drawn from its logits row under
+  // rows[s] (kernels/sampling.h), taken where the logits are. The default
+  // samples Forward's host logits. REQUIRES: as ForwardGreedy, and one row
+  // per sequence.
+  virtual absl::StatusOr<std::vector<int32_t>> ForwardSample(
+      const ForwardBatch& batch, StatePool& pool, std::span<const kernels::RowSampling> rows);
   // How many decode batch sizes currently replay a recorded step graph
   // (LoadOptions::step_graphs); 0 where the backend records none.
   virtual int recorded_step_graphs() const { return 0; }

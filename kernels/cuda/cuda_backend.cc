@@ -20,6 +20,7 @@
 #include "kernels/cuda/dense_ops.h"
 #include "kernels/cuda/mixer_backward.h"
 #include "kernels/cuda/persistent_decode_program.h"
+#include "kernels/cuda/sample_rows.h"
 #include "kernels/cuda/scan.h"
 #include "kernels/cuda/scan_mma.h"
 #include "kernels/cuda/scan_segments.h"
@@ -161,6 +162,23 @@ struct StagingBuffers {
   cudaEvent_t copied = nullptr;  // the last copy out of `host`
   uint64_t epoch = 0;            // bumped whenever `dev` moves
   ~StagingBuffers() {
+    if (copied) {
+      cudaEventSynchronize(copied);
+      cudaEventDestroy(copied);
+    }
+    if (host) cudaFreeHost(host);
+    if (dev) cudaFreeAsync(dev, stream);
+  }
+};
+
+// SampleRows' parameters: pinned host rows and their device copy, reused.
+struct SamplingBuffers {
+  static constexpr size_t kRows = 4096;
+  cudaStream_t stream = nullptr;
+  RowSampling* host = nullptr;   // kRows, pinned
+  RowSampling* dev = nullptr;    // kRows
+  cudaEvent_t copied = nullptr;  // the last copy out of `host`
+  ~SamplingBuffers() {
     if (copied) {
       cudaEventSynchronize(copied);
       cudaEventDestroy(copied);
@@ -385,6 +403,45 @@ class CudaBackend : public Backend {
     return CudaStatus(cuda::LaunchArgmaxRows(logits.f32(), logits.dim(0), logits.dim(1),
                                              ids.data<int32_t>(), s()),
                       "argmax");
+  }
+
+  absl::Status SampleRows(const Tensor& logits, std::span<const RowSampling> rows,
+                          const Tensor& ids) override {
+    if (logits.rank() != 2)
+      return absl::InvalidArgumentError(
+          absl::StrCat("logits must be [R, V], got ", logits.DebugString()));
+    LAIR_RETURN_IF_ERROR(CheckTensor(logits, logits.shape(), "logits", true));
+    if (!ids.defined() || ids.device() != Device::kCuda || ids.dtype() != DType::kI32)
+      return absl::InvalidArgumentError("ids must be an I32 CUDA tensor");
+    LAIR_RETURN_IF_ERROR(ExpectShape(ids, {logits.dim(0)}, "ids"));
+    if (static_cast<int64_t>(rows.size()) != logits.dim(0) ||
+        rows.size() > SamplingBuffers::kRows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SampleRows: ", rows.size(), " sampling rows for ", logits.dim(0),
+                       " logits rows (at most ", SamplingBuffers::kRows, ")"));
+    }
+    SamplingBuffers& b = sampling_;
+    if (!b.host) {
+      const size_t bytes = SamplingBuffers::kRows * sizeof(RowSampling);
+      void* host = nullptr;
+      void* dev = nullptr;
+      LAIR_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&host, bytes), "sampling rows"));
+      b.host = static_cast<RowSampling*>(host);
+      LAIR_RETURN_IF_ERROR(CudaStatus(cudaMallocAsync(&dev, bytes, s()), "sampling rows"));
+      b.dev = static_cast<RowSampling*>(dev);
+      b.stream = s();
+      LAIR_RETURN_IF_ERROR(
+          CudaStatus(cudaEventCreateWithFlags(&b.copied, cudaEventDisableTiming), "event"));
+    }
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(b.copied), "sampling rows"));
+    std::copy(rows.begin(), rows.end(), b.host);
+    LAIR_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(b.dev, b.host, rows.size_bytes(), cudaMemcpyHostToDevice, s()),
+                   "sampling rows"));
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(b.copied, s()), "sampling rows"));
+    return CudaStatus(cuda::LaunchSampleRows(logits.f32(), logits.dim(0), logits.dim(1), b.dev,
+                                             ids.data<int32_t>(), s()),
+                      "sample rows");
   }
 
   // The kernel rounds every product's input to bf16, as the fast mode's
@@ -1757,6 +1814,7 @@ class CudaBackend : public Backend {
   StepArena arena_;
   absl::Status step_status_;  // of the last BeginStep
   StagingBuffers staging_;
+  SamplingBuffers sampling_;
   PinnedDownload pinned_;
   bool capturing_ = false;
 };

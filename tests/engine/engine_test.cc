@@ -4,6 +4,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -85,37 +86,51 @@ TEST(EngineTest, BatchInvarianceOf32ConcurrentGreedyRequests) {
   }
 }
 
-// A greedy request that reads nothing of its logits takes its tokens from
-// the runner's argmax; asking for logprobs sends the logits to the host
-// sampler instead. The tokens must not depend on which one picked them.
-TEST(EngineTest, ArgmaxStepsMatchTheHostSampler) {
+// A request that reads nothing of its logits but its draw gets its tokens
+// from the runner's draw; asking for logprobs sends the logits to the host
+// sampler instead. The tokens must not depend on which one drew them.
+TEST(EngineTest, DeviceDrawsMatchTheHostSampler) {
   EngineConfig config;
   config.state_memory_bytes = 64 * 1024;
-  Harness device(config);
-  ASSERT_TRUE(device.Submit(Request("g", 9, 3, 16)).ok());
-  ASSERT_TRUE(device.collector.WaitFinished(1));
-  EXPECT_EQ(device.runner->argmax_steps.load(), device.runner->steps.load());
+  std::vector<EngineRequest> variants;
+  variants.push_back(Request("r", 9, 3, 16));  // greedy
+  for (const auto& [top_k, top_p, min_p] :
+       {std::tuple{0, 1.0f, 0.0f}, std::tuple{5, 1.0f, 0.0f}, std::tuple{0, 0.7f, 0.0f},
+        std::tuple{0, 1.0f, 0.5f}, std::tuple{20, 0.9f, 0.1f}}) {
+    EngineRequest r = Request("r", 9, 3, 16);
+    r.sampling.temperature = 0.8f;
+    r.sampling.seed = 11;
+    r.sampling.top_k = top_k;
+    r.sampling.top_p = top_p;
+    r.sampling.min_p = min_p;
+    variants.push_back(r);
+  }
+  for (size_t v = 0; v < variants.size(); ++v) {
+    Harness device(config);
+    ASSERT_TRUE(device.Submit(variants[v]).ok());
+    ASSERT_TRUE(device.collector.WaitFinished(1));
+    EXPECT_EQ(device.runner->device_steps.load(), device.runner->steps.load()) << v;
 
-  EngineRequest scored = Request("g", 9, 3, 16);
-  scored.sampling.logprobs = 0;
-  Harness host(config);
-  ASSERT_TRUE(host.Submit(scored).ok());
-  ASSERT_TRUE(host.collector.WaitFinished(1));
-  EXPECT_EQ(host.runner->argmax_steps.load(), 0);
-  EXPECT_EQ(device.collector.Get("g").tokens, host.collector.Get("g").tokens);
-  EXPECT_EQ(device.collector.Get("g").tokens.size(), 16u);
+    EngineRequest scored = variants[v];
+    scored.sampling.logprobs = 0;
+    Harness host(config);
+    ASSERT_TRUE(host.Submit(scored).ok());
+    ASSERT_TRUE(host.collector.WaitFinished(1));
+    EXPECT_EQ(host.runner->device_steps.load(), 0) << v;
+    EXPECT_EQ(device.collector.Get("r").tokens, host.collector.Get("r").tokens) << v;
+    EXPECT_EQ(device.collector.Get("r").tokens.size(), 16u) << v;
 
-  // Beside a sampled request every step goes to the host sampler, and the
-  // greedy request's tokens stay the same.
-  EngineRequest sampled = Request("s", 7, 5, 16);
-  sampled.sampling.temperature = 0.8f;
-  sampled.sampling.seed = 7;
-  Harness mixed(config);
-  ASSERT_TRUE(mixed.Submit(Request("g", 9, 3, 16)).ok());
-  ASSERT_TRUE(mixed.Submit(sampled).ok());
-  ASSERT_TRUE(mixed.collector.WaitFinished(2));
-  EXPECT_LT(mixed.runner->argmax_steps.load(), mixed.runner->steps.load());
-  EXPECT_EQ(mixed.collector.Get("g").tokens, device.collector.Get("g").tokens);
+    // Beside a request that needs the host sampler every step goes there,
+    // and the first request's tokens stay the same.
+    EngineRequest penalized = Request("p", 7, 5, 16);
+    penalized.sampling.repetition_penalty = 1.3f;
+    Harness mixed(config);
+    ASSERT_TRUE(mixed.Submit(variants[v]).ok());
+    ASSERT_TRUE(mixed.Submit(penalized).ok());
+    ASSERT_TRUE(mixed.collector.WaitFinished(2));
+    EXPECT_LT(mixed.runner->device_steps.load(), mixed.runner->steps.load()) << v;
+    EXPECT_EQ(mixed.collector.Get("r").tokens, device.collector.Get("r").tokens) << v;
+  }
 }
 
 TEST(EngineTest, PreemptionAndResumeGiveIdenticalOutputs) {

@@ -2,7 +2,6 @@
 // Tokenizer, and a collector of RequestOutputs.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -17,6 +16,7 @@
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "gtest/gtest.h"
+#include "kernels/sampling.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lair::engine::testing {
@@ -72,13 +72,13 @@ class FakeRunner : public ModelRunner {
     tokens_run += static_cast<int64_t>(f.tokens.size());
     steps += 1;
     // As ModelRunnerImpl: tokens instead of logits when every sampling row
-    // takes its argmax and no prompt is scored.
-    bool argmax_only = true;
+    // is drawn on the "device" and no prompt is scored.
+    bool on_device = true;
     for (int i = 0; i < f.num_seqs(); ++i) {
-      argmax_only &= batch->prompt_rows[i] == 0 &&
-                     (!batch->needs_logits[i] || schedule.argmax_ids.contains(batch->ids[i]));
+      on_device &= batch->prompt_rows[i] == 0 &&
+                   (!batch->needs_logits[i] || schedule.device_sampling.contains(batch->ids[i]));
     }
-    argmax_steps += argmax_only ? 1 : 0;
+    device_steps += on_device ? 1 : 0;
     for (int i = 0; i < f.num_seqs(); ++i) {
       uint64_t& state = states_.at(f.slots[i]);
       bool failed = false;
@@ -93,9 +93,10 @@ class FakeRunner : public ModelRunner {
         for (int v = 0; v < vocab_; ++v) {
           logits[v] = static_cast<float>(Mix(state + static_cast<uint64_t>(v)) % 1000) / 100.0f;
         }
-        if (argmax_only) {
-          const auto first_max = std::max_element(logits.begin(), logits.end());
-          out.tokens.push_back({batch->ids[i], static_cast<int32_t>(first_max - logits.begin())});
+        if (on_device) {
+          out.tokens.push_back(
+              {batch->ids[i],
+               kernels::SampleRow(logits, schedule.device_sampling.at(batch->ids[i]))});
         } else {
           out.logits.push_back({batch->ids[i], std::move(logits)});
         }
@@ -113,7 +114,7 @@ class FakeRunner : public ModelRunner {
 
   std::atomic<int64_t> tokens_run{0};
   std::atomic<int64_t> steps{0};
-  std::atomic<int64_t> argmax_steps{0};  // steps that returned tokens, not logits
+  std::atomic<int64_t> device_steps{0};  // steps that returned tokens, not logits
   std::atomic<int64_t> saves{0};
   std::atomic<int64_t> restores{0};
   std::atomic<int64_t> copies{0};

@@ -3,18 +3,18 @@
 // must not change any output.
 #include "engine/model_runner_impl.h"
 
-#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/safetensors.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/sampling.h"
 #include "models/model.h"
 #include "models/state_pool.h"
 #include "tests/engine/fakes.h"
@@ -85,16 +85,17 @@ TEST_P(RealModelTest, ReproducesReferenceGreedyTokensWithChunkedPrefill) {
   EXPECT_EQ(out[0], expected);
 }
 
-// Two prompts in one step, run by fresh runners told that none, one or both
-// take their argmax: tokens only when both do, and then each the first
-// maximum of the logits the host would have sampled from.
-TEST_P(RealModelTest, RunnerReturnsArgmaxTokensOnlyWhenEverySequenceTakesThem) {
+// Two prompts in one step, run by fresh runners told to draw none, one or
+// both on the device: tokens only when both, and then the tokens
+// kernels::SampleRow draws from the logits the host would have sampled.
+TEST_P(RealModelTest, RunnerDrawsOnTheDeviceOnlyWhenEverySequenceDoes) {
   LAIR_FIXTURE_OR_SKIP(dir, "models/" + GetParam());
   auto golden = SafetensorsFile::Open(dir + "/golden.safetensors");
   ASSERT_TRUE(golden.ok()) << golden.status();
   const std::vector<int32_t> prompt = Ints(*(*golden)->Get("prompt_a"));
   const std::vector<int32_t> shorter(prompt.begin(), prompt.begin() + prompt.size() / 2);
-  auto run = [&](absl::flat_hash_set<SequenceId> argmax_ids) {
+  using Draws = absl::flat_hash_map<SequenceId, kernels::RowSampling>;
+  auto run = [&](Draws draws) {
     auto runner = ModelRunnerImpl::Load(dir, "cpu", models::LoadOptions());
     EXPECT_TRUE(runner.ok()) << runner.status();
     if (!runner.ok()) return RunnerOutput();
@@ -109,25 +110,29 @@ TEST_P(RealModelTest, RunnerReturnsArgmaxTokensOnlyWhenEverySequenceTakesThem) {
     step.num_scheduled_tokens = {{0, static_cast<int>(prompt.size())},
                                  {1, static_cast<int>(shorter.size())}};
     step.total_num_scheduled_tokens = static_cast<int>(prompt.size() + shorter.size());
-    step.argmax_ids = std::move(argmax_ids);
+    step.device_sampling = std::move(draws);
     return (*runner)->Execute(step);
   };
   const RunnerOutput host = run({});
   ASSERT_TRUE(host.failures.empty());
   ASSERT_EQ(host.logits.size(), 2u);
   EXPECT_TRUE(host.tokens.empty());
-  const RunnerOutput one = run({0});
+  const RunnerOutput one = run({{0, kernels::RowSampling()}});
   EXPECT_EQ(one.logits.size(), 2u);
   EXPECT_TRUE(one.tokens.empty());
-  const RunnerOutput both = run({0, 1});
-  ASSERT_TRUE(both.failures.empty());
-  EXPECT_TRUE(both.logits.empty());
-  ASSERT_EQ(both.tokens.size(), 2u);
-  for (int i = 0; i < 2; ++i) {
-    const std::vector<float>& logits = host.logits[i].logits;
-    EXPECT_EQ(both.tokens[i].id, host.logits[i].id);
-    EXPECT_EQ(both.tokens[i].token,
-              std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const kernels::RowSampling greedy;
+  const kernels::RowSampling drawn{
+      .temperature = 0.9f, .top_k = 0, .top_p = 0.9f, .min_p = 0, .u = 0.37};
+  for (const kernels::RowSampling& second : {greedy, drawn}) {
+    const RunnerOutput both = run({{0, greedy}, {1, second}});
+    ASSERT_TRUE(both.failures.empty());
+    EXPECT_TRUE(both.logits.empty());
+    ASSERT_EQ(both.tokens.size(), 2u);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(both.tokens[i].id, host.logits[i].id);
+      EXPECT_EQ(both.tokens[i].token,
+                kernels::SampleRow(host.logits[i].logits, i == 0 ? greedy : second));
+    }
   }
 }
 

@@ -1,9 +1,13 @@
 #include "engine/sampler.h"
 
 #include <cmath>
+#include <cstdint>
+#include <random>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/sampling.h"
 
 namespace lair::engine {
 namespace {
@@ -117,6 +121,40 @@ TEST(SamplerTest, LogprobsComeFromTheProcessedDistribution) {
   ASSERT_TRUE(gr.logprob.has_value());
   EXPECT_NEAR(gr.logprob->logprob, 3.0 - std::log(z), 1e-5);
   EXPECT_TRUE(gr.logprob->top.empty());
+}
+
+// The host sampler and the backends' SampleRow draw the same token from the
+// same logits and uniform, under every filter.
+TEST(SamplerTest, HostDrawsWhatSampleRowDraws) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(300);
+  for (float& l : logits) l = normal(rng);
+  logits[17] = logits[40];  // a tie
+  for (float temperature : {0.0f, 0.5f, 1.0f, 2.0f}) {
+    for (const auto& [top_k, top_p, min_p] :
+         {std::tuple{0, 1.0f, 0.0f}, std::tuple{3, 1.0f, 0.0f}, std::tuple{0, 0.6f, 0.0f},
+          std::tuple{0, 1.0f, 0.3f}, std::tuple{30, 0.8f, 0.01f}}) {
+      SamplingParams p;
+      p.temperature = temperature;
+      p.top_k = top_k;
+      p.top_p = top_p;
+      p.min_p = min_p;
+      for (uint64_t seed = 0; seed < 20; ++seed) {
+        SamplingState state(p, {}, seed, 0);
+        SamplingState twin(p, {}, seed, 0);
+        const kernels::RowSampling rule{.temperature = temperature,
+                                        .top_k = top_k,
+                                        .top_p = top_p,
+                                        .min_p = min_p,
+                                        .u = temperature > 0 ? twin.NextUniform() : 0.0};
+        std::vector<float> copy = logits;
+        EXPECT_EQ(Sample(p, copy, state).token, kernels::SampleRow(logits, rule))
+            << "T " << temperature << " k " << top_k << " p " << top_p << " min_p " << min_p
+            << " seed " << seed;
+      }
+    }
+  }
 }
 
 TEST(SamplerTest, StopTokens) {

@@ -8,7 +8,9 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -655,6 +657,46 @@ TEST_F(CudaStepTest, ArgmaxRowsMatchesHostIncludingTies) {
   }
   EXPECT_FALSE(
       gpu_->ArgmaxRows(Up(logits), Up(Tensor::Zeros(DType::kI32, {rows + 1}), DType::kI32)).ok());
+}
+
+// The device draw against kernels::SampleRow, row by row: vocabularies
+// staged in shared memory and not, ties at the filters' cuts, every filter.
+TEST_F(CudaStepTest, SampleRowsDrawWhatTheCpuReferenceDraws) {
+  std::vector<RowSampling> rules;
+  for (float temperature : {0.0f, 0.7f, 1.3f}) {
+    for (const auto& [top_k, top_p, min_p] :
+         {std::tuple{0, 1.0f, 0.0f}, std::tuple{1, 1.0f, 0.0f}, std::tuple{40, 1.0f, 0.0f},
+          std::tuple{0, 0.5f, 0.0f}, std::tuple{0, 0.95f, 0.0f}, std::tuple{0, 1.0f, 0.2f},
+          std::tuple{50, 0.9f, 0.05f}}) {
+      for (double u : {0.0, 0.31, 0.77, 0.999}) {
+        rules.push_back(
+            {.temperature = temperature, .top_k = top_k, .top_p = top_p, .min_p = min_p, .u = u});
+      }
+    }
+  }
+  const auto rows = static_cast<int64_t>(rules.size());
+  for (int64_t vocab : {512, 32000, 50257}) {
+    Tensor logits = Rand({rows, vocab});
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = logits.f32() + r * vocab;
+      for (int64_t i = 0; i < vocab; ++i) row[i] *= 6.0f;
+      const int64_t top = std::max_element(row, row + vocab) - row;
+      row[(top + 7) % vocab] = row[top];  // ties at the top and further down
+      row[(top + 11) % vocab] = row[(top + 13) % vocab];
+    }
+    Tensor ids = Up(Tensor::Zeros(DType::kI32, {rows}), DType::kI32);
+    ASSERT_TRUE(gpu_->SampleRows(Up(logits), rules, ids).ok());
+    const Tensor got = Down(ids);
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::span<const float> row(logits.f32() + r * vocab, vocab);
+      EXPECT_EQ(got.data<int32_t>()[r], SampleRow(row, rules[r]))
+          << "vocab " << vocab << ", rule " << r;
+    }
+  }
+  const Tensor three = Up(Tensor::Zeros(DType::kF32, {3, 8}));
+  EXPECT_FALSE(gpu_->SampleRows(three, std::span(rules).first(2),
+                                Up(Tensor::Zeros(DType::kI32, {3}), DType::kI32))
+                   .ok());
 }
 
 TEST_F(CudaStepTest, ArenaRepeatsAddressesOnceSized) {

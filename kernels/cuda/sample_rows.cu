@@ -1,0 +1,300 @@
+// Row sampling on the device, by kernels/sampling.h's rules: one block of
+// 1024 threads a row, so a step downloads B token ids, not B × vocab logits.
+//
+// With s = logits / T and p = expf(s − max s) (max p = 1; sums in double, as
+// the CPU reference):
+//   - min_p and top_k give counts directly (p ≥ min_p; k).
+//   - top_p bisects the float order of s for t_p, the largest value whose
+//     "p of every token ≥ t_p" reaches top_p · Σp; the ties at t_p then add
+//     as few tokens as reach it.
+//   - otherwise the kept count n bisects for c, the n-th largest value.
+//     The kept tokens are those above the cut and the first ties at it by id.
+//   - the draw: thread t owns ids [t·chunk, (t+1)·chunk); a block prefix sum
+//     of the kept p per chunk finds the chunk holding u · Σkept p, and its
+//     thread walks it.
+// A bisection step is one pass over the row (from shared memory when the
+// row fits) and a block reduction: top_p costs about 35 passes, top_k or
+// min_p alone about 33 (counts only, no exponentials), no filter 4. A radix
+// select on 4-bit digits (8 passes of shared-atomic tallies) measured
+// slower, its atomics colliding where most keys share their top digits.
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/sample_rows.h"
+
+namespace lair::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int64_t kMaxStagedVocab = (160 << 10) / sizeof(float);
+
+// Unsigned keys in the order of the floats (−0 before +0; no NaN expected).
+__device__ __forceinline__ uint32_t Key(float x) {
+  const uint32_t bits = __float_as_uint(x);
+  return bits & 0x80000000u ? ~bits : bits | 0x80000000u;
+}
+
+__device__ __forceinline__ float FromKey(uint32_t key) {
+  return __uint_as_float(key & 0x80000000u ? key & 0x7fffffffu : ~key);
+}
+
+struct Scratch {
+  double d[kWarps];
+  float f[kWarps];
+  int64_t i[kWarps];
+  double scalar_d;
+  float scalar_f;
+  int64_t scalar_i;
+};
+
+// Block-wide reductions: every thread gets the result.
+__device__ double BlockSum(double v, Scratch& sh) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) sh.d[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    double w = sh.d[lane];
+    for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
+    if (lane == 0) sh.scalar_d = w;
+  }
+  __syncthreads();
+  const double out = sh.scalar_d;
+  __syncthreads();
+  return out;
+}
+
+// Block-wide reductions: every thread gets the result.
+__device__ int64_t BlockCount(int64_t v, Scratch& sh) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) sh.i[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    int64_t w = sh.i[lane];
+    for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
+    if (lane == 0) sh.scalar_i = w;
+  }
+  __syncthreads();
+  const int64_t out = sh.scalar_i;
+  __syncthreads();
+  return out;
+}
+
+__device__ float BlockMax(float v, Scratch& sh) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) sh.f[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float w = sh.f[lane];
+    for (int o = 16; o > 0; o >>= 1) w = fmaxf(w, __shfl_xor_sync(0xffffffffu, w, o));
+    if (lane == 0) sh.scalar_f = w;
+  }
+  __syncthreads();
+  const float out = sh.scalar_f;
+  __syncthreads();
+  return out;
+}
+
+// The sum of v over threads before this one (an exclusive block scan), and
+// the total in *total.
+__device__ double BlockExclusiveSum(double v, Scratch& sh, double* total) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  double inclusive = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const double up = __shfl_up_sync(0xffffffffu, inclusive, o);
+    if (lane >= o) inclusive += up;
+  }
+  if (lane == 31) sh.d[warp] = inclusive;
+  __syncthreads();
+  double before = 0, all = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    before += w < warp ? sh.d[w] : 0.0;
+    all += sh.d[w];
+  }
+  __syncthreads();
+  *total = all;
+  return before + inclusive - v;
+}
+
+__device__ int64_t BlockExclusiveCount(int64_t v, Scratch& sh) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int64_t inclusive = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int64_t up = __shfl_up_sync(0xffffffffu, inclusive, o);
+    if (lane >= o) inclusive += up;
+  }
+  if (lane == 31) sh.i[warp] = inclusive;
+  __syncthreads();
+  int64_t before = 0;
+  for (int w = 0; w < warp; ++w) before += sh.i[w];
+  __syncthreads();
+  return before + inclusive - v;
+}
+
+// One row's scaled logits s, from shared memory when staged.
+struct Row {
+  const float* logits;
+  const float* staged;  // null when the row is read from global memory
+  float temperature;
+  __device__ float s(int64_t i) const { return staged ? staged[i] : logits[i] / temperature; }
+};
+
+__global__ void __launch_bounds__(kThreads)
+    SampleRowsKernel(const float* logits, int64_t vocab, const RowSampling* params, int32_t* ids) {
+  extern __shared__ float staged[];
+  __shared__ Scratch sh;
+  __shared__ int32_t found;      // the drawn token, or INT32_MAX
+  __shared__ int32_t last_kept;  // the largest kept id
+  const RowSampling r = params[blockIdx.x];
+  const float* in = logits + blockIdx.x * vocab;
+  const int tid = threadIdx.x;
+
+  if (r.temperature == 0) {  // the first maximum
+    float best = -FLT_MAX;
+    int64_t best_i = vocab;
+    for (int64_t j = tid; j < vocab; j += kThreads) {
+      if (in[j] > best) best = in[j], best_i = j;
+    }
+    const float top = BlockMax(best, sh);
+    if (tid == 0) found = INT32_MAX;
+    __syncthreads();
+    if (best == top && best_i < vocab) atomicMin(&found, static_cast<int32_t>(best_i));
+    __syncthreads();
+    if (tid == 0) ids[blockIdx.x] = found < vocab ? found : 0;
+    return;
+  }
+
+  const bool stage = vocab <= kMaxStagedVocab;
+  if (stage) {
+    for (int64_t j = tid; j < vocab; j += kThreads) staged[j] = in[j] / r.temperature;
+    __syncthreads();
+  }
+  const Row row{in, stage ? staged : nullptr, r.temperature};
+  float local_max = -FLT_MAX;
+  for (int64_t j = tid; j < vocab; j += kThreads) local_max = fmaxf(local_max, row.s(j));
+  const float max_s = BlockMax(local_max, sh);
+  const auto p = [&](int64_t j) { return static_cast<double>(expf(row.s(j) - max_s)); };
+  const auto mass_from = [&](uint32_t key) {  // Σp over tokens with Key(s) ≥ key
+    double m = 0;
+    for (int64_t j = tid; j < vocab; j += kThreads) m += Key(row.s(j)) >= key ? p(j) : 0.0;
+    return BlockSum(m, sh);
+  };
+  const auto count_from = [&](uint32_t key) {  // tokens with Key(s) ≥ key
+    int64_t n = 0;
+    for (int64_t j = tid; j < vocab; j += kThreads) n += Key(row.s(j)) >= key;
+    return BlockCount(n, sh);
+  };
+  // The largest key in [lo, hi] where pred holds (pred(lo) must hold).
+  const auto largest_key = [&](uint32_t lo, uint32_t hi, auto pred) {
+    while (lo < hi) {
+      const uint32_t mid = lo + (hi - lo + 1) / 2;
+      if (pred(mid)) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return lo;
+  };
+
+  const bool filtered = r.min_p > 0 || r.top_k > 0 || r.top_p < 1;
+  uint32_t cut = 0;      // kept: Key(s) > cut, or == cut among the first `ties` by id
+  int64_t ties = vocab;  // with cut 0 every token is kept
+  if (filtered) {
+    int64_t keep = vocab;
+    bool cut_known = false;
+    if (r.min_p > 0) {
+      int64_t n = 0;
+      for (int64_t j = tid; j < vocab; j += kThreads) n += p(j) >= static_cast<double>(r.min_p);
+      const int64_t at_least = BlockCount(n, sh);
+      keep = at_least > 1 ? at_least : 1;
+    }
+    if (r.top_k > 0 && r.top_k < keep) keep = r.top_k;
+    const uint32_t top_key = Key(max_s);
+    if (r.top_p < 1) {
+      double total = 0;
+      for (int64_t j = tid; j < vocab; j += kThreads) total += p(j);
+      const double goal = static_cast<double>(r.top_p) * BlockSum(total, sh);
+      const uint32_t t = largest_key(0, top_key, [&](uint32_t k) { return mass_from(k) >= goal; });
+      const double above = t < top_key ? mass_from(t + 1) : 0.0;
+      const int64_t above_n = t < top_key ? count_from(t + 1) : 0;
+      const int64_t equal_n = count_from(t) - above_n;
+      const double each = static_cast<double>(expf(FromKey(t) - max_s));  // t is a token's s
+      int64_t need = each > 0 ? static_cast<int64_t>(ceil((goal - above) / each)) : equal_n;
+      need = need < 1 ? 1 : (need > equal_n ? equal_n : need);
+      if (above_n + need <= keep) {  // top_p decides: its cut is known
+        keep = above_n + need;
+        cut = t;
+        ties = need;
+        cut_known = true;
+      }
+    }
+    if (!cut_known) {  // min_p or top_k decides: find the keep-th largest value
+      cut = largest_key(0, top_key, [&](uint32_t k) { return count_from(k) >= keep; });
+      ties = keep - (cut < top_key ? count_from(cut + 1) : 0);
+    }
+  }
+
+  // The draw over contiguous chunks of ids.
+  const int64_t chunk = (vocab + kThreads - 1) / kThreads;
+  const int64_t begin = tid * chunk < vocab ? tid * chunk : vocab;
+  const int64_t end = begin + chunk < vocab ? begin + chunk : vocab;
+  int64_t my_ties = 0;
+  for (int64_t j = begin; j < end; ++j) my_ties += Key(row.s(j)) == cut;
+  const int64_t ties_before = BlockExclusiveCount(my_ties, sh);
+  const auto kept = [&](int64_t j, int64_t* tie_rank) {
+    const uint32_t k = Key(row.s(j));
+    if (k > cut) return true;
+    if (k < cut) return false;
+    return (*tie_rank)++ < ties;
+  };
+  double my_mass = 0;
+  int64_t last = -1;
+  int64_t rank = ties_before;
+  for (int64_t j = begin; j < end; ++j) {
+    if (kept(j, &rank)) my_mass += p(j), last = j;
+  }
+  double kept_mass = 0;
+  const double before = BlockExclusiveSum(my_mass, sh, &kept_mass);
+  const double target = r.u * kept_mass;
+  if (tid == 0) found = INT32_MAX, last_kept = -1;
+  __syncthreads();
+  if (before <= target && target < before + my_mass) {
+    double sum = before;
+    rank = ties_before;
+    for (int64_t j = begin; j < end; ++j) {
+      if (!kept(j, &rank)) continue;
+      sum += p(j);
+      if (target < sum) {
+        atomicMin(&found, static_cast<int32_t>(j));
+        break;
+      }
+    }
+  }
+  if (last >= 0) atomicMax(&last_kept, static_cast<int32_t>(last));
+  __syncthreads();
+  // Rounding may leave the target past every chunk: then the last kept token.
+  if (tid == 0) ids[blockIdx.x] = found != INT32_MAX ? found : (last_kept >= 0 ? last_kept : 0);
+}
+
+}  // namespace
+
+cudaError_t LaunchSampleRows(const float* logits, int64_t rows, int64_t vocab,
+                             const RowSampling* params, int32_t* ids, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const size_t smem = vocab <= kMaxStagedVocab ? static_cast<size_t>(vocab) * sizeof(float) : 0;
+  if (smem > 48 << 10) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        SampleRowsKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
+  SampleRowsKernel<<<static_cast<unsigned>(rows), kThreads, smem, stream>>>(logits, vocab, params,
+                                                                            ids);
+  return cudaGetLastError();
+}
+
+}  // namespace lair::kernels::cuda

@@ -1,0 +1,19 @@
+// Row sampling on the device (kernels/sampling.h's rules): a step's tokens
+// without downloading its logits.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/sampling.h"
+
+namespace lair::kernels::cuda {
+
+// ids[r] = SampleRow(logits row r, params[r]) for r < rows, up to rounding
+// (sums in double, in another order). params and ids are device memory.
+// One block per row.
+cudaError_t LaunchSampleRows(const float* logits, int64_t rows, int64_t vocab,
+                             const RowSampling* params, int32_t* ids, cudaStream_t stream);
+
+}  // namespace lair::kernels::cuda
