@@ -40,63 +40,49 @@ __device__ __forceinline__ float FromKey(uint32_t key) {
   return __uint_as_float(key & 0x80000000u ? key & 0x7fffffffu : ~key);
 }
 
-struct Scratch {
-  double d[kWarps];
-  float f[kWarps];
-  int64_t i[kWarps];
-  double scalar_d;
-  float scalar_f;
-  int64_t scalar_i;
+// Shared memory for one block reduction or scan of each type.
+template <typename T>
+struct Lanes {
+  T warps[kWarps];
+  T result;
 };
 
-// Block-wide reductions: every thread gets the result.
+struct Scratch {
+  Lanes<double> d;
+  Lanes<float> f;
+  Lanes<int64_t> i;
+};
+
+// A block-wide reduction by `op` (associative; applied in a fixed order, so
+// the result is the same every run): every thread gets the result.
+template <typename T, typename Op>
+__device__ T BlockReduce(T v, Op op, Lanes<T>& lanes) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) lanes.warps[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    T w = lanes.warps[lane];
+    for (int o = 16; o > 0; o >>= 1) w = op(w, __shfl_xor_sync(0xffffffffu, w, o));
+    if (lane == 0) lanes.result = w;
+  }
+  __syncthreads();
+  const T out = lanes.result;
+  __syncthreads();
+  return out;
+}
+
 __device__ double BlockSum(double v, Scratch& sh) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) sh.d[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    double w = sh.d[lane];
-    for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
-    if (lane == 0) sh.scalar_d = w;
-  }
-  __syncthreads();
-  const double out = sh.scalar_d;
-  __syncthreads();
-  return out;
+  return BlockReduce(
+      v, [](double a, double b) { return a + b; }, sh.d);
 }
-
-// Block-wide reductions: every thread gets the result.
 __device__ int64_t BlockCount(int64_t v, Scratch& sh) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) sh.i[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    int64_t w = sh.i[lane];
-    for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
-    if (lane == 0) sh.scalar_i = w;
-  }
-  __syncthreads();
-  const int64_t out = sh.scalar_i;
-  __syncthreads();
-  return out;
+  return BlockReduce(
+      v, [](int64_t a, int64_t b) { return a + b; }, sh.i);
 }
-
 __device__ float BlockMax(float v, Scratch& sh) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) sh.f[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    float w = sh.f[lane];
-    for (int o = 16; o > 0; o >>= 1) w = fmaxf(w, __shfl_xor_sync(0xffffffffu, w, o));
-    if (lane == 0) sh.scalar_f = w;
-  }
-  __syncthreads();
-  const float out = sh.scalar_f;
-  __syncthreads();
-  return out;
+  return BlockReduce(
+      v, [](float a, float b) { return fmaxf(a, b); }, sh.f);
 }
 
 // The sum of v over threads before this one (an exclusive block scan), and
@@ -108,12 +94,12 @@ __device__ double BlockExclusiveSum(double v, Scratch& sh, double* total) {
     const double up = __shfl_up_sync(0xffffffffu, inclusive, o);
     if (lane >= o) inclusive += up;
   }
-  if (lane == 31) sh.d[warp] = inclusive;
+  if (lane == 31) sh.d.warps[warp] = inclusive;
   __syncthreads();
   double before = 0, all = 0;
   for (int w = 0; w < kWarps; ++w) {
-    before += w < warp ? sh.d[w] : 0.0;
-    all += sh.d[w];
+    before += w < warp ? sh.d.warps[w] : 0.0;
+    all += sh.d.warps[w];
   }
   __syncthreads();
   *total = all;
@@ -127,10 +113,10 @@ __device__ int64_t BlockExclusiveCount(int64_t v, Scratch& sh) {
     const int64_t up = __shfl_up_sync(0xffffffffu, inclusive, o);
     if (lane >= o) inclusive += up;
   }
-  if (lane == 31) sh.i[warp] = inclusive;
+  if (lane == 31) sh.i.warps[warp] = inclusive;
   __syncthreads();
   int64_t before = 0;
-  for (int w = 0; w < warp; ++w) before += sh.i[w];
+  for (int w = 0; w < warp; ++w) before += sh.i.warps[w];
   __syncthreads();
   return before + inclusive - v;
 }
