@@ -283,21 +283,22 @@ void EngineImpl::Step() {
   }
   if (schedule.empty()) return;
   const absl::Time start = absl::Now();
-  // Draws go to the device for all sequences due to sample or for none, so
-  // that each draws from its RNG exactly once whichever path it takes.
-  std::vector<Sequence*> sampling;
-  bool on_device = true;
+  // Each sequence due to sample whose draw reads only its raw logits draws
+  // on the device, with a uniform from its own RNG; the others' logits come
+  // to the host sampler, which draws from theirs. A scored prompt needs the
+  // step's logits rows in another form, so then every draw is the host's.
+  std::vector<Sequence*> drawn;
+  bool scoring = false;
   for (const auto& [id, count] : schedule.num_scheduled_tokens) {
     Sequence* seq = Find(id);
     for (OutputProcessor& out : seq->group().outputs) out.MarkScheduled(start);
-    on_device &= seq->params().prompt_logprobs < 0;       // a scored prompt needs the logits
-    if (seq->num_computed_tokens == seq->num_tokens()) {  // due to sample
-      on_device &= SamplesOnDevice(*seq);
-      sampling.push_back(seq);
-    }
+    scoring |= seq->params().prompt_logprobs >= 0 &&
+               seq->num_computed_tokens - count < seq->num_prompt_tokens();
+    const bool due = seq->num_computed_tokens == seq->num_tokens();
+    if (due && SamplesOnDevice(*seq)) drawn.push_back(seq);
   }
-  for (Sequence* seq : sampling) {
-    if (!on_device) break;
+  for (Sequence* seq : drawn) {
+    if (scoring) break;
     const SamplingParams& p = seq->params();
     schedule.device_sampling[seq->id()] = {
         .temperature = p.temperature,

@@ -56,6 +56,62 @@ absl::Status ModelRunnerImpl::CreateSlots(int num_slots) {
   return absl::OkStatus();
 }
 
+RunnerOutput ModelRunnerImpl::ExecuteDrawn(const ScheduleOutput& schedule,
+                                           const PreparedBatch& batch,
+                                           const models::ForwardBatch& run,
+                                           const std::vector<int>& rows) {
+  RunnerOutput out;
+  std::vector<kernels::RowSampling> draws;  // greedy where the device does not draw
+  std::vector<int32_t> host_rows;           // rows of `run` the host samples
+  bool greedy = true;
+  for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
+    const int i = rows[r];
+    const auto drawn = schedule.device_sampling.find(batch.ids[i]);
+    const bool here = batch.needs_logits[i] && drawn != schedule.device_sampling.end();
+    draws.push_back(here ? drawn->second : kernels::RowSampling());
+    greedy &= draws.back().temperature == 0;
+    if (batch.needs_logits[i] && !here) host_rows.push_back(r);
+  }
+  absl::StatusOr<models::SampledStep> step;
+  if (greedy && host_rows.empty()) {
+    absl::StatusOr<std::vector<int32_t>> tokens = model_->ForwardGreedy(run, pool());
+    if (tokens.ok()) {
+      step = models::SampledStep{std::move(*tokens), Tensor()};
+    } else {
+      step = tokens.status();
+    }
+  } else {
+    step = model_->ForwardSample(run, pool(), draws, host_rows);
+  }
+  const int vocab = model_->vocab_size();
+  if (step.ok() && step->tokens.size() != rows.size()) {
+    step = absl::InternalError(absl::StrCat("the model returned ", step->tokens.size(),
+                                            " tokens for ", rows.size(), " sequences"));
+  }
+  if (step.ok() && !host_rows.empty()) {
+    if (absl::Status s = ExpectShape(step->host_logits,
+                                     {static_cast<int64_t>(host_rows.size()), vocab}, "logits");
+        !s.ok()) {
+      step = s;
+    }
+  }
+  if (!step.ok()) {
+    for (int i : rows) out.failures.push_back({batch.ids[i], step.status()});
+    return out;
+  }
+  size_t next_host = 0;
+  for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
+    const SequenceId id = batch.ids[rows[r]];
+    if (next_host < host_rows.size() && host_rows[next_host] == r) {
+      const float* row = step->host_logits.f32() + static_cast<int64_t>(next_host++) * vocab;
+      out.logits.push_back({id, std::vector<float>(row, row + vocab)});
+    } else if (batch.needs_logits[rows[r]]) {
+      out.tokens.push_back({id, step->tokens[r]});
+    }
+  }
+  return out;
+}
+
 RunnerOutput ModelRunnerImpl::Execute(const ScheduleOutput& schedule) {
   RunnerOutput out;
   auto fail_all = [&](const absl::Status& status) {
@@ -100,35 +156,11 @@ RunnerOutput ModelRunnerImpl::Execute(const ScheduleOutput& schedule) {
     }
     if (batch.needs_logits[rows[r]]) run.logit_rows.push_back(run.cu_seqlens[r + 1] - 1);
   }
-  // Rows that need only their draw get it on the device: a step then
-  // downloads B ids, not B × vocab floats.
-  const bool on_device = !scoring && std::all_of(rows.begin(), rows.end(), [&](int i) {
-    return !batch.needs_logits[i] || schedule.device_sampling.contains(batch.ids[i]);
-  });
-  if (on_device) {
-    std::vector<kernels::RowSampling> draws;  // greedy for rows that do not sample
-    for (int i : rows) {
-      draws.push_back(batch.needs_logits[i] ? schedule.device_sampling.at(batch.ids[i])
-                                            : kernels::RowSampling());
-    }
-    const bool greedy = std::all_of(draws.begin(), draws.end(), [](const kernels::RowSampling& d) {
-      return d.temperature == 0;
-    });
-    absl::StatusOr<std::vector<int32_t>> tokens =
-        greedy ? model_->ForwardGreedy(run, pool()) : model_->ForwardSample(run, pool(), draws);
-    if (tokens.ok() && tokens->size() != rows.size()) {
-      tokens = absl::InternalError(absl::StrCat("the model returned ", tokens->size(),
-                                                " tokens for ", rows.size(), " sequences"));
-    }
-    if (!tokens.ok()) {
-      for (int i : rows) out.failures.push_back({batch.ids[i], tokens.status()});
-      return out;
-    }
-    for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
-      if (batch.needs_logits[rows[r]]) out.tokens.push_back({batch.ids[rows[r]], (*tokens)[r]});
-    }
-    return out;
-  }
+  // Sequences whose draw reads only their raw logits get it on the device,
+  // and only the others' rows come back: a step downloads B ids and those
+  // rows rather than B × vocab floats.
+  if (!scoring && !schedule.device_sampling.empty())
+    return ExecuteDrawn(schedule, batch, run, rows);
   absl::StatusOr<Tensor> logits = model_->Forward(run, pool());
   if (!logits.ok()) {
     for (int i : rows) out.failures.push_back({batch.ids[i], logits.status()});

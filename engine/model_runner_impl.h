@@ -3,10 +3,10 @@
 //
 // Each step it turns the schedule into one packed ForwardBatch
 // (BatchBuilder), runs Model::Forward (logits of each sequence's last
-// token) and hands back the rows of the sequences due to sample; or, when
-// every one of those is in ScheduleOutput::device_sampling and no prompt is
-// scored, Model::ForwardGreedy (all greedy) or Model::ForwardSample, and
-// hands back their tokens. Sequences
+// token) and hands back the rows of the sequences due to sample. When some
+// of those are in ScheduleOutput::device_sampling (never while a prompt is
+// scored), it runs Model::ForwardGreedy or Model::ForwardSample instead and
+// hands back their tokens, and the logits rows of the others. Sequences
 // whose tokens would overrun max_context fail alone, before the forward; a
 // Forward error fails every sequence of that step.
 //
@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "engine/batch_builder.h"
 #include "engine/model_runner.h"
@@ -63,6 +64,10 @@ class ModelRunnerImpl final : public ModelRunner {
  private:
   // REQUIRES: CreateSlots succeeded.
   models::StatePool& pool();
+  // Execute's step when the device draws: `run` is `batch` less the
+  // sequences that failed alone, rows[r] the batch row of its sequence r.
+  RunnerOutput ExecuteDrawn(const ScheduleOutput& schedule, const PreparedBatch& batch,
+                            const models::ForwardBatch& run, const std::vector<int>& rows);
 
   // Declared first so it is destroyed last: model_ and pool_ hold its memory.
   std::unique_ptr<kernels::Backend> backend_;

@@ -58,13 +58,12 @@ void LogSoftmax(std::span<float> logits) {
 }
 
 // Masks (sets to -inf) tokens removed by min-p, top-k and top-p, given
-// log-probabilities. Returns the surviving token ids (ranked, most probable
-// first with ties by lower id, when anything is filtered; else in id order).
-std::vector<int32_t> Filter(const SamplingParams& params, std::span<float> logprobs) {
-  const int vocab = static_cast<int>(logprobs.size());
-  std::vector<int32_t> order(vocab);
+// log-probabilities: of the tokens ranked most probable first (ties by
+// lower id), those past the cut.
+void Filter(const SamplingParams& params, std::span<float> logprobs) {
+  if (params.min_p == 0 && params.top_k == 0 && params.top_p >= 1.0f) return;
+  std::vector<int32_t> order(logprobs.size());
   std::iota(order.begin(), order.end(), 0);
-  if (params.min_p == 0 && params.top_k == 0 && params.top_p >= 1.0f) return order;  // id order
   auto better = [&](int32_t a, int32_t b) {
     return logprobs[a] != logprobs[b] ? logprobs[a] > logprobs[b] : a < b;
   };
@@ -86,8 +85,6 @@ std::vector<int32_t> Filter(const SamplingParams& params, std::span<float> logpr
     keep = i;
   }
   for (size_t i = keep; i < order.size(); ++i) logprobs[order[i]] = kNegInf;
-  order.resize(keep);
-  return order;
 }
 
 TokenLogprob MakeLogprob(int n_top, std::span<const float> logprobs, int32_t token) {
@@ -136,22 +133,20 @@ SampleResult Sample(const SamplingParams& params, std::span<float> logits, Sampl
   }
   for (float& l : logits) l /= params.temperature;
   LogSoftmax(logits);
-  std::vector<int32_t> kept = Filter(params, logits);
-  std::sort(kept.begin(), kept.end());  // the draw walks ids in order (kernels/sampling.h)
-  // Renormalize over the survivors, then walk them in order.
+  Filter(params, logits);
+  // Renormalize over the survivors, then walk them in id order
+  // (kernels/sampling.h: the order the device's draw takes).
   double mass = 0;
-  for (int32_t id : kept) mass += std::exp(static_cast<double>(logits[id]));
+  for (float l : logits) mass += l == kNegInf ? 0.0 : std::exp(static_cast<double>(l));
   const float log_mass = static_cast<float>(std::log(mass));
-  for (int32_t id : kept) logits[id] -= log_mass;
+  for (float& l : logits) l -= l == kNegInf ? 0.0f : log_mass;
   const double u = state.NextUniform();
   double cumulative = 0;
-  result.token = kept.back();
-  for (int32_t id : kept) {
+  for (int32_t id = 0; id < static_cast<int32_t>(logits.size()); ++id) {
+    if (logits[id] == kNegInf) continue;
+    result.token = id;  // the last survivor, if rounding leaves u past them all
     cumulative += std::exp(static_cast<double>(logits[id]));
-    if (u < cumulative) {
-      result.token = id;
-      break;
-    }
+    if (u < cumulative) break;
   }
   if (params.logprobs >= 0) result.logprob = MakeLogprob(params.logprobs, logits, result.token);
   return result;

@@ -50,10 +50,10 @@ struct ScheduleOutput {
   // Sequences due to sample this step whose draw reads nothing but their
   // raw logits (no logprobs, penalties, bias, allowed ids or stop-token
   // masking), each with its rule and draw (kernels/sampling.h; temperature
-  // 0 takes the argmax). Set by the engine for every sequence due to sample,
-  // or for none. When every one is here and no prompt is scored, the runner
-  // draws the tokens where the logits are and returns them instead
-  // (RunnerOutput::tokens).
+  // 0 takes the argmax). Set by the engine; empty when a prompt is scored.
+  // The runner draws their tokens where the logits are and returns them
+  // instead (RunnerOutput::tokens); the other sequences due to sample get
+  // their logits rows.
   absl::flat_hash_map<SequenceId, kernels::RowSampling> device_sampling;
 
   bool empty() const { return num_scheduled_tokens.empty(); }

@@ -90,21 +90,24 @@ class Decoder : public Model {
     LAIR_ASSIGN_OR_RETURN(Tensor ids, backend_->Download(out.ids));
     return std::vector<int32_t>(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
   }
-  absl::StatusOr<std::vector<int32_t>> ForwardSample(
-      const ForwardBatch& batch, StatePool& pool,
-      std::span<const kernels::RowSampling> rows) override {
-    if (batch.all_logits || !batch.logit_rows.empty())
-      return absl::InvalidArgumentError(
-          "ForwardSample: all_logits and logit_rows are not supported");
-    if (static_cast<int>(rows.size()) != batch.num_seqs()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ForwardSample: ", rows.size(), " sampling rows for ", batch.num_seqs(), " sequences"));
-    }
+  absl::StatusOr<SampledStep> ForwardSample(const ForwardBatch& batch, StatePool& pool,
+                                            std::span<const kernels::RowSampling> rows,
+                                            std::span<const int32_t> host_rows) override {
+    LAIR_RETURN_IF_ERROR(CheckSampleArgs(batch, rows, host_rows));
     // The step's ids buffer (its argmax) takes the drawn tokens.
-    LAIR_ASSIGN_OR_RETURN(StepOutput out, Step(batch, pool, /*greedy=*/true));
-    LAIR_RETURN_IF_ERROR(backend_->SampleRows(out.logits, rows, out.ids));
-    LAIR_ASSIGN_OR_RETURN(Tensor ids, backend_->Download(out.ids));
-    return std::vector<int32_t>(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
+    LAIR_ASSIGN_OR_RETURN(StepOutput step, Step(batch, pool, /*greedy=*/true));
+    LAIR_RETURN_IF_ERROR(backend_->SampleRows(step.logits, rows, step.ids));
+    LAIR_ASSIGN_OR_RETURN(Tensor ids, backend_->Download(step.ids));
+    SampledStep out;
+    out.tokens.assign(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
+    const int64_t vocab = step.logits.dim(1);
+    out.host_logits = Tensor::Zeros(DType::kF32, {static_cast<int64_t>(host_rows.size()), vocab});
+    for (size_t i = 0; i < host_rows.size(); ++i) {
+      LAIR_ASSIGN_OR_RETURN(Tensor row,
+                            backend_->Download(step.logits.Rows(host_rows[i], host_rows[i] + 1)));
+      std::copy_n(row.f32(), vocab, out.host_logits.f32() + static_cast<int64_t>(i) * vocab);
+    }
+    return out;
   }
   // Lays the model out for the backend's persistent decode kernel, where
   // both have one; else records why not (persistent_decode_status). Never

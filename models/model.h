@@ -80,6 +80,16 @@ struct LossAndGradients {
   std::vector<std::pair<std::string, Tensor>> gradients;  // checkpoint name -> host F32 gradient
 };
 
+// Model::ForwardSample's result.
+struct SampledStep {
+  std::vector<int32_t> tokens;  // [num_seqs]
+  Tensor host_logits;           // [host_rows, vocab] F32 on the host
+};
+
+// ForwardSample's argument checks, shared by its implementations.
+absl::Status CheckSampleArgs(const ForwardBatch& batch, std::span<const kernels::RowSampling> rows,
+                             std::span<const int32_t> host_rows);
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -109,11 +119,14 @@ class Model {
   virtual absl::StatusOr<std::vector<int32_t>> ForwardGreedy(const ForwardBatch& batch,
                                                              StatePool& pool);
   // Forward, then each sequence's token drawn from its logits row under
-  // rows[s] (kernels/sampling.h), taken where the logits are. The default
-  // samples Forward's host logits. REQUIRES: as ForwardGreedy, and one row
-  // per sequence.
-  virtual absl::StatusOr<std::vector<int32_t>> ForwardSample(
-      const ForwardBatch& batch, StatePool& pool, std::span<const kernels::RowSampling> rows);
+  // rows[s] (kernels/sampling.h), taken where the logits are, and the
+  // logits rows of the sequences in host_rows (ascending), which the caller
+  // draws itself (their tokens are unspecified). The default samples
+  // Forward's host logits. REQUIRES: as ForwardGreedy, and one rule per
+  // sequence.
+  virtual absl::StatusOr<SampledStep> ForwardSample(const ForwardBatch& batch, StatePool& pool,
+                                                    std::span<const kernels::RowSampling> rows,
+                                                    std::span<const int32_t> host_rows);
   // How many decode batch sizes currently replay a recorded step graph
   // (LoadOptions::step_graphs); 0 where the backend records none.
   virtual int recorded_step_graphs() const { return 0; }

@@ -87,8 +87,9 @@ TEST(EngineTest, BatchInvarianceOf32ConcurrentGreedyRequests) {
 }
 
 // A request that reads nothing of its logits but its draw gets its tokens
-// from the runner's draw; asking for logprobs sends the logits to the host
-// sampler instead. The tokens must not depend on which one drew them.
+// from the runner's draw; asking for logprobs sends its logits to the host
+// sampler instead. The tokens must not depend on which one drew them, nor on
+// a neighbour the host samples.
 TEST(EngineTest, DeviceDrawsMatchTheHostSampler) {
   EngineConfig config;
   config.state_memory_bytes = 64 * 1024;
@@ -105,31 +106,36 @@ TEST(EngineTest, DeviceDrawsMatchTheHostSampler) {
     r.sampling.min_p = min_p;
     variants.push_back(r);
   }
+  EngineRequest penalized = Request("p", 7, 5, 16);
+  penalized.sampling.repetition_penalty = 1.3f;
+  Harness penalized_alone(config);
+  ASSERT_TRUE(penalized_alone.Submit(penalized).ok());
+  ASSERT_TRUE(penalized_alone.collector.WaitFinished(1));
   for (size_t v = 0; v < variants.size(); ++v) {
     Harness device(config);
     ASSERT_TRUE(device.Submit(variants[v]).ok());
     ASSERT_TRUE(device.collector.WaitFinished(1));
-    EXPECT_EQ(device.runner->device_steps.load(), device.runner->steps.load()) << v;
+    EXPECT_EQ(device.runner->device_draws.load(), 16) << v;
+    EXPECT_EQ(device.runner->host_draws.load(), 0) << v;
 
     EngineRequest scored = variants[v];
     scored.sampling.logprobs = 0;
     Harness host(config);
     ASSERT_TRUE(host.Submit(scored).ok());
     ASSERT_TRUE(host.collector.WaitFinished(1));
-    EXPECT_EQ(host.runner->device_steps.load(), 0) << v;
+    EXPECT_EQ(host.runner->device_draws.load(), 0) << v;
     EXPECT_EQ(device.collector.Get("r").tokens, host.collector.Get("r").tokens) << v;
     EXPECT_EQ(device.collector.Get("r").tokens.size(), 16u) << v;
 
-    // Beside a request that needs the host sampler every step goes there,
-    // and the first request's tokens stay the same.
-    EngineRequest penalized = Request("p", 7, 5, 16);
-    penalized.sampling.repetition_penalty = 1.3f;
+    // Beside a request the host samples, each keeps its own path and tokens.
     Harness mixed(config);
     ASSERT_TRUE(mixed.Submit(variants[v]).ok());
     ASSERT_TRUE(mixed.Submit(penalized).ok());
     ASSERT_TRUE(mixed.collector.WaitFinished(2));
-    EXPECT_LT(mixed.runner->device_steps.load(), mixed.runner->steps.load()) << v;
+    EXPECT_EQ(mixed.runner->device_draws.load(), 16) << v;
+    EXPECT_EQ(mixed.runner->host_draws.load(), 16) << v;
     EXPECT_EQ(mixed.collector.Get("r").tokens, device.collector.Get("r").tokens) << v;
+    EXPECT_EQ(mixed.collector.Get("p").tokens, penalized_alone.collector.Get("p").tokens) << v;
   }
 }
 

@@ -71,14 +71,10 @@ class FakeRunner : public ModelRunner {
     const models::ForwardBatch& f = batch->forward;
     tokens_run += static_cast<int64_t>(f.tokens.size());
     steps += 1;
-    // As ModelRunnerImpl: tokens instead of logits when every sampling row
-    // is drawn on the "device" and no prompt is scored.
-    bool on_device = true;
-    for (int i = 0; i < f.num_seqs(); ++i) {
-      on_device &= batch->prompt_rows[i] == 0 &&
-                   (!batch->needs_logits[i] || schedule.device_sampling.contains(batch->ids[i]));
-    }
-    device_steps += on_device ? 1 : 0;
+    // As ModelRunnerImpl: tokens for the sequences drawn on the "device"
+    // (none while a prompt is scored), logits for the others.
+    bool scoring = false;
+    for (int i = 0; i < f.num_seqs(); ++i) scoring |= batch->prompt_rows[i] > 0;
     for (int i = 0; i < f.num_seqs(); ++i) {
       uint64_t& state = states_.at(f.slots[i]);
       bool failed = false;
@@ -93,12 +89,13 @@ class FakeRunner : public ModelRunner {
         for (int v = 0; v < vocab_; ++v) {
           logits[v] = static_cast<float>(Mix(state + static_cast<uint64_t>(v)) % 1000) / 100.0f;
         }
-        if (on_device) {
-          out.tokens.push_back(
-              {batch->ids[i],
-               kernels::SampleRow(logits, schedule.device_sampling.at(batch->ids[i]))});
+        const auto drawn = schedule.device_sampling.find(batch->ids[i]);
+        if (!scoring && drawn != schedule.device_sampling.end()) {
+          out.tokens.push_back({batch->ids[i], kernels::SampleRow(logits, drawn->second)});
+          ++device_draws;
         } else {
           out.logits.push_back({batch->ids[i], std::move(logits)});
+          ++host_draws;
         }
       }
     }
@@ -114,7 +111,8 @@ class FakeRunner : public ModelRunner {
 
   std::atomic<int64_t> tokens_run{0};
   std::atomic<int64_t> steps{0};
-  std::atomic<int64_t> device_steps{0};  // steps that returned tokens, not logits
+  std::atomic<int64_t> device_draws{0};  // tokens returned
+  std::atomic<int64_t> host_draws{0};    // logits rows returned for the host to sample
   std::atomic<int64_t> saves{0};
   std::atomic<int64_t> restores{0};
   std::atomic<int64_t> copies{0};

@@ -86,9 +86,10 @@ TEST_P(RealModelTest, ReproducesReferenceGreedyTokensWithChunkedPrefill) {
 }
 
 // Two prompts in one step, run by fresh runners told to draw none, one or
-// both on the device: tokens only when both, and then the tokens
-// kernels::SampleRow draws from the logits the host would have sampled.
-TEST_P(RealModelTest, RunnerDrawsOnTheDeviceOnlyWhenEverySequenceDoes) {
+// both on the device: the drawn ones come back as the tokens
+// kernels::SampleRow draws from the logits the host would have sampled, the
+// others as those logits.
+TEST_P(RealModelTest, RunnerDrawsOnTheDeviceWhatTheEngineMarks) {
   LAIR_FIXTURE_OR_SKIP(dir, "models/" + GetParam());
   auto golden = SafetensorsFile::Open(dir + "/golden.safetensors");
   ASSERT_TRUE(golden.ok()) << golden.status();
@@ -117,21 +118,27 @@ TEST_P(RealModelTest, RunnerDrawsOnTheDeviceOnlyWhenEverySequenceDoes) {
   ASSERT_TRUE(host.failures.empty());
   ASSERT_EQ(host.logits.size(), 2u);
   EXPECT_TRUE(host.tokens.empty());
-  const RunnerOutput one = run({{0, kernels::RowSampling()}});
-  EXPECT_EQ(one.logits.size(), 2u);
-  EXPECT_TRUE(one.tokens.empty());
   const kernels::RowSampling greedy;
   const kernels::RowSampling drawn{
       .temperature = 0.9f, .top_k = 0, .top_p = 0.9f, .min_p = 0, .u = 0.37};
-  for (const kernels::RowSampling& second : {greedy, drawn}) {
-    const RunnerOutput both = run({{0, greedy}, {1, second}});
+  for (const kernels::RowSampling& rule : {greedy, drawn}) {
+    const RunnerOutput one = run({{1, rule}});
+    ASSERT_TRUE(one.failures.empty());
+    ASSERT_EQ(one.tokens.size(), 1u);
+    EXPECT_EQ(one.tokens[0].id, 1);
+    EXPECT_EQ(one.tokens[0].token, kernels::SampleRow(host.logits[1].logits, rule));
+    ASSERT_EQ(one.logits.size(), 1u);
+    EXPECT_EQ(one.logits[0].id, 0);
+    EXPECT_EQ(one.logits[0].logits, host.logits[0].logits);
+
+    const RunnerOutput both = run({{0, greedy}, {1, rule}});
     ASSERT_TRUE(both.failures.empty());
     EXPECT_TRUE(both.logits.empty());
     ASSERT_EQ(both.tokens.size(), 2u);
     for (int i = 0; i < 2; ++i) {
       EXPECT_EQ(both.tokens[i].id, host.logits[i].id);
       EXPECT_EQ(both.tokens[i].token,
-                kernels::SampleRow(host.logits[i].logits, i == 0 ? greedy : second));
+                kernels::SampleRow(host.logits[i].logits, i == 0 ? greedy : rule));
     }
   }
 }
