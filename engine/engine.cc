@@ -297,8 +297,8 @@ void EngineImpl::Step() {
     const bool due = seq->num_computed_tokens == seq->num_tokens();
     if (due && SamplesOnDevice(*seq)) drawn.push_back(seq);
   }
+  if (scoring) drawn.clear();
   for (Sequence* seq : drawn) {
-    if (scoring) break;
     const SamplingParams& p = seq->params();
     schedule.device_sampling[seq->id()] = {
         .temperature = p.temperature,

@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
+
+#include "kernels/sampling.h"
 
 namespace lair::engine {
 namespace {
@@ -57,36 +58,6 @@ void LogSoftmax(std::span<float> logits) {
   }
 }
 
-// Masks (sets to -inf) tokens removed by min-p, top-k and top-p, given
-// log-probabilities: of the tokens ranked most probable first (ties by
-// lower id), those past the cut.
-void Filter(const SamplingParams& params, std::span<float> logprobs) {
-  if (params.min_p == 0 && params.top_k == 0 && params.top_p >= 1.0f) return;
-  std::vector<int32_t> order(logprobs.size());
-  std::iota(order.begin(), order.end(), 0);
-  auto better = [&](int32_t a, int32_t b) {
-    return logprobs[a] != logprobs[b] ? logprobs[a] > logprobs[b] : a < b;
-  };
-  std::sort(order.begin(), order.end(), better);
-  size_t keep = order.size();
-  if (params.min_p > 0) {
-    const float threshold = logprobs[order[0]] + std::log(params.min_p);
-    while (keep > 1 && logprobs[order[keep - 1]] < threshold) --keep;
-  }
-  if (params.top_k > 0) keep = std::min<size_t>(keep, params.top_k);
-  if (params.top_p < 1.0f) {
-    double mass = 0;
-    size_t i = 0;
-    while (i < keep) {
-      mass += std::exp(static_cast<double>(logprobs[order[i]]));
-      ++i;
-      if (mass >= params.top_p) break;
-    }
-    keep = i;
-  }
-  for (size_t i = keep; i < order.size(); ++i) logprobs[order[i]] = kNegInf;
-}
-
 TokenLogprob MakeLogprob(int n_top, std::span<const float> logprobs, int32_t token) {
   TokenLogprob out;
   out.token = token;
@@ -131,23 +102,14 @@ SampleResult Sample(const SamplingParams& params, std::span<float> logits, Sampl
     }
     return result;
   }
-  for (float& l : logits) l /= params.temperature;
-  LogSoftmax(logits);
-  Filter(params, logits);
-  // Renormalize over the survivors, then walk them in id order
-  // (kernels/sampling.h: the order the device's draw takes).
-  double mass = 0;
-  for (float l : logits) mass += l == kNegInf ? 0.0 : std::exp(static_cast<double>(l));
-  const float log_mass = static_cast<float>(std::log(mass));
-  for (float& l : logits) l -= l == kNegInf ? 0.0f : log_mass;
-  const double u = state.NextUniform();
-  double cumulative = 0;
-  for (int32_t id = 0; id < static_cast<int32_t>(logits.size()); ++id) {
-    if (logits[id] == kNegInf) continue;
-    result.token = id;  // the last survivor, if rounding leaves u past them all
-    cumulative += std::exp(static_cast<double>(logits[id]));
-    if (u < cumulative) break;
-  }
+  // The draw is kernels/sampling.h's, the one the backends make on the
+  // device; it leaves the distribution it drew from in `logits`.
+  const kernels::RowSampling rule{.temperature = params.temperature,
+                                  .top_k = params.top_k,
+                                  .top_p = params.top_p,
+                                  .min_p = params.min_p,
+                                  .u = state.NextUniform()};
+  result.token = kernels::SampleRow(logits, rule, logits);
   if (params.logprobs >= 0) result.logprob = MakeLogprob(params.logprobs, logits, result.token);
   return result;
 }

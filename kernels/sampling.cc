@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
 namespace lair::kernels {
 
-int32_t SampleRow(std::span<const float> logits, const RowSampling& r) {
+int32_t SampleRow(std::span<const float> logits, const RowSampling& r, std::span<float> logprobs) {
   const auto vocab = static_cast<int32_t>(logits.size());
   if (r.temperature == 0) {
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -42,6 +43,10 @@ int32_t SampleRow(std::span<const float> logits, const RowSampling& r) {
   }
   double kept_mass = 0;
   for (double q : p) kept_mass += q > 0 ? q : 0;
+  for (size_t i = 0; i < logprobs.size(); ++i) {
+    logprobs[i] = p[i] > 0 ? static_cast<float>(std::log(p[i] / kept_mass))
+                           : -std::numeric_limits<float>::infinity();
+  }
   const double target = r.u * kept_mass;
   double sum = 0;
   int32_t last = 0;

@@ -31,6 +31,10 @@ struct RowSampling {
 };
 
 // The token RowSampling's rules give for `logits` ([vocab], not empty).
-int32_t SampleRow(std::span<const float> logits, const RowSampling& r);
+// With `logprobs` ([vocab]; it may be `logits` itself) and temperature > 0,
+// also writes the distribution the draw took: each kept token's log p over
+// the kept tokens' p, -inf for the others.
+int32_t SampleRow(std::span<const float> logits, const RowSampling& r,
+                  std::span<float> logprobs = {});
 
 }  // namespace lair::kernels

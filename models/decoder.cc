@@ -48,6 +48,25 @@ absl::StatusOr<DecoderSpec> DeclareSkeleton(const DecoderConfig& config, const S
 
 namespace {
 
+// ForwardSample's argument checks.
+absl::Status CheckSampleArgs(const ForwardBatch& batch, std::span<const kernels::RowSampling> rows,
+                             std::span<const int32_t> host_rows) {
+  if (batch.all_logits || !batch.logit_rows.empty())
+    return absl::InvalidArgumentError("ForwardSample: all_logits and logit_rows are not supported");
+  if (static_cast<int>(rows.size()) != batch.num_seqs()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ForwardSample: ", rows.size(), " sampling rules for ", batch.num_seqs(), " sequences"));
+  }
+  for (size_t i = 0; i < host_rows.size(); ++i) {
+    if (host_rows[i] < 0 || host_rows[i] >= batch.num_seqs() ||
+        (i > 0 && host_rows[i] <= host_rows[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat("ForwardSample: host row ", host_rows[i],
+                                                     " is out of range or out of order"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 class Decoder : public Model {
  public:
   Decoder(DecoderConfig config, std::unique_ptr<Params> params, DecoderSpec spec,

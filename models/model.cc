@@ -1,9 +1,5 @@
 #include "models/model.h"
 
-#include <algorithm>
-#include <span>
-
-#include "absl/strings/str_cat.h"
 #include "checkpoint/config_reader.h"
 #include "checkpoint/safetensors.h"
 #include "models/config.h"
@@ -39,42 +35,6 @@ absl::StatusOr<std::vector<int32_t>> Model::ForwardGreedy(const ForwardBatch& ba
     return absl::InvalidArgumentError("ForwardGreedy: all_logits and logit_rows are not supported");
   LAIR_ASSIGN_OR_RETURN(Tensor logits, Forward(batch, pool));
   return RowArgmax(logits);
-}
-
-absl::Status CheckSampleArgs(const ForwardBatch& batch, std::span<const kernels::RowSampling> rows,
-                             std::span<const int32_t> host_rows) {
-  if (batch.all_logits || !batch.logit_rows.empty())
-    return absl::InvalidArgumentError("ForwardSample: all_logits and logit_rows are not supported");
-  if (static_cast<int>(rows.size()) != batch.num_seqs()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ForwardSample: ", rows.size(), " sampling rules for ", batch.num_seqs(), " sequences"));
-  }
-  for (size_t i = 0; i < host_rows.size(); ++i) {
-    if (host_rows[i] < 0 || host_rows[i] >= batch.num_seqs() ||
-        (i > 0 && host_rows[i] <= host_rows[i - 1])) {
-      return absl::InvalidArgumentError(absl::StrCat("ForwardSample: host row ", host_rows[i],
-                                                     " is out of range or out of order"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<SampledStep> Model::ForwardSample(const ForwardBatch& batch, StatePool& pool,
-                                                 std::span<const kernels::RowSampling> rows,
-                                                 std::span<const int32_t> host_rows) {
-  LAIR_RETURN_IF_ERROR(CheckSampleArgs(batch, rows, host_rows));
-  LAIR_ASSIGN_OR_RETURN(Tensor logits, Forward(batch, pool));
-  const int64_t vocab = logits.dim(1);
-  SampledStep out;
-  for (int64_t r = 0; r < logits.dim(0); ++r) {
-    out.tokens.push_back(
-        kernels::SampleRow(std::span<const float>(logits.f32() + r * vocab, vocab), rows[r]));
-  }
-  out.host_logits = Tensor::Zeros(DType::kF32, {static_cast<int64_t>(host_rows.size()), vocab});
-  for (size_t i = 0; i < host_rows.size(); ++i) {
-    std::copy_n(logits.f32() + host_rows[i] * vocab, vocab, out.host_logits.f32() + i * vocab);
-  }
-  return out;
 }
 
 }  // namespace lair::models

@@ -86,10 +86,6 @@ struct SampledStep {
   Tensor host_logits;           // [host_rows, vocab] F32 on the host
 };
 
-// ForwardSample's argument checks, shared by its implementations.
-absl::Status CheckSampleArgs(const ForwardBatch& batch, std::span<const kernels::RowSampling> rows,
-                             std::span<const int32_t> host_rows);
-
 class Model {
  public:
   virtual ~Model() = default;
@@ -121,12 +117,11 @@ class Model {
   // Forward, then each sequence's token drawn from its logits row under
   // rows[s] (kernels/sampling.h), taken where the logits are, and the
   // logits rows of the sequences in host_rows (ascending), which the caller
-  // draws itself (their tokens are unspecified). The default samples
-  // Forward's host logits. REQUIRES: as ForwardGreedy, and one rule per
-  // sequence.
+  // draws itself (their tokens are unspecified). REQUIRES: as
+  // ForwardGreedy, and one rule per sequence.
   virtual absl::StatusOr<SampledStep> ForwardSample(const ForwardBatch& batch, StatePool& pool,
                                                     std::span<const kernels::RowSampling> rows,
-                                                    std::span<const int32_t> host_rows);
+                                                    std::span<const int32_t> host_rows) = 0;
   // How many decode batch sizes currently replay a recorded step graph
   // (LoadOptions::step_graphs); 0 where the backend records none.
   virtual int recorded_step_graphs() const { return 0; }
