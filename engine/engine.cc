@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <optional>
 #include <random>
+#include <span>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "core/parallel.h"
 #include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
@@ -81,10 +83,16 @@ class EngineImpl final : public Engine {
   // Whether seq's next draw reads nothing but its raw logits, so the runner
   // may make it on the device (ScheduleOutput::device_sampling).
   static bool SamplesOnDevice(const Sequence& seq);
+  // The host's draws for the step's logits rows (result.logits): those of
+  // sequences that draw for themselves alone run in parallel (each reads
+  // only its own logits, counts and RNG), then all are recorded in order.
+  void DrawOnHost(std::vector<SequenceLogits>& rows, absl::Time now);
   // Samples seq's next token from `logits` and, at a request's first
   // sample with n > 1, forks its siblings.
   void Advance(Sequence* seq, std::vector<float> logits, absl::Time now);
   void Accept(Sequence* seq, std::vector<float> logits, absl::Time now);
+  // seq's next token from `logits` (overwritten), on the host sampler.
+  SampleResult Draw(Sequence* seq, std::span<float> logits) const;
   // Appends a sampled token to seq and its output.
   void Record(Sequence* seq, SampleResult sample, absl::Time now);
   void Fork(Sequence* leader, const std::vector<float>& logits, absl::Time now);
@@ -315,9 +323,7 @@ void EngineImpl::Step() {
   for (PromptLogits& p : result.prompt_logits) {
     if (Sequence* seq = Find(p.id)) ScorePrompt(seq, p);
   }
-  for (SequenceLogits& l : result.logits) {
-    if (Sequence* seq = Find(l.id)) Advance(seq, std::move(l.logits), now);
-  }
+  DrawOnHost(result.logits, now);
   for (const SequenceToken& t : result.tokens) {
     Sequence* seq = Find(t.id);
     if (seq == nullptr) continue;
@@ -355,6 +361,29 @@ void EngineImpl::Admit(Submission s) {
   requests_.emplace(r.request_id, std::move(group));
 }
 
+void EngineImpl::DrawOnHost(std::vector<SequenceLogits>& rows, absl::Time now) {
+  std::vector<Sequence*> seqs(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) seqs[i] = Find(rows[i].id);
+  // A request's first draw with n > 1 also draws its siblings' (Fork).
+  const auto forks = [](const Sequence& seq) {
+    return !seq.group().forked && seq.group().request.sampling.n > 1;
+  };
+  std::vector<SampleResult> drawn(rows.size());
+  ParallelFor(static_cast<int64_t>(rows.size()), /*threads=*/0, [&](int64_t i) {
+    if (seqs[i] != nullptr && !forks(*seqs[i])) drawn[i] = Draw(seqs[i], rows[i].logits);
+  });
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Sequence* seq = seqs[i];
+    if (seq == nullptr) continue;
+    if (forks(*seq)) {
+      Advance(seq, std::move(rows[i].logits), now);
+      continue;
+    }
+    Record(seq, std::move(drawn[i]), now);
+    if (seq->output().finished()) Retire(seq);
+  }
+}
+
 void EngineImpl::Advance(Sequence* seq, std::vector<float> logits, absl::Time now) {
   RequestGroup& group = seq->group();
   const SequenceId id = seq->id();
@@ -379,11 +408,15 @@ void EngineImpl::ScorePrompt(Sequence* seq, PromptLogits& prompt) {
 }
 
 void EngineImpl::Accept(Sequence* seq, std::vector<float> logits, absl::Time now) {
+  Record(seq, Draw(seq, logits), now);
+}
+
+SampleResult EngineImpl::Draw(Sequence* seq, std::span<float> logits) const {
   KeepAllowedTokens(seq->params(), logits);
   if (seq->output().num_generated() < seq->params().min_tokens) {
     MaskStopTokens(seq->params(), eos_, logits);
   }
-  Record(seq, Sample(seq->params(), logits, seq->sampling()), now);
+  return Sample(seq->params(), logits, seq->sampling());
 }
 
 void EngineImpl::Record(Sequence* seq, SampleResult sample, absl::Time now) {

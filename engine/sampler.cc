@@ -109,7 +109,8 @@ SampleResult Sample(const SamplingParams& params, std::span<float> logits, Sampl
                                   .top_p = params.top_p,
                                   .min_p = params.min_p,
                                   .u = state.NextUniform()};
-  result.token = kernels::SampleRow(logits, rule, logits);
+  result.token =
+      kernels::SampleRow(logits, rule, params.logprobs >= 0 ? logits : std::span<float>{});
   if (params.logprobs >= 0) result.logprob = MakeLogprob(params.logprobs, logits, result.token);
   return result;
 }

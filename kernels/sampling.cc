@@ -1,12 +1,28 @@
 #include "kernels/sampling.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <vector>
 
 namespace lair::kernels {
+namespace {
+
+// The first prefix of the ranking a top_p cut sorts; each next one is four
+// times as long.
+constexpr int32_t kFirstRanked = 256;
+
+// Ascending keys give the ranking: s larger first, lower id first on ties
+// (-0 and +0 tie, as they compare equal). The high word is s's bits made
+// to order as integers, inverted; the low word the id.
+uint64_t RankKey(float s, int32_t id) {
+  const auto bits = std::bit_cast<uint32_t>(s + 0.0f);  // -0 + 0 = +0
+  const uint32_t ascending = (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+  return (static_cast<uint64_t>(~ascending) << 32) | static_cast<uint32_t>(id);
+}
+
+}  // namespace
 
 int32_t SampleRow(std::span<const float> logits, const RowSampling& r, std::span<float> logprobs) {
   const auto vocab = static_cast<int32_t>(logits.size());
@@ -21,30 +37,59 @@ int32_t SampleRow(std::span<const float> logits, const RowSampling& r, std::span
   for (size_t i = 0; i < s.size(); ++i) total += p[i] = std::exp(s[i] - max_s);
   int32_t keep = vocab;
   if (r.min_p > 0 || r.top_k > 0 || r.top_p < 1) {
-    std::vector<int32_t> ranked(logits.size());
-    std::iota(ranked.begin(), ranked.end(), 0);
-    std::sort(ranked.begin(), ranked.end(),
-              [&](int32_t a, int32_t b) { return s[a] != s[b] ? s[a] > s[b] : a < b; });
+    // Only the kept prefix of the ranking is needed: its set, and under
+    // top_p its order, found in prefixes of growing length (a prefix of a
+    // strict order's sort is the same whatever the length sorted), the
+    // rest sorted at once when a prefix would reach an eighth of the
+    // vocabulary. Tokens are ranked by one 64-bit key each (RankKey).
     if (r.min_p > 0) {
+      // p falls along the ranking, so the tokens at or above the floor are
+      // its first ones.
       const double floor = static_cast<double>(r.min_p);  // of max p, whose weight is 1
-      while (keep > 1 && p[ranked[keep - 1]] < floor) --keep;
+      keep = static_cast<int32_t>(
+          std::count_if(p.begin(), p.end(), [&](double q) { return q >= floor; }));
+      keep = std::max(keep, 1);
     }
     if (r.top_k > 0) keep = std::min(keep, r.top_k);
+    std::vector<uint64_t> ranked(logits.size());
+    for (int32_t i = 0; i < vocab; ++i) ranked[i] = RankKey(s[i], i);
+    const auto token = [&](int32_t rank) {
+      return static_cast<int32_t>(ranked[rank] & 0xffffffffu);
+    };
     if (r.top_p < 1) {
       double mass = 0;
       int32_t n = 0;
-      while (n < keep) {
-        mass += p[ranked[n++]] / total;
-        if (mass >= r.top_p) break;
+      bool reached = false;
+      // Each p is at most 1 (the top token's), so fewer than top_p · total
+      // tokens cannot reach the mass: the first prefix is at least that long.
+      const auto fewest = static_cast<int32_t>(std::min<double>(keep, r.top_p * total));
+      for (int32_t sorted = 0; n < keep && !reached;) {
+        int32_t more = std::min(keep, std::max({kFirstRanked, 4 * sorted, fewest}));
+        if (more > vocab / 8) {
+          std::sort(ranked.begin() + sorted, ranked.end());
+          more = keep;
+        } else {
+          std::partial_sort(ranked.begin() + sorted, ranked.begin() + more, ranked.end());
+        }
+        sorted = more;
+        while (n < sorted && !reached) {
+          mass += p[token(n++)] / total;
+          reached = mass >= r.top_p;
+        }
       }
       keep = n;
+    } else if (keep < vocab) {
+      std::nth_element(ranked.begin(), ranked.begin() + keep, ranked.end());
     }
-    for (int32_t i = keep; i < vocab; ++i) p[ranked[i]] = -1;  // dropped
+    for (int32_t i = keep; i < vocab; ++i) p[token(i)] = -1;  // dropped
   }
   double kept_mass = 0;
   for (double q : p) kept_mass += q > 0 ? q : 0;
+  // log(p / kept mass), with log p = s − max s (p's own exponent): no
+  // logarithm a token.
+  const double log_kept = std::log(kept_mass);
   for (size_t i = 0; i < logprobs.size(); ++i) {
-    logprobs[i] = p[i] > 0 ? static_cast<float>(std::log(p[i] / kept_mass))
+    logprobs[i] = p[i] > 0 ? static_cast<float>(static_cast<double>(s[i] - max_s) - log_kept)
                            : -std::numeric_limits<float>::infinity();
   }
   const double target = r.u * kept_mass;

@@ -139,6 +139,37 @@ TEST(EngineTest, DeviceDrawsMatchTheHostSampler) {
   }
 }
 
+// The host draws a step's rows in parallel: each request's tokens and
+// logprobs are those it gets alone.
+TEST(EngineTest, HostDrawsOfManyRequestsMatchEachAlone) {
+  const auto request = [](int i) {
+    EngineRequest r = Request(absl::StrCat("h", i), 5 + i % 4, i, 12);
+    r.sampling.temperature = 0.8f;
+    r.sampling.top_p = 0.9f;
+    r.sampling.seed = 100 + i;
+    r.sampling.logprobs = 2;
+    r.sampling.repetition_penalty = i % 2 == 0 ? 1.2f : 1.0f;
+    return r;
+  };
+  EngineConfig config;
+  config.state_memory_bytes = 64 * 1024;
+  Harness h(config);
+  constexpr int kRequests = 8;
+  for (int i = 0; i < kRequests; ++i) ASSERT_TRUE(h.Submit(request(i)).ok());
+  ASSERT_TRUE(h.collector.WaitFinished(kRequests));
+  EXPECT_EQ(h.runner->device_draws.load(), 0);
+  for (int i = 0; i < kRequests; ++i) {
+    const Completion alone = Alone(request(i));
+    const Completion together = h.collector.Get(absl::StrCat("h", i));
+    EXPECT_EQ(together.tokens, alone.tokens) << i;
+    ASSERT_EQ(together.logprobs.size(), alone.logprobs.size()) << i;
+    for (size_t t = 0; t < alone.logprobs.size(); ++t) {
+      EXPECT_EQ(together.logprobs[t].logprob, alone.logprobs[t].logprob) << i << " " << t;
+      EXPECT_EQ(together.logprobs[t].top, alone.logprobs[t].top) << i << " " << t;
+    }
+  }
+}
+
 TEST(EngineTest, PreemptionAndResumeGiveIdenticalOutputs) {
   EngineConfig config;
   config.state_memory_bytes = 2 * 1024;  // two slots for eight requests

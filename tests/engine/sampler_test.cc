@@ -1,8 +1,12 @@
 #include "engine/sampler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <numeric>
 #include <random>
+#include <span>
 #include <tuple>
 #include <vector>
 
@@ -153,6 +157,81 @@ TEST(SamplerTest, HostDrawsWhatSampleRowDraws) {
             << "T " << temperature << " k " << top_k << " p " << top_p << " min_p " << min_p
             << " seed " << seed;
       }
+    }
+  }
+}
+
+// sampling.h's rules with the whole vocabulary ranked, as they are written:
+// SampleRow ranks only the prefix it keeps, and must keep the same tokens
+// and write the same logprobs.
+std::vector<float> KeptByAFullRanking(std::span<const float> logits,
+                                      const kernels::RowSampling& r) {
+  const auto vocab = static_cast<int32_t>(logits.size());
+  std::vector<float> s(logits.size());
+  for (size_t i = 0; i < s.size(); ++i) s[i] = logits[i] / r.temperature;
+  const float max_s = *std::max_element(s.begin(), s.end());
+  std::vector<double> p(s.size());
+  double total = 0;
+  for (size_t i = 0; i < s.size(); ++i) total += p[i] = std::exp(s[i] - max_s);
+  std::vector<int32_t> ranked(logits.size());
+  std::iota(ranked.begin(), ranked.end(), 0);
+  std::sort(ranked.begin(), ranked.end(),
+            [&](int32_t a, int32_t b) { return s[a] != s[b] ? s[a] > s[b] : a < b; });
+  int32_t keep = vocab;
+  if (r.min_p > 0) {
+    while (keep > 1 && p[ranked[keep - 1]] < static_cast<double>(r.min_p)) --keep;
+  }
+  if (r.top_k > 0) keep = std::min(keep, r.top_k);
+  if (r.top_p < 1) {
+    double mass = 0;
+    int32_t n = 0;
+    while (n < keep) {
+      mass += p[ranked[n++]] / total;
+      if (mass >= r.top_p) break;
+    }
+    keep = n;
+  }
+  for (int32_t i = keep; i < vocab; ++i) p[ranked[i]] = -1;
+  double kept = 0;
+  for (double q : p) kept += q > 0 ? q : 0;
+  std::vector<float> logprobs(logits.size());
+  for (size_t i = 0; i < p.size(); ++i) {
+    logprobs[i] = p[i] > 0 ? static_cast<float>(static_cast<double>(s[i] - max_s) - std::log(kept))
+                           : -std::numeric_limits<float>::infinity();
+  }
+  return logprobs;
+}
+
+TEST(SamplerTest, SampleRowKeepsWhatAFullRankingKeeps) {
+  {  // -0 and +0 tie: the lower id ranks first
+    const std::vector<float> tied = {1.0f, -0.0f, 0.0f, -1.0f};
+    const kernels::RowSampling top2{.temperature = 1.0f, .top_k = 2, .u = 0.5};
+    std::vector<float> logprobs(tied.size());
+    kernels::SampleRow(tied, top2, logprobs);
+    EXPECT_EQ(logprobs, KeptByAFullRanking(tied, top2));
+    EXPECT_GT(logprobs[1], -std::numeric_limits<float>::infinity());
+  }
+  std::mt19937 rng(11);
+  // Peaked and nearly flat rows of 5,000 tokens (a flat row's top_p 0.9
+  // keeps thousands: several of SampleRow's growing prefixes), with ties.
+  for (float spread : {4.0f, 0.05f}) {
+    std::normal_distribution<float> normal(0.0f, spread);
+    std::vector<float> logits(5000);
+    for (float& l : logits) l = normal(rng);
+    for (int i = 0; i < 50; ++i) logits[i * 97 % 5000] = logits[i];
+    logits[3000] = -0.0f;  // ties +0 (RankKey)
+    logits[20] = 0.0f;
+    for (const auto& [top_k, top_p, min_p] :
+         {std::tuple{0, 0.0f, 0.0f}, std::tuple{0, 0.3f, 0.0f}, std::tuple{0, 0.9f, 0.0f},
+          std::tuple{0, 0.999f, 0.0f}, std::tuple{1, 1.0f, 0.0f}, std::tuple{700, 1.0f, 0.0f},
+          std::tuple{0, 1.0f, 0.2f}, std::tuple{0, 1.0f, 0.97f}, std::tuple{400, 0.95f, 0.5f},
+          std::tuple{5000, 0.9f, 0.0f}}) {
+      const kernels::RowSampling rule{
+          .temperature = 0.8f, .top_k = top_k, .top_p = top_p, .min_p = min_p, .u = 0.5};
+      std::vector<float> logprobs(logits.size());
+      kernels::SampleRow(logits, rule, logprobs);
+      EXPECT_EQ(logprobs, KeptByAFullRanking(logits, rule))
+          << "spread " << spread << " k " << top_k << " p " << top_p << " min_p " << min_p;
     }
   }
 }
