@@ -1,9 +1,11 @@
 #include "kernels/sampling.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 namespace lair::kernels {
@@ -20,6 +22,24 @@ uint64_t RankKey(float s, int32_t id) {
   const auto bits = std::bit_cast<uint32_t>(s + 0.0f);  // -0 + 0 = +0
   const uint32_t ascending = (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
   return (static_cast<uint64_t>(~ascending) << 32) | static_cast<uint32_t>(id);
+}
+
+// Sorts keys ascending, least significant byte first, each pass a stable
+// counting sort (a pass whose byte every key shares is skipped): at tens of
+// thousands of keys several times faster than std::sort.
+void RadixSort(std::span<uint64_t> keys) {
+  std::vector<uint64_t> buffer(keys.size());
+  std::span<uint64_t> from = keys;
+  std::span<uint64_t> to = buffer;
+  for (int shift = 0; shift < 64; shift += 8) {
+    std::array<size_t, 257> start{};
+    for (uint64_t key : from) ++start[((key >> shift) & 0xff) + 1];
+    if (std::find(start.begin() + 1, start.end(), from.size()) != start.end()) continue;
+    std::partial_sum(start.begin(), start.end(), start.begin());
+    for (uint64_t key : from) to[start[(key >> shift) & 0xff]++] = key;
+    std::swap(from, to);
+  }
+  if (from.data() != keys.data()) std::copy(from.begin(), from.end(), keys.begin());
 }
 
 }  // namespace
@@ -66,7 +86,7 @@ int32_t SampleRow(std::span<const float> logits, const RowSampling& r, std::span
       for (int32_t sorted = 0; n < keep && !reached;) {
         int32_t more = std::min(keep, std::max({kFirstRanked, 4 * sorted, fewest}));
         if (more > vocab / 8) {
-          std::sort(ranked.begin() + sorted, ranked.end());
+          RadixSort(std::span(ranked).subspan(sorted));
           more = keep;
         } else {
           std::partial_sort(ranked.begin() + sorted, ranked.begin() + more, ranked.end());
