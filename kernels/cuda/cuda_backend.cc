@@ -151,41 +151,71 @@ class StepArena {
   bool active_ = false;
 };
 
-// StageInts' buffers: pinned host memory the parts are packed into and the
-// device block they are copied to, both reused by every call (so a step's
-// metadata sits at the same device addresses each time).
-struct StagingBuffers {
-  cudaStream_t stream = nullptr;
-  int32_t* host = nullptr;  // pinned
-  int32_t* dev = nullptr;
-  size_t capacity = 0;           // int32 elements of each
-  cudaEvent_t copied = nullptr;  // the last copy out of `host`
-  uint64_t epoch = 0;            // bumped whenever `dev` moves
-  ~StagingBuffers() {
-    if (copied) {
-      cudaEventSynchronize(copied);
-      cudaEventDestroy(copied);
+// Small host arrays a step sends to the device (StageInts' metadata,
+// SampleRows' rules): a pinned buffer they are packed into and the device
+// block it is copied to, both reused by every upload (so a step's metadata
+// sits at the same device addresses each time) and grown to twice the
+// largest upload.
+template <typename T>
+class PinnedUpload {
+ public:
+  explicit PinnedUpload(const char* what) : what_(what) {}
+  PinnedUpload(const PinnedUpload&) = delete;
+  PinnedUpload& operator=(const PinnedUpload&) = delete;
+  ~PinnedUpload() {
+    if (copied_) {
+      cudaEventSynchronize(copied_);
+      cudaEventDestroy(copied_);
     }
-    if (host) cudaFreeHost(host);
-    if (dev) cudaFreeAsync(dev, stream);
+    if (host_) cudaFreeHost(host_);
+    if (dev_) cudaFreeAsync(dev_, stream_);
   }
-};
 
-// SampleRows' parameters: pinned host rows and their device copy, reused.
-struct SamplingBuffers {
-  static constexpr size_t kRows = 4096;
-  cudaStream_t stream = nullptr;
-  RowSampling* host = nullptr;   // kRows, pinned
-  RowSampling* dev = nullptr;    // kRows
-  cudaEvent_t copied = nullptr;  // the last copy out of `host`
-  ~SamplingBuffers() {
-    if (copied) {
-      cudaEventSynchronize(copied);
-      cudaEventDestroy(copied);
-    }
-    if (host) cudaFreeHost(host);
-    if (dev) cudaFreeAsync(dev, stream);
+  // Room for n elements in host(), once the last upload has left it (it
+  // has, in practice: the step that queued it has read its results).
+  absl::Status Reserve(size_t n, cudaStream_t stream) {
+    if (!copied_)
+      LAIR_RETURN_IF_ERROR(
+          CudaStatus(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming), what_));
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(copied_), what_));
+    if (n <= capacity_) return absl::OkStatus();
+    if (host_) LAIR_RETURN_IF_ERROR(CudaStatus(cudaFreeHost(host_), what_));
+    if (dev_) LAIR_RETURN_IF_ERROR(CudaStatus(cudaFreeAsync(dev_, stream_), what_));
+    host_ = nullptr;
+    dev_ = nullptr;
+    capacity_ = 0;
+    const size_t grown = std::max<size_t>(n * 2, kMinElements);
+    void* host = nullptr;
+    void* dev = nullptr;
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&host, grown * sizeof(T)), what_));
+    host_ = static_cast<T*>(host);
+    LAIR_RETURN_IF_ERROR(CudaStatus(cudaMallocAsync(&dev, grown * sizeof(T), stream), what_));
+    dev_ = static_cast<T*>(dev);
+    stream_ = stream;
+    capacity_ = grown;
+    ++epoch_;
+    return absl::OkStatus();
   }
+  // Queues the copy of host()[0, n) to dev() on `stream`.
+  absl::Status Upload(size_t n, cudaStream_t stream) {
+    LAIR_RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(dev_, host_, n * sizeof(T), cudaMemcpyHostToDevice, stream), what_));
+    return CudaStatus(cudaEventRecord(copied_, stream), what_);
+  }
+
+  T* host() const { return host_; }
+  T* dev() const { return dev_; }
+  uint64_t epoch() const { return epoch_; }  // bumped whenever dev() moves
+
+ private:
+  static constexpr size_t kMinElements = 4096;
+  const char* what_;               // names the upload in errors
+  cudaStream_t stream_ = nullptr;  // dev_'s allocation
+  T* host_ = nullptr;
+  T* dev_ = nullptr;
+  size_t capacity_ = 0;           // elements of each
+  cudaEvent_t copied_ = nullptr;  // the last copy out of host_
+  uint64_t epoch_ = 0;
 };
 
 // Download's bounce buffer for small tensors (a step's sampled ids): a copy
@@ -272,9 +302,7 @@ class CudaBackend : public Backend {
         tensor_core_scans_(options.gemm == GemmMode::kFast),
         scan_schedule_(options.scan),
         sm_count_(sm_count),
-        arena_(stream_->stream) {
-    staging_.stream = stream_->stream;
-  }
+        arena_(stream_->stream) {}
 
   Device device() const override { return Device::kCuda; }
   std::string Name() const override { return name_; }
@@ -355,40 +383,14 @@ class CudaBackend : public Backend {
       offsets.push_back(total);
       total += RoundUp256(std::max<size_t>(part.size_bytes(), 1)) / sizeof(int32_t);
     }
-    StagingBuffers& b = staging_;
-    if (!b.copied)
-      LAIR_RETURN_IF_ERROR(
-          CudaStatus(cudaEventCreateWithFlags(&b.copied, cudaEventDisableTiming), "event"));
-    // The previous copy must have left the pinned buffer before it is refilled
-    // (it has, in practice: the step that queued it has read its results).
-    LAIR_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(b.copied), "staging"));
-    if (total > b.capacity) {
-      if (b.host) LAIR_RETURN_IF_ERROR(CudaStatus(cudaFreeHost(b.host), "staging free"));
-      if (b.dev) LAIR_RETURN_IF_ERROR(CudaStatus(cudaFreeAsync(b.dev, s()), "staging free"));
-      b.host = nullptr;
-      b.dev = nullptr;
-      b.capacity = 0;
-      const size_t grown = std::max<size_t>(total * 2, 4096);
-      void* host = nullptr;
-      void* dev = nullptr;
-      LAIR_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&host, grown * sizeof(int32_t)), "staging"));
-      b.host = static_cast<int32_t*>(host);
-      LAIR_RETURN_IF_ERROR(
-          CudaStatus(cudaMallocAsync(&dev, grown * sizeof(int32_t), s()), "staging"));
-      b.dev = static_cast<int32_t*>(dev);
-      b.capacity = grown;
-      ++b.epoch;
-    }
+    LAIR_RETURN_IF_ERROR(staging_.Reserve(total, s()));
     std::vector<Tensor> out;
     for (size_t i = 0; i < parts.size(); ++i) {
-      std::copy(parts[i].begin(), parts[i].end(), b.host + offsets[i]);
-      out.push_back(Tensor::Wrap(b.dev + offsets[i], DType::kI32,
+      std::copy(parts[i].begin(), parts[i].end(), staging_.host() + offsets[i]);
+      out.push_back(Tensor::Wrap(staging_.dev() + offsets[i], DType::kI32,
                                  {static_cast<int64_t>(parts[i].size())}, Device::kCuda, nullptr));
     }
-    LAIR_RETURN_IF_ERROR(CudaStatus(
-        cudaMemcpyAsync(b.dev, b.host, total * sizeof(int32_t), cudaMemcpyHostToDevice, s()),
-        "staging copy"));
-    LAIR_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(b.copied, s()), "staging"));
+    LAIR_RETURN_IF_ERROR(staging_.Upload(total, s()));
     return out;
   }
 
@@ -414,33 +416,15 @@ class CudaBackend : public Backend {
     if (!ids.defined() || ids.device() != Device::kCuda || ids.dtype() != DType::kI32)
       return absl::InvalidArgumentError("ids must be an I32 CUDA tensor");
     LAIR_RETURN_IF_ERROR(ExpectShape(ids, {logits.dim(0)}, "ids"));
-    if (static_cast<int64_t>(rows.size()) != logits.dim(0) ||
-        rows.size() > SamplingBuffers::kRows) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("SampleRows: ", rows.size(), " sampling rows for ", logits.dim(0),
-                       " logits rows (at most ", SamplingBuffers::kRows, ")"));
+    if (static_cast<int64_t>(rows.size()) != logits.dim(0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SampleRows: ", rows.size(), " sampling rows for ", logits.dim(0), " logits rows"));
     }
-    SamplingBuffers& b = sampling_;
-    if (!b.host) {
-      const size_t bytes = SamplingBuffers::kRows * sizeof(RowSampling);
-      void* host = nullptr;
-      void* dev = nullptr;
-      LAIR_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&host, bytes), "sampling rows"));
-      b.host = static_cast<RowSampling*>(host);
-      LAIR_RETURN_IF_ERROR(CudaStatus(cudaMallocAsync(&dev, bytes, s()), "sampling rows"));
-      b.dev = static_cast<RowSampling*>(dev);
-      b.stream = s();
-      LAIR_RETURN_IF_ERROR(
-          CudaStatus(cudaEventCreateWithFlags(&b.copied, cudaEventDisableTiming), "event"));
-    }
-    LAIR_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(b.copied), "sampling rows"));
-    std::copy(rows.begin(), rows.end(), b.host);
-    LAIR_RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpyAsync(b.dev, b.host, rows.size_bytes(), cudaMemcpyHostToDevice, s()),
-                   "sampling rows"));
-    LAIR_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(b.copied, s()), "sampling rows"));
-    return CudaStatus(cuda::LaunchSampleRows(logits.f32(), logits.dim(0), logits.dim(1), b.dev,
-                                             ids.data<int32_t>(), s()),
+    LAIR_RETURN_IF_ERROR(sampling_.Reserve(rows.size(), s()));
+    std::copy(rows.begin(), rows.end(), sampling_.host());
+    LAIR_RETURN_IF_ERROR(sampling_.Upload(rows.size(), s()));
+    return CudaStatus(cuda::LaunchSampleRows(logits.f32(), logits.dim(0), logits.dim(1),
+                                             sampling_.dev(), ids.data<int32_t>(), s()),
                       "sample rows");
   }
 
@@ -477,7 +461,7 @@ class CudaBackend : public Backend {
 
   // The arena, the staging block and the dense ops' scratch (process-wide).
   uint64_t memory_epoch() const override {
-    return arena_.epoch() + staging_.epoch + cuda::CudaDenseOps::ScratchEpoch();
+    return arena_.epoch() + staging_.epoch() + cuda::CudaDenseOps::ScratchEpoch();
   }
 
   // The decode step forms a low-rank gate in its prologue (step.cu): one
@@ -1812,9 +1796,9 @@ class CudaBackend : public Backend {
   ScanSchedule scan_schedule_ = ScanSchedule::kAuto;
   int sm_count_ = 1;  // multiprocessors (KeyBlocks fills them)
   StepArena arena_;
-  absl::Status step_status_;  // of the last BeginStep
-  StagingBuffers staging_;
-  SamplingBuffers sampling_;
+  absl::Status step_status_;                             // of the last BeginStep
+  PinnedUpload<int32_t> staging_{"staging"};             // StageInts
+  PinnedUpload<RowSampling> sampling_{"sampling rows"};  // SampleRows
   PinnedDownload pinned_;
   bool capturing_ = false;
 };

@@ -30,9 +30,10 @@ constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int64_t kMaxStagedVocab = (160 << 10) / sizeof(float);
 
-// Unsigned keys in the order of the floats (−0 before +0; no NaN expected).
+// Unsigned keys in the order of the floats (−0 and +0 one key, as they
+// compare equal; no NaN expected).
 __device__ __forceinline__ uint32_t Key(float x) {
-  const uint32_t bits = __float_as_uint(x);
+  const uint32_t bits = x == 0.0f ? 0u : __float_as_uint(x);
   return bits & 0x80000000u ? ~bits : bits | 0x80000000u;
 }
 
@@ -86,38 +87,24 @@ __device__ float BlockMax(float v, Scratch& sh) {
 }
 
 // The sum of v over threads before this one (an exclusive block scan), and
-// the total in *total.
-__device__ double BlockExclusiveSum(double v, Scratch& sh, double* total) {
+// the total in *total; `lanes` is the scratch of T.
+template <typename T>
+__device__ T BlockExclusiveSum(T v, Lanes<T>& lanes, T* total) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  double inclusive = v;
+  T inclusive = v;
   for (int o = 1; o < 32; o <<= 1) {
-    const double up = __shfl_up_sync(0xffffffffu, inclusive, o);
+    const T up = __shfl_up_sync(0xffffffffu, inclusive, o);
     if (lane >= o) inclusive += up;
   }
-  if (lane == 31) sh.d.warps[warp] = inclusive;
+  if (lane == 31) lanes.warps[warp] = inclusive;
   __syncthreads();
-  double before = 0, all = 0;
+  T before = 0, all = 0;
   for (int w = 0; w < kWarps; ++w) {
-    before += w < warp ? sh.d.warps[w] : 0.0;
-    all += sh.d.warps[w];
+    before += w < warp ? lanes.warps[w] : T(0);
+    all += lanes.warps[w];
   }
   __syncthreads();
   *total = all;
-  return before + inclusive - v;
-}
-
-__device__ int64_t BlockExclusiveCount(int64_t v, Scratch& sh) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  int64_t inclusive = v;
-  for (int o = 1; o < 32; o <<= 1) {
-    const int64_t up = __shfl_up_sync(0xffffffffu, inclusive, o);
-    if (lane >= o) inclusive += up;
-  }
-  if (lane == 31) sh.i.warps[warp] = inclusive;
-  __syncthreads();
-  int64_t before = 0;
-  for (int w = 0; w < warp; ++w) before += sh.i.warps[w];
-  __syncthreads();
   return before + inclusive - v;
 }
 
@@ -231,7 +218,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t end = begin + chunk < vocab ? begin + chunk : vocab;
   int64_t my_ties = 0;
   for (int64_t j = begin; j < end; ++j) my_ties += Key(row.s(j)) == cut;
-  const int64_t ties_before = BlockExclusiveCount(my_ties, sh);
+  int64_t all_ties = 0;
+  const int64_t ties_before = BlockExclusiveSum(my_ties, sh.i, &all_ties);
   const auto kept = [&](int64_t j, int64_t* tie_rank) {
     const uint32_t k = Key(row.s(j));
     if (k > cut) return true;
@@ -245,7 +233,7 @@ __global__ void __launch_bounds__(kThreads)
     if (kept(j, &rank)) my_mass += p(j), last = j;
   }
   double kept_mass = 0;
-  const double before = BlockExclusiveSum(my_mass, sh, &kept_mass);
+  const double before = BlockExclusiveSum(my_mass, sh.d, &kept_mass);
   const double target = r.u * kept_mass;
   if (tid == 0) found = INT32_MAX, last_kept = -1;
   __syncthreads();
