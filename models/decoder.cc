@@ -119,13 +119,20 @@ class Decoder : public Model {
     LAIR_ASSIGN_OR_RETURN(Tensor ids, backend_->Download(step.ids));
     SampledStep out;
     out.tokens.assign(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
+    // The rows the host samples, gathered where the logits are and
+    // downloaded in one copy (a synchronized copy a row cost about 40 µs
+    // each on an H200).
+    const auto host = static_cast<int64_t>(host_rows.size());
     const int64_t vocab = step.logits.dim(1);
-    out.host_logits = Tensor::Zeros(DType::kF32, {static_cast<int64_t>(host_rows.size()), vocab});
-    for (size_t i = 0; i < host_rows.size(); ++i) {
-      LAIR_ASSIGN_OR_RETURN(Tensor row,
-                            backend_->Download(step.logits.Rows(host_rows[i], host_rows[i] + 1)));
-      std::copy_n(row.f32(), vocab, out.host_logits.f32() + static_cast<int64_t>(i) * vocab);
+    if (host == 0) {
+      out.host_logits = Tensor::Zeros(DType::kF32, {0, vocab});
+      return out;
     }
+    const std::span<const int32_t> parts[] = {host_rows};
+    LAIR_ASSIGN_OR_RETURN(std::vector<Tensor> staged, backend_->StageInts(parts));
+    LAIR_ASSIGN_OR_RETURN(Tensor gathered, backend_->AllocateScratch(DType::kF32, {host, vocab}));
+    LAIR_RETURN_IF_ERROR(backend_->Embedding({step.logits, staged[0], gathered}));
+    LAIR_ASSIGN_OR_RETURN(out.host_logits, backend_->Download(gathered));
     return out;
   }
   // Lays the model out for the backend's persistent decode kernel, where

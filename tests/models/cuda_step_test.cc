@@ -124,6 +124,41 @@ TEST_P(CudaStepTest, GraphReplayMatchesEagerAndCpu) {
   }
 }
 
+// A decode step that draws some rows on the device hands the host the
+// others' logits, gathered where they are: equal to those rows of the same
+// step's whole logits.
+TEST_P(CudaStepTest, SampledStepHandsTheHostItsRowsLogits) {
+  Runner whole = Make("cuda", kernels::GemmMode::kExact, false);
+  Runner sampled = Make("cuda", kernels::GemmMode::kExact, false);
+  ForwardBatch prefill;
+  prefill.tokens = {3, 17, 250, 9, 400, 1, 2, 3};
+  prefill.cu_seqlens = {0, 3, 5, 8};
+  prefill.slots = {0, 1, 2};
+  prefill.start_positions = {0, 0, 0};
+  const Tensor first = whole.Forward(prefill);
+  ASSERT_TRUE(sampled.Forward(prefill).defined());
+  ForwardBatch step;
+  step.cu_seqlens = {0, 1, 2, 3};
+  step.slots = {0, 1, 2};
+  step.start_positions = {3, 2, 3};
+  step.tokens = RowArgmax(first);
+  const Tensor want = whole.Forward(step);
+  const kernels::RowSampling greedy;
+  const kernels::RowSampling rows[] = {greedy, greedy, greedy};
+  const int32_t host_rows[] = {0, 2};
+  auto got = sampled.model->ForwardSample(step, *sampled.pool, rows, host_rows);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(want.defined());
+  EXPECT_EQ(got->tokens[1], RowArgmax(want)[1]);
+  ASSERT_EQ(got->host_logits.shape(), (Shape{2, want.dim(1)}));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(
+        RelativeError(got->host_logits.Rows(i, i + 1), want.Rows(host_rows[i], host_rows[i] + 1)),
+        0.0)
+        << "host row " << host_rows[i];
+  }
+}
+
 // A prefill of more rows than the decode kernels take runs kFast's cuBLASLt
 // path: input norms and SwiGLU formed in bf16, q, k, v kept in bf16 for the
 // mixers that take them. It and the step after it match the CPU.
