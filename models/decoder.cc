@@ -120,8 +120,7 @@ class Decoder : public Model {
     SampledStep out;
     out.tokens.assign(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
     // The rows the host samples, gathered where the logits are and
-    // downloaded in one copy (a synchronized copy a row cost about 40 µs
-    // each on an H200).
+    // downloaded in one copy rather than one synchronized copy a row.
     const auto host = static_cast<int64_t>(host_rows.size());
     const int64_t vocab = step.logits.dim(1);
     if (host == 0) {
