@@ -308,12 +308,8 @@ void EngineImpl::Step() {
   if (scoring) drawn.clear();
   for (Sequence* seq : drawn) {
     const SamplingParams& p = seq->params();
-    schedule.device_sampling[seq->id()] = {
-        .temperature = p.temperature,
-        .top_k = p.top_k,
-        .top_p = p.top_p,
-        .min_p = p.min_p,
-        .u = p.temperature > 0 ? seq->sampling().NextUniform() : 0.0};
+    schedule.device_sampling[seq->id()] =
+        DrawRule(p, p.temperature > 0 ? seq->sampling().NextUniform() : 0.0);
   }
   RunnerOutput result = runner_->Execute(schedule);
   const absl::Time now = absl::Now();

@@ -90,6 +90,14 @@ double SamplingState::NextUniform() {
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;  // 53 random mantissa bits
 }
 
+kernels::RowSampling DrawRule(const SamplingParams& params, double u) {
+  return {.temperature = params.temperature,
+          .top_k = params.top_k,
+          .top_p = params.top_p,
+          .min_p = params.min_p,
+          .u = u};
+}
+
 SampleResult Sample(const SamplingParams& params, std::span<float> logits, SamplingState& state) {
   ApplyPenalties(params, state, logits);
   SampleResult result;
@@ -104,13 +112,8 @@ SampleResult Sample(const SamplingParams& params, std::span<float> logits, Sampl
   }
   // The draw is kernels/sampling.h's, the one the backends make on the
   // device; it leaves the distribution it drew from in `logits`.
-  const kernels::RowSampling rule{.temperature = params.temperature,
-                                  .top_k = params.top_k,
-                                  .top_p = params.top_p,
-                                  .min_p = params.min_p,
-                                  .u = state.NextUniform()};
-  result.token =
-      kernels::SampleRow(logits, rule, params.logprobs >= 0 ? logits : std::span<float>{});
+  result.token = kernels::SampleRow(logits, DrawRule(params, state.NextUniform()),
+                                    params.logprobs >= 0 ? logits : std::span<float>{});
   if (params.logprobs >= 0) result.logprob = MakeLogprob(params.logprobs, logits, result.token);
   return result;
 }

@@ -32,6 +32,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "engine/request.h"
 #include "engine/request_output.h"
+#include "kernels/sampling.h"
 
 namespace lair::engine {
 
@@ -66,6 +67,10 @@ struct SampleResult {
   int32_t token = 0;
   std::optional<TokenLogprob> logprob;  // set when params.logprobs >= 0
 };
+
+// params' filters with the draw's uniform u, as kernels::SampleRow takes
+// them (the engine hands them to the device, Sample to the CPU draw).
+kernels::RowSampling DrawRule(const SamplingParams& params, double u);
 
 // Samples from `logits` ([vocab], overwritten with the processed logits).
 // REQUIRES: params passed Engine::Submit's validation; logits not empty.

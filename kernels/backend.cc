@@ -38,16 +38,26 @@ absl::StatusOr<std::vector<Tensor>> Backend::StageInts(
   return out;
 }
 
+namespace {
+
+// ArgmaxRows' and SampleRows' operands: logits F32 [R, V], ids I32 [R].
+absl::Status CheckRowsAndIds(const char* op, const Tensor& logits, const Tensor& ids) {
+  if (logits.rank() != 2 || logits.dtype() != DType::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": logits must be F32 [R, V], got ", logits.DebugString()));
+  }
+  if (ids.dtype() != DType::kI32)
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ids must be I32"));
+  return ExpectShape(ids, {logits.dim(0)}, "ids");
+}
+
+}  // namespace
+
 absl::Status Backend::ArgmaxRows(const Tensor& logits, const Tensor& ids) {
   if (device() != Device::kCpu) {
     return absl::UnimplementedError(absl::StrCat(Name(), " has no ArgmaxRows"));
   }
-  if (logits.rank() != 2 || logits.dtype() != DType::kF32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ArgmaxRows: logits must be F32 [R, V], got ", logits.DebugString()));
-  }
-  if (ids.dtype() != DType::kI32) return absl::InvalidArgumentError("ArgmaxRows: ids must be I32");
-  LAIR_RETURN_IF_ERROR(ExpectShape(ids, {logits.dim(0)}, "ids"));
+  LAIR_RETURN_IF_ERROR(CheckRowsAndIds("ArgmaxRows", logits, ids));
   const int64_t rows = logits.dim(0), vocab = logits.dim(1);
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = logits.f32() + r * vocab;
@@ -61,12 +71,7 @@ absl::Status Backend::SampleRows(const Tensor& logits, std::span<const RowSampli
   if (device() != Device::kCpu) {
     return absl::UnimplementedError(absl::StrCat(Name(), " has no SampleRows"));
   }
-  if (logits.rank() != 2 || logits.dtype() != DType::kF32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SampleRows: logits must be F32 [R, V], got ", logits.DebugString()));
-  }
-  if (ids.dtype() != DType::kI32) return absl::InvalidArgumentError("SampleRows: ids must be I32");
-  LAIR_RETURN_IF_ERROR(ExpectShape(ids, {logits.dim(0)}, "ids"));
+  LAIR_RETURN_IF_ERROR(CheckRowsAndIds("SampleRows", logits, ids));
   if (static_cast<int64_t>(rows.size()) != logits.dim(0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "SampleRows: ", rows.size(), " sampling rows for ", logits.dim(0), " logits rows"));

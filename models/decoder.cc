@@ -116,22 +116,26 @@ class Decoder : public Model {
     // The step's ids buffer (its argmax) takes the drawn tokens.
     LAIR_ASSIGN_OR_RETURN(StepOutput step, Step(batch, pool, /*greedy=*/true));
     LAIR_RETURN_IF_ERROR(backend_->SampleRows(step.logits, rows, step.ids));
+    // The rows the host samples, gathered where the logits are (queued
+    // before the tokens' download waits) and downloaded in one copy rather
+    // than one synchronized copy a row.
+    const auto host = static_cast<int64_t>(host_rows.size());
+    const int64_t vocab = step.logits.dim(1);
+    Tensor gathered;
+    if (host > 0) {
+      const std::span<const int32_t> parts[] = {host_rows};
+      LAIR_ASSIGN_OR_RETURN(std::vector<Tensor> staged, backend_->StageInts(parts));
+      LAIR_ASSIGN_OR_RETURN(gathered, backend_->AllocateScratch(DType::kF32, {host, vocab}));
+      LAIR_RETURN_IF_ERROR(backend_->Embedding({step.logits, staged[0], gathered}));
+    }
     LAIR_ASSIGN_OR_RETURN(Tensor ids, backend_->Download(step.ids));
     SampledStep out;
     out.tokens.assign(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
-    // The rows the host samples, gathered where the logits are and
-    // downloaded in one copy rather than one synchronized copy a row.
-    const auto host = static_cast<int64_t>(host_rows.size());
-    const int64_t vocab = step.logits.dim(1);
     if (host == 0) {
       out.host_logits = Tensor::Zeros(DType::kF32, {0, vocab});
-      return out;
+    } else {
+      LAIR_ASSIGN_OR_RETURN(out.host_logits, backend_->Download(gathered));
     }
-    const std::span<const int32_t> parts[] = {host_rows};
-    LAIR_ASSIGN_OR_RETURN(std::vector<Tensor> staged, backend_->StageInts(parts));
-    LAIR_ASSIGN_OR_RETURN(Tensor gathered, backend_->AllocateScratch(DType::kF32, {host, vocab}));
-    LAIR_RETURN_IF_ERROR(backend_->Embedding({step.logits, staged[0], gathered}));
-    LAIR_ASSIGN_OR_RETURN(out.host_logits, backend_->Download(gathered));
     return out;
   }
   // Lays the model out for the backend's persistent decode kernel, where

@@ -394,7 +394,9 @@ class CudaBackend : public Backend {
     return out;
   }
 
-  absl::Status ArgmaxRows(const Tensor& logits, const Tensor& ids) override {
+  // ArgmaxRows' and SampleRows' operands: logits F32 [R, V] and ids I32
+  // [R], both on this device.
+  static absl::Status CheckRowsAndIds(const Tensor& logits, const Tensor& ids) {
     if (logits.rank() != 2)
       return absl::InvalidArgumentError(
           absl::StrCat("logits must be [R, V], got ", logits.DebugString()));
@@ -402,6 +404,11 @@ class CudaBackend : public Backend {
     if (!ids.defined() || ids.device() != Device::kCuda || ids.dtype() != DType::kI32)
       return absl::InvalidArgumentError("ids must be an I32 CUDA tensor");
     LAIR_RETURN_IF_ERROR(ExpectShape(ids, {logits.dim(0)}, "ids"));
+    return absl::OkStatus();
+  }
+
+  absl::Status ArgmaxRows(const Tensor& logits, const Tensor& ids) override {
+    LAIR_RETURN_IF_ERROR(CheckRowsAndIds(logits, ids));
     return CudaStatus(cuda::LaunchArgmaxRows(logits.f32(), logits.dim(0), logits.dim(1),
                                              ids.data<int32_t>(), s()),
                       "argmax");
@@ -409,13 +416,7 @@ class CudaBackend : public Backend {
 
   absl::Status SampleRows(const Tensor& logits, std::span<const RowSampling> rows,
                           const Tensor& ids) override {
-    if (logits.rank() != 2)
-      return absl::InvalidArgumentError(
-          absl::StrCat("logits must be [R, V], got ", logits.DebugString()));
-    LAIR_RETURN_IF_ERROR(CheckTensor(logits, logits.shape(), "logits", true));
-    if (!ids.defined() || ids.device() != Device::kCuda || ids.dtype() != DType::kI32)
-      return absl::InvalidArgumentError("ids must be an I32 CUDA tensor");
-    LAIR_RETURN_IF_ERROR(ExpectShape(ids, {logits.dim(0)}, "ids"));
+    LAIR_RETURN_IF_ERROR(CheckRowsAndIds(logits, ids));
     if (static_cast<int64_t>(rows.size()) != logits.dim(0)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "SampleRows: ", rows.size(), " sampling rows for ", logits.dim(0), " logits rows"));
