@@ -4,14 +4,14 @@
 //
 //   lair bench engine --model DIR [--device cpu|cuda] [--dtype f32|bf16] [--gemm fast|exact]
 //                     --batch B --prompt-len P --gen-len G [--temperature T]
-//                     [--top-k K] [--top-p P] [--host-requests H] [--max-batch-tokens N]
-//                     [--rounds R]
+//                     [--top-k K] [--top-p P] [--logprobs N] [--host-requests H]
+//                     [--max-batch-tokens N] [--rounds R]
 //
 // It loads DIR as `lair serve` does (cli/serving_model.h), makes an Engine
 // of B state slots, then runs R rounds. A round submits B requests at once,
 // each of P random prompt tokens and G generated tokens (ignore_eos;
-// temperature T, 0 = greedy, with top_k and top_p; seeded), and waits for
-// all of them. The first
+// temperature T, 0 = greedy, with top_k and top_p; N logprobs a token with
+// --logprobs N; seeded), and waits for all of them. The first
 // round warms up (it records the decode step graphs) and is not reported.
 // For each other round it reports:
 //   - decode: once every request has its first token, until the last one
@@ -19,11 +19,12 @@
 //     (that window over the steps of the request that started last);
 //   - end to end: B·G tokens over the time from submission to the last finish;
 //   - time to first token, mean and longest.
-// The first H requests (0 unless --host-requests) ask for their tokens'
-// logprobs, so the host samples them from their downloaded logits rows; the
-// others ask for nothing the device cannot draw, so it draws them
-// (ScheduleOutput::device_sampling). `lair bench decode` times the model's
-// greedy steps alone, for comparison.
+// The first H requests (0 unless --host-requests) carry a logit bias (of 0,
+// on token 0: the same distribution), so the host samples them from their
+// downloaded logits rows; the others ask for nothing the device cannot
+// draw, so it draws them, logprobs included (ScheduleOutput::
+// device_sampling). `lair bench decode` times the model's greedy steps
+// alone, for comparison.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -40,6 +41,7 @@
 #include "cli/command_registry.h"
 #include "cli/serving_model.h"
 #include "engine/engine.h"
+#include "engine/sampler.h"
 
 namespace lair::cli {
 namespace {
@@ -54,6 +56,7 @@ struct BenchEngineFlags {
   float temperature = 0;
   int top_k = 0;
   float top_p = 1;
+  int logprobs = -1;
   int host_requests = 0;
   int max_batch_tokens = engine::EngineConfig().max_batch_tokens;
   int rounds = 3;
@@ -67,6 +70,10 @@ absl::Status Validate(const BenchEngineFlags& f) {
   if (f.top_k < 0) return absl::InvalidArgumentError("--top-k must be >= 0");
   if (!(f.top_p > 0 && f.top_p <= 1))
     return absl::InvalidArgumentError("--top-p must be in (0, 1]");
+  if (f.logprobs < -1 || f.logprobs > engine::kMaxLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--logprobs must be in [-1, ", engine::kMaxLogprobs, "]"));
+  }
   if (f.host_requests < 0 || f.host_requests > f.batch) {
     return absl::InvalidArgumentError("--host-requests must be in [0, --batch]");
   }
@@ -179,10 +186,10 @@ absl::Status RunBenchEngine(const BenchEngineFlags& f) {
               loaded.decode_path.c_str());
   std::printf(
       "engine: %d requests at once, prompt %d, %d generated tokens each, temperature %g, "
-      "top_k %d, top_p %g, %d of them sampled on the host (logprobs), max_batch_tokens %d, %d "
-      "state slots of %.2f MB\n",
-      f.batch, f.prompt_len, f.gen_len, f.temperature, f.top_k, f.top_p, f.host_requests,
-      f.max_batch_tokens, f.batch, static_cast<double>(bytes_per_slot) / 1e6);
+      "top_k %d, top_p %g, logprobs %d, %d of them sampled on the host (logit bias), "
+      "max_batch_tokens %d, %d state slots of %.2f MB\n",
+      f.batch, f.prompt_len, f.gen_len, f.temperature, f.top_k, f.top_p, f.logprobs,
+      f.host_requests, f.max_batch_tokens, f.batch, static_cast<double>(bytes_per_slot) / 1e6);
 
   std::mt19937 rng(20261129);
   std::uniform_int_distribution<int32_t> token(0, vocab - 1);
@@ -201,7 +208,8 @@ absl::Status RunBenchEngine(const BenchEngineFlags& f) {
       request.sampling.top_p = f.top_p;
       request.sampling.ignore_eos = true;
       request.sampling.seed = static_cast<uint64_t>(i);
-      if (i < f.host_requests) request.sampling.logprobs = 0;
+      request.sampling.logprobs = f.logprobs;
+      if (i < f.host_requests) request.sampling.logit_bias[0] = 0.0f;
       LAIR_RETURN_IF_ERROR(eng->Submit(std::move(request), recorder.Callback(i)));
     }
     LAIR_RETURN_IF_ERROR(recorder.Wait());
@@ -223,12 +231,10 @@ absl::Status RunBenchEngine(const BenchEngineFlags& f) {
   });
   const RoundFigures& median = by_rate[by_rate.size() / 2];
   std::printf(
-      "lair bench engine: %s B=%d P=%d G=%d T=%g top_k=%d top_p=%g host=%d: %.1f decode tokens/s, "
-      "%.3f "
-      "ms/step, "
-      "%.1f tokens/s end to end (median of %zu rounds)\n",
+      "lair bench engine: %s B=%d P=%d G=%d T=%g top_k=%d top_p=%g logprobs=%d host=%d: %.1f "
+      "decode tokens/s, %.3f ms/step, %.1f tokens/s end to end (median of %zu rounds)\n",
       f.model.model.c_str(), f.batch, f.prompt_len, f.gen_len, f.temperature, f.top_k, f.top_p,
-      f.host_requests, median.decode_tokens_per_second, median.step_seconds * 1e3,
+      f.logprobs, f.host_requests, median.decode_tokens_per_second, median.step_seconds * 1e3,
       median.end_to_end_tokens_per_second, rounds.size());
   return absl::OkStatus();
 }
@@ -254,8 +260,11 @@ LAIR_REGISTER_COMMAND(bench_engine, [](CLI::App& app) {
   cmd->add_option("--temperature", flags->temperature, "0 = greedy")->capture_default_str();
   cmd->add_option("--top-k", flags->top_k, "0 = off")->capture_default_str();
   cmd->add_option("--top-p", flags->top_p, "1 = off")->capture_default_str();
+  cmd->add_option("--logprobs", flags->logprobs,
+                  "Logprobs a token every request asks for (-1 = none; up to 20)")
+      ->capture_default_str();
   cmd->add_option("--host-requests", flags->host_requests,
-                  "Requests (of B) that ask for logprobs, so the host samples them")
+                  "Requests (of B) with a logit bias (of 0), so the host samples them")
       ->capture_default_str();
   cmd->add_option("--max-batch-tokens", flags->max_batch_tokens, "Tokens per engine step")
       ->capture_default_str();

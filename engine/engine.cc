@@ -323,7 +323,7 @@ void EngineImpl::Step() {
   for (const SequenceToken& t : result.tokens) {
     Sequence* seq = Find(t.id);
     if (seq == nullptr) continue;
-    Record(seq, SampleResult{.token = t.token, .logprob = std::nullopt}, now);
+    Record(seq, SampleResult{.token = t.token, .logprob = t.logprob}, now);
     if (seq->output().finished()) Retire(seq);
   }
   ++steps_total_;
@@ -331,7 +331,7 @@ void EngineImpl::Step() {
 
 bool EngineImpl::SamplesOnDevice(const Sequence& seq) {
   const SamplingParams& p = seq.params();
-  return p.logprobs < 0 && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+  return p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
          p.frequency_penalty == 0.0f && p.logit_bias.empty() && p.allowed_token_ids.empty() &&
          seq.output().num_generated() >= p.min_tokens &&
          (seq.group().forked || p.n == 1);  // a fork samples its siblings from the leader's logits

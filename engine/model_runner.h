@@ -10,9 +10,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/request_output.h"
 #include "engine/schedule_output.h"
 #include "engine/state_cache.h"
 
@@ -32,10 +34,12 @@ struct PromptLogits {
   std::vector<float> logits;  // [positions, vocab], unprocessed
 };
 
-// A sequence's next token, drawn by the runner (ScheduleOutput::device_sampling).
+// A sequence's next token, drawn by the runner (ScheduleOutput::device_sampling),
+// with its logprobs when the rule asked for them (RowSampling::logprobs).
 struct SequenceToken {
   SequenceId id = 0;
   int32_t token = 0;
+  std::optional<TokenLogprob> logprob;
 };
 
 struct SequenceFailure {

@@ -1,10 +1,12 @@
 #include "engine/model_runner_impl.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/sampler.h"
 
 #ifdef LAIR_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -69,14 +71,14 @@ RunnerOutput ModelRunnerImpl::ExecuteDrawn(const ScheduleOutput& schedule,
     const auto drawn = schedule.device_sampling.find(batch.ids[i]);
     const bool here = batch.needs_logits[i] && drawn != schedule.device_sampling.end();
     draws.push_back(here ? drawn->second : kernels::RowSampling());
-    greedy &= draws.back().temperature == 0;
+    greedy &= draws.back().temperature == 0 && draws.back().logprobs < 0;
     if (batch.needs_logits[i] && !here) host_rows.push_back(r);
   }
   absl::StatusOr<models::SampledStep> step;
   if (greedy && host_rows.empty()) {
     absl::StatusOr<std::vector<int32_t>> tokens = model_->ForwardGreedy(run, pool());
     if (tokens.ok()) {
-      step = models::SampledStep{std::move(*tokens), Tensor()};
+      step = models::SampledStep{.tokens = std::move(*tokens), .host_logits = {}, .logprobs = {}};
     } else {
       step = tokens.status();
     }
@@ -95,6 +97,17 @@ RunnerOutput ModelRunnerImpl::ExecuteDrawn(const ScheduleOutput& schedule,
       step = s;
     }
   }
+  const bool logprobs = std::any_of(draws.begin(), draws.end(),
+                                    [](const kernels::RowSampling& d) { return d.logprobs >= 0; });
+  if (step.ok() && logprobs) {
+    const auto n = static_cast<int64_t>(rows.size());
+    absl::Status s =
+        ExpectShape(step->logprobs.values, {n, 1 + kernels::kMaxRowLogprobs}, "logprobs.values");
+    if (s.ok()) {
+      s = ExpectShape(step->logprobs.top_ids, {n, kernels::kMaxRowLogprobs}, "logprobs.top_ids");
+    }
+    if (!s.ok()) step = s;
+  }
   if (!step.ok()) {
     for (int i : rows) out.failures.push_back({batch.ids[i], step.status()});
     return out;
@@ -106,7 +119,11 @@ RunnerOutput ModelRunnerImpl::ExecuteDrawn(const ScheduleOutput& schedule,
       const float* row = step->host_logits.f32() + static_cast<int64_t>(next_host++) * vocab;
       out.logits.push_back({id, std::vector<float>(row, row + vocab)});
     } else if (batch.needs_logits[rows[r]]) {
-      out.tokens.push_back({id, step->tokens[r]});
+      std::optional<TokenLogprob> logprob;
+      if (draws[r].logprobs >= 0) {
+        logprob = DrawnLogprob(step->logprobs, r, step->tokens[r], draws[r].logprobs);
+      }
+      out.tokens.push_back({id, step->tokens[r], std::move(logprob)});
     }
   }
   return out;

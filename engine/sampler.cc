@@ -45,35 +45,8 @@ void ApplyPenalties(const SamplingParams& params, const SamplingState& state,
   }
 }
 
-// In place: logits -> log-softmax (entries at -inf stay -inf).
-void LogSoftmax(std::span<float> logits) {
-  const float max = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float l : logits) {
-    if (l != kNegInf) sum += std::exp(static_cast<double>(l - max));
-  }
-  const float log_z = max + static_cast<float>(std::log(sum));
-  for (float& l : logits) {
-    if (l != kNegInf) l -= log_z;
-  }
-}
-
 TokenLogprob MakeLogprob(int n_top, std::span<const float> logprobs, int32_t token) {
-  TokenLogprob out;
-  out.token = token;
-  out.logprob = logprobs[token];
-  if (n_top > 0) {
-    std::vector<int32_t> ids;
-    for (int32_t i = 0; i < static_cast<int32_t>(logprobs.size()); ++i) {
-      if (logprobs[i] != kNegInf) ids.push_back(i);
-    }
-    const size_t n = std::min<size_t>(n_top, ids.size());
-    std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), [&](int32_t a, int32_t b) {
-      return logprobs[a] != logprobs[b] ? logprobs[a] > logprobs[b] : a < b;
-    });
-    for (size_t i = 0; i < n; ++i) out.top.emplace_back(ids[i], logprobs[ids[i]]);
-  }
-  return out;
+  return {.token = token, .logprob = logprobs[token], .top = kernels::TopLogprobs(logprobs, n_top)};
 }
 
 }  // namespace
@@ -95,7 +68,8 @@ kernels::RowSampling DrawRule(const SamplingParams& params, double u) {
           .top_k = params.top_k,
           .top_p = params.top_p,
           .min_p = params.min_p,
-          .u = u};
+          .u = u,
+          .logprobs = params.logprobs};
 }
 
 SampleResult Sample(const SamplingParams& params, std::span<float> logits, SamplingState& state) {
@@ -105,7 +79,7 @@ SampleResult Sample(const SamplingParams& params, std::span<float> logits, Sampl
     result.token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
                                         logits.begin());  // first maximum: lowest id
     if (params.logprobs >= 0) {
-      LogSoftmax(logits);
+      kernels::LogSoftmax(logits);
       result.logprob = MakeLogprob(params.logprobs, logits, result.token);
     }
     return result;
@@ -141,8 +115,17 @@ bool IsStopToken(const SamplingParams& params, std::optional<int32_t> eos, int32
          params.stop_token_ids.end();
 }
 
+TokenLogprob DrawnLogprob(const kernels::DrawLogprobs& drawn, int64_t row, int32_t token,
+                          int listed) {
+  const float* values = drawn.values.f32() + row * (1 + kernels::kMaxRowLogprobs);
+  const int32_t* ids = drawn.top_ids.data<int32_t>() + row * kernels::kMaxRowLogprobs;
+  TokenLogprob out{.token = token, .logprob = values[0], .top = {}};
+  for (int i = 0; i < listed && ids[i] >= 0; ++i) out.top.emplace_back(ids[i], values[1 + i]);
+  return out;
+}
+
 TokenLogprob ScoreToken(std::span<float> logits, int32_t token, int top) {
-  LogSoftmax(logits);
+  kernels::LogSoftmax(logits);
   return MakeLogprob(top, logits, token);
 }
 

@@ -32,12 +32,13 @@
 #include "absl/container/flat_hash_set.h"
 #include "engine/request.h"
 #include "engine/request_output.h"
+#include "kernels/backend.h"
 #include "kernels/sampling.h"
 
 namespace lair::engine {
 
 // The largest SamplingParams::logprobs accepted.
-inline constexpr int kMaxLogprobs = 20;
+inline constexpr int kMaxLogprobs = kernels::kMaxRowLogprobs;
 
 // Per-completion sampling state.
 class SamplingState {
@@ -75,6 +76,11 @@ kernels::RowSampling DrawRule(const SamplingParams& params, double u);
 // Samples from `logits` ([vocab], overwritten with the processed logits).
 // REQUIRES: params passed Engine::Submit's validation; logits not empty.
 SampleResult Sample(const SamplingParams& params, std::span<float> logits, SamplingState& state);
+
+// Row `row` of a device draw's logprobs (kernels::DrawLogprobs, on the
+// host) for the drawn `token`, with its first `listed` likeliest tokens.
+TokenLogprob DrawnLogprob(const kernels::DrawLogprobs& drawn, int64_t row, int32_t token,
+                          int listed);
 
 // `token`'s logprob under the raw distribution of `logits` ([vocab],
 // overwritten with their log-softmax: no penalties, temperature or

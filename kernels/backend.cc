@@ -2,7 +2,10 @@
 #include "kernels/backend.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/dense_checks.h"
@@ -66,8 +69,31 @@ absl::Status Backend::ArgmaxRows(const Tensor& logits, const Tensor& ids) {
   return absl::OkStatus();
 }
 
+absl::Status CheckDrawLogprobs(std::span<const RowSampling> rows, const DrawLogprobs& out,
+                               Device device) {
+  bool asked = false;
+  for (const RowSampling& r : rows) {
+    if (r.logprobs > kMaxRowLogprobs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SampleRows: logprobs ", r.logprobs, " is more than ", kMaxRowLogprobs));
+    }
+    asked |= r.logprobs >= 0;
+  }
+  if (!asked) return absl::OkStatus();
+  const auto rows_n = static_cast<int64_t>(rows.size());
+  if (!out.values.defined() || out.values.device() != device || out.values.dtype() != DType::kF32) {
+    return absl::InvalidArgumentError("SampleRows: logprobs.values must be F32 on the device");
+  }
+  if (!out.top_ids.defined() || out.top_ids.device() != device ||
+      out.top_ids.dtype() != DType::kI32) {
+    return absl::InvalidArgumentError("SampleRows: logprobs.top_ids must be I32 on the device");
+  }
+  LAIR_RETURN_IF_ERROR(ExpectShape(out.values, {rows_n, 1 + kMaxRowLogprobs}, "logprobs.values"));
+  return ExpectShape(out.top_ids, {rows_n, kMaxRowLogprobs}, "logprobs.top_ids");
+}
+
 absl::Status Backend::SampleRows(const Tensor& logits, std::span<const RowSampling> rows,
-                                 const Tensor& ids) {
+                                 const Tensor& ids, const DrawLogprobs& logprobs) {
   if (device() != Device::kCpu) {
     return absl::UnimplementedError(absl::StrCat(Name(), " has no SampleRows"));
   }
@@ -76,10 +102,35 @@ absl::Status Backend::SampleRows(const Tensor& logits, std::span<const RowSampli
     return absl::InvalidArgumentError(absl::StrCat(
         "SampleRows: ", rows.size(), " sampling rows for ", logits.dim(0), " logits rows"));
   }
+  LAIR_RETURN_IF_ERROR(CheckDrawLogprobs(rows, logprobs, Device::kCpu));
   const int64_t vocab = logits.dim(1);
+  std::vector<float> distribution;
   for (int64_t r = 0; r < logits.dim(0); ++r) {
-    ids.data<int32_t>()[r] =
-        SampleRow(std::span<const float>(logits.f32() + r * vocab, vocab), rows[r]);
+    const std::span<const float> row(logits.f32() + r * vocab, vocab);
+    const RowSampling& rule = rows[r];
+    if (rule.logprobs < 0) {
+      ids.data<int32_t>()[r] = SampleRow(row, rule);
+      continue;
+    }
+    distribution.assign(row.begin(), row.end());
+    int32_t token = 0;
+    if (rule.temperature == 0) {
+      token = SampleRow(row, rule);
+      LogSoftmax(distribution);
+    } else {
+      token = SampleRow(row, rule, distribution);
+    }
+    ids.data<int32_t>()[r] = token;
+    float* values = logprobs.values.f32() + r * (1 + kMaxRowLogprobs);
+    int32_t* top_ids = logprobs.top_ids.data<int32_t>() + r * kMaxRowLogprobs;
+    values[0] = distribution[static_cast<size_t>(token)];
+    std::fill(values + 1, values + 1 + kMaxRowLogprobs, -std::numeric_limits<float>::infinity());
+    std::fill(top_ids, top_ids + kMaxRowLogprobs, -1);
+    const std::vector<std::pair<int32_t, float>> top = TopLogprobs(distribution, rule.logprobs);
+    for (size_t i = 0; i < top.size(); ++i) {
+      top_ids[i] = top[i].first;
+      values[1 + i] = top[i].second;
+    }
   }
   return absl::OkStatus();
 }

@@ -68,6 +68,20 @@ class StepGraph {
   virtual absl::Status Launch() = 0;
 };
 
+// Where SampleRows writes its draws' logprobs (kernels/sampling.h), row r
+// for logits row r: values F32 [R, 1 + kMaxRowLogprobs], the drawn token's
+// then the listed tokens', best first; top_ids I32 [R, kMaxRowLogprobs],
+// the listed tokens, then -1 (their values -inf).
+struct DrawLogprobs {
+  Tensor values;
+  Tensor top_ids;
+};
+
+// SampleRows' logprobs operands: every rule's count within kMaxRowLogprobs,
+// and when one asks for logprobs, `out`'s tensors of R rows on `device`.
+absl::Status CheckDrawLogprobs(std::span<const RowSampling> rows, const DrawLogprobs& out,
+                               Device device);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -108,9 +122,12 @@ class Backend {
   // F32 (greedy sampling without moving the logits); ids is I32 [R].
   virtual absl::Status ArgmaxRows(const Tensor& logits, const Tensor& ids);
   // ids[r] = the token kernels/sampling.h's rules draw from row r of logits
-  // [R, V] F32 under rows[r] (R of them); ids is I32 [R].
+  // [R, V] F32 under rows[r] (R of them); ids is I32 [R]. For the rows whose
+  // rule asks (RowSampling::logprobs >= 0), also the draw's logprobs, into
+  // `logprobs` (which must then be given; its rows of the other rows are
+  // left as they were).
   virtual absl::Status SampleRows(const Tensor& logits, std::span<const RowSampling> rows,
-                                  const Tensor& ids);
+                                  const Tensor& ids, const DrawLogprobs& logprobs);
   // Runs nothing: records the device work `step` queues into a graph, or
   // Unimplemented where the backend has none. `step` must not synchronize,
   // read device memory on the host or grow memory. Launch the graph to run it.

@@ -124,4 +124,32 @@ int32_t SampleRow(std::span<const float> logits, const RowSampling& r, std::span
   return last;
 }
 
+void LogSoftmax(std::span<float> logits) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) {
+    if (l != kNegInf) sum += std::exp(static_cast<double>(l - max));
+  }
+  const float log_z = max + static_cast<float>(std::log(sum));
+  for (float& l : logits) {
+    if (l != kNegInf) l -= log_z;
+  }
+}
+
+std::vector<std::pair<int32_t, float>> TopLogprobs(std::span<const float> logprobs, int n) {
+  std::vector<int32_t> ids;
+  for (int32_t i = 0; i < static_cast<int32_t>(logprobs.size()); ++i) {
+    if (logprobs[i] != -std::numeric_limits<float>::infinity()) ids.push_back(i);
+  }
+  const size_t listed = std::min<size_t>(std::max(n, 0), ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(listed), ids.end(),
+                    [&](int32_t a, int32_t b) {
+                      return logprobs[a] != logprobs[b] ? logprobs[a] > logprobs[b] : a < b;
+                    });
+  std::vector<std::pair<int32_t, float>> top;
+  for (size_t i = 0; i < listed; ++i) top.emplace_back(ids[i], logprobs[ids[i]]);
+  return top;
+}
+
 }  // namespace lair::kernels

@@ -15,12 +15,23 @@
 // Walking in id order (not ranked order) lets a GPU find the token with one
 // prefix sum instead of a sort; any fixed order draws from the same
 // distribution.
+//
+// A draw's logprobs (RowSampling::logprobs >= 0) are those of the
+// distribution it drew from: greedy, the log-softmax of the logits; else
+// each kept token's log(p / the kept tokens' p sum), and -inf for the
+// others. The drawn token's, and the `logprobs` likeliest tokens' (never a
+// -inf one), best first, lower id first on ties.
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <utility>
+#include <vector>
 
 namespace lair::kernels {
+
+// The most likeliest tokens a draw lists with its logprobs.
+inline constexpr int kMaxRowLogprobs = 20;
 
 struct RowSampling {
   float temperature = 0;  // 0: greedy
@@ -28,6 +39,7 @@ struct RowSampling {
   float top_p = 1;        // 1: off
   float min_p = 0;        // 0: off
   double u = 0;           // the draw, uniform in [0, 1); unused when greedy
+  int32_t logprobs = -1;  // -1: none; else list this many (up to kMaxRowLogprobs)
 };
 
 // The token RowSampling's rules give for `logits` ([vocab], not empty).
@@ -36,5 +48,12 @@ struct RowSampling {
 // the kept tokens' p, -inf for the others.
 int32_t SampleRow(std::span<const float> logits, const RowSampling& r,
                   std::span<float> logprobs = {});
+
+// In place: logits → their log-softmax (entries at -inf stay -inf).
+void LogSoftmax(std::span<float> logits);
+
+// The `n` likeliest entries of a row of logprobs, as (id, logprob), best
+// first, lower id first on ties; -inf entries are never listed.
+std::vector<std::pair<int32_t, float>> TopLogprobs(std::span<const float> logprobs, int n);
 
 }  // namespace lair::kernels

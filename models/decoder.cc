@@ -115,7 +115,17 @@ class Decoder : public Model {
     LAIR_RETURN_IF_ERROR(CheckSampleArgs(batch, rows, host_rows));
     // The step's ids buffer (its argmax) takes the drawn tokens.
     LAIR_ASSIGN_OR_RETURN(StepOutput step, Step(batch, pool, /*greedy=*/true));
-    LAIR_RETURN_IF_ERROR(backend_->SampleRows(step.logits, rows, step.ids));
+    const bool logprobs = std::any_of(
+        rows.begin(), rows.end(), [](const kernels::RowSampling& r) { return r.logprobs >= 0; });
+    const int64_t seqs = batch.num_seqs();
+    kernels::DrawLogprobs drawn;
+    if (logprobs) {
+      LAIR_ASSIGN_OR_RETURN(drawn.values, backend_->AllocateScratch(
+                                              DType::kF32, {seqs, 1 + kernels::kMaxRowLogprobs}));
+      LAIR_ASSIGN_OR_RETURN(
+          drawn.top_ids, backend_->AllocateScratch(DType::kI32, {seqs, kernels::kMaxRowLogprobs}));
+    }
+    LAIR_RETURN_IF_ERROR(backend_->SampleRows(step.logits, rows, step.ids, drawn));
     // The rows the host samples, gathered where the logits are (queued
     // before the tokens' download waits) and downloaded in one copy rather
     // than one synchronized copy a row.
@@ -131,6 +141,10 @@ class Decoder : public Model {
     LAIR_ASSIGN_OR_RETURN(Tensor ids, backend_->Download(step.ids));
     SampledStep out;
     out.tokens.assign(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
+    if (logprobs) {
+      LAIR_ASSIGN_OR_RETURN(out.logprobs.values, backend_->Download(drawn.values));
+      LAIR_ASSIGN_OR_RETURN(out.logprobs.top_ids, backend_->Download(drawn.top_ids));
+    }
     if (host == 0) {
       out.host_logits = Tensor::Zeros(DType::kF32, {0, vocab});
     } else {

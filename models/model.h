@@ -84,6 +84,10 @@ struct LossAndGradients {
 struct SampledStep {
   std::vector<int32_t> tokens;  // [num_seqs]
   Tensor host_logits;           // [host_rows, vocab] F32 on the host
+  // When a rule asked for logprobs: the draws' logprobs on the host, in
+  // kernels::DrawLogprobs' layout ([num_seqs, ...]; rows that did not ask
+  // are unspecified); else undefined.
+  kernels::DrawLogprobs logprobs;
 };
 
 class Model {
@@ -115,10 +119,11 @@ class Model {
   virtual absl::StatusOr<std::vector<int32_t>> ForwardGreedy(const ForwardBatch& batch,
                                                              StatePool& pool);
   // Forward, then each sequence's token drawn from its logits row under
-  // rows[s] (kernels/sampling.h), taken where the logits are, and the
-  // logits rows of the sequences in host_rows (ascending), which the caller
-  // draws itself (their tokens are unspecified). REQUIRES: as
-  // ForwardGreedy, and one rule per sequence.
+  // rows[s] (kernels/sampling.h), taken where the logits are, with the
+  // draw's logprobs where the rule asks, and the logits rows of the
+  // sequences in host_rows (ascending), which the caller draws itself
+  // (their tokens are unspecified). REQUIRES: as ForwardGreedy, and one
+  // rule per sequence.
   virtual absl::StatusOr<SampledStep> ForwardSample(const ForwardBatch& batch, StatePool& pool,
                                                     std::span<const kernels::RowSampling> rows,
                                                     std::span<const int32_t> host_rows) = 0;

@@ -415,18 +415,23 @@ class CudaBackend : public Backend {
   }
 
   absl::Status SampleRows(const Tensor& logits, std::span<const RowSampling> rows,
-                          const Tensor& ids) override {
+                          const Tensor& ids, const DrawLogprobs& logprobs) override {
     LAIR_RETURN_IF_ERROR(CheckRowsAndIds(logits, ids));
     if (static_cast<int64_t>(rows.size()) != logits.dim(0)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "SampleRows: ", rows.size(), " sampling rows for ", logits.dim(0), " logits rows"));
     }
+    LAIR_RETURN_IF_ERROR(CheckDrawLogprobs(rows, logprobs, Device::kCuda));
+    const bool asked =
+        std::any_of(rows.begin(), rows.end(), [](const RowSampling& r) { return r.logprobs >= 0; });
     LAIR_RETURN_IF_ERROR(sampling_.Reserve(rows.size(), s()));
     std::copy(rows.begin(), rows.end(), sampling_.host());
     LAIR_RETURN_IF_ERROR(sampling_.Upload(rows.size(), s()));
-    return CudaStatus(cuda::LaunchSampleRows(logits.f32(), logits.dim(0), logits.dim(1),
-                                             sampling_.dev(), ids.data<int32_t>(), s()),
-                      "sample rows");
+    return CudaStatus(
+        cuda::LaunchSampleRows(logits.f32(), logits.dim(0), logits.dim(1), sampling_.dev(),
+                               ids.data<int32_t>(), asked ? logprobs.values.f32() : nullptr,
+                               asked ? logprobs.top_ids.data<int32_t>() : nullptr, s()),
+        "sample rows");
   }
 
   // The kernel rounds every product's input to bf16, as the fast mode's

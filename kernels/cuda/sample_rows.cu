@@ -17,9 +17,15 @@
 // min_p alone about 33 (counts only, no exponentials), no filter 4. A radix
 // select on 4-bit digits (8 passes of shared-atomic tallies) measured
 // slower, its atomics colliding where most keys share their top digits.
+//
+// Logprobs (RowSampling::logprobs = n >= 0): each listed token is found by
+// one more pass, the largest (logprob, lower id) below the last one listed
+// among the tokens the draw could take (ListLogprobs).
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
+#include <set>
 
 #include "kernels/cuda/sample_rows.h"
 
@@ -52,6 +58,7 @@ struct Scratch {
   Lanes<double> d;
   Lanes<float> f;
   Lanes<int64_t> i;
+  Lanes<uint64_t> u;
 };
 
 // A block-wide reduction by `op` (associative; applied in a fixed order, so
@@ -85,6 +92,10 @@ __device__ float BlockMax(float v, Scratch& sh) {
   return BlockReduce(
       v, [](float a, float b) { return fmaxf(a, b); }, sh.f);
 }
+__device__ uint64_t BlockMaxKey(uint64_t v, Scratch& sh) {
+  return BlockReduce(
+      v, [](uint64_t a, uint64_t b) { return a > b ? a : b; }, sh.u);
+}
 
 // The sum of v over threads before this one (an exclusive block scan), and
 // the total in *total; `lanes` is the scratch of T.
@@ -108,6 +119,49 @@ __device__ T BlockExclusiveSum(T v, Lanes<T>& lanes, T* total) {
   return before + inclusive - v;
 }
 
+// Writes a draw's logprobs (Backend::SampleRows' layout) for row `row`:
+// the drawn token's, then the n likeliest by logprob(j) among the tokens
+// where listable(j, tied) holds, `tied` being how many of those listed so
+// far are at the kept cut (at_cut(j)), whose first ties by id alone are
+// kept: as they share one logprob, they are listed in id order. Each pass
+// finds the largest key (Key(logprob), then the inverted id) below the
+// last one listed.
+template <typename Logprob, typename Listable, typename AtCut>
+__device__ void ListLogprobs(int64_t vocab, int n, int32_t drawn, Logprob logprob,
+                             Listable listable, AtCut at_cut, float* values, int32_t* top_ids,
+                             Scratch& sh) {
+  float* out = values + blockIdx.x * static_cast<int64_t>(1 + kMaxRowLogprobs);
+  int32_t* ids = top_ids + blockIdx.x * static_cast<int64_t>(kMaxRowLogprobs);
+  uint64_t last = ~uint64_t{0};
+  int64_t tied = 0;
+  int listed = 0;
+  for (; listed < n; ++listed) {
+    uint64_t best = 0;
+    for (int64_t j = threadIdx.x; j < vocab; j += kThreads) {
+      if (!listable(j, tied)) continue;
+      const uint64_t key =
+          (static_cast<uint64_t>(Key(logprob(j))) << 32) | (0xffffffffu - static_cast<uint32_t>(j));
+      if (key < last && key > best) best = key;
+    }
+    best = BlockMaxKey(best, sh);
+    if (best == 0) break;
+    last = best;
+    const auto j = static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(best));
+    tied += at_cut(j) ? 1 : 0;
+    if (threadIdx.x == 0) {
+      ids[listed] = j;
+      out[1 + listed] = logprob(j);
+    }
+  }
+  if (threadIdx.x == 0) {
+    out[0] = logprob(drawn);
+    for (int i = listed; i < kMaxRowLogprobs; ++i) {
+      ids[i] = -1;
+      out[1 + i] = -INFINITY;
+    }
+  }
+}
+
 // One row's scaled logits s, from shared memory when staged.
 struct Row {
   const float* logits;
@@ -117,7 +171,8 @@ struct Row {
 };
 
 __global__ void __launch_bounds__(kThreads)
-    SampleRowsKernel(const float* logits, int64_t vocab, const RowSampling* params, int32_t* ids) {
+    SampleRowsKernel(const float* logits, int64_t vocab, const RowSampling* params, int32_t* ids,
+                     float* logprobs, int32_t* top_ids) {
   extern __shared__ float staged[];
   __shared__ Scratch sh;
   __shared__ int32_t found;      // the drawn token, or INT32_MAX
@@ -137,7 +192,19 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     if (best == top && best_i < vocab) atomicMin(&found, static_cast<int32_t>(best_i));
     __syncthreads();
-    if (tid == 0) ids[blockIdx.x] = found < vocab ? found : 0;
+    const int32_t token = found < vocab ? found : 0;
+    if (tid == 0) ids[blockIdx.x] = token;
+    if (r.logprobs < 0) return;
+    // The log-softmax of the logits, as kernels::LogSoftmax forms it.
+    double z = 0;
+    for (int64_t j = tid; j < vocab; j += kThreads) {
+      if (in[j] != -INFINITY) z += exp(static_cast<double>(in[j] - top));
+    }
+    const float log_z = top + static_cast<float>(log(BlockSum(z, sh)));
+    ListLogprobs(
+        vocab, r.logprobs, token, [&](int64_t j) { return in[j] - log_z; },
+        [&](int64_t j, int64_t) { return in[j] != -INFINITY; }, [](int64_t) { return false; },
+        logprobs, top_ids, sh);
     return;
   }
 
@@ -252,22 +319,52 @@ __global__ void __launch_bounds__(kThreads)
   if (last >= 0) atomicMax(&last_kept, static_cast<int32_t>(last));
   __syncthreads();
   // Rounding may leave the target past every chunk: then the last kept token.
-  if (tid == 0) ids[blockIdx.x] = found != INT32_MAX ? found : (last_kept >= 0 ? last_kept : 0);
+  const int32_t token = found != INT32_MAX ? found : (last_kept >= 0 ? last_kept : 0);
+  if (tid == 0) ids[blockIdx.x] = token;
+  if (r.logprobs < 0) return;
+  // A kept token's logprob is log(p / kept mass) = (s − max s) − log(kept
+  // mass), as SampleRow forms it; tokens whose p is 0 are not listed.
+  const double log_kept = log(kept_mass);
+  ListLogprobs(
+      vocab, r.logprobs, token,
+      [&](int64_t j) {
+        return static_cast<float>(static_cast<double>(row.s(j) - max_s) - log_kept);
+      },
+      [&](int64_t j, int64_t tied) {
+        const uint32_t k = Key(row.s(j));
+        return (k > cut || (k == cut && tied < ties)) && p(j) > 0;
+      },
+      [&](int64_t j) { return Key(row.s(j)) == cut; }, logprobs, top_ids, sh);
+}
+
+// Lets SampleRowsKernel stage any row up to kMaxStagedVocab on the current
+// device: once a device, not at every launch.
+cudaError_t AllowStagedRows() {
+  static std::mutex mu;
+  static auto* allowed = new std::set<int>();
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (allowed->contains(device)) return cudaSuccess;
+  const cudaError_t e =
+      cudaFuncSetAttribute(SampleRowsKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kMaxStagedVocab * sizeof(float)));
+  if (e == cudaSuccess) allowed->insert(device);
+  return e;
 }
 
 }  // namespace
 
 cudaError_t LaunchSampleRows(const float* logits, int64_t rows, int64_t vocab,
-                             const RowSampling* params, int32_t* ids, cudaStream_t stream) {
+                             const RowSampling* params, int32_t* ids, float* logprobs,
+                             int32_t* top_ids, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   const size_t smem = vocab <= kMaxStagedVocab ? static_cast<size_t>(vocab) * sizeof(float) : 0;
   if (smem > 48 << 10) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        SampleRowsKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
+    if (const cudaError_t e = AllowStagedRows(); e != cudaSuccess) return e;
   }
   SampleRowsKernel<<<static_cast<unsigned>(rows), kThreads, smem, stream>>>(logits, vocab, params,
-                                                                            ids);
+                                                                            ids, logprobs, top_ids);
   return cudaGetLastError();
 }
 

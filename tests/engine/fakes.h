@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -15,7 +16,9 @@
 #include "engine/batch_builder.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "engine/sampler.h"
 #include "gtest/gtest.h"
+#include "kernels/backend.h"
 #include "kernels/sampling.h"
 #include "tokenizer/tokenizer.h"
 
@@ -91,7 +94,7 @@ class FakeRunner : public ModelRunner {
         }
         const auto drawn = schedule.device_sampling.find(batch->ids[i]);
         if (!scoring && drawn != schedule.device_sampling.end()) {
-          out.tokens.push_back({batch->ids[i], kernels::SampleRow(logits, drawn->second)});
+          out.tokens.push_back(DrawOnDevice(batch->ids[i], logits, drawn->second));
           ++device_draws;
         } else {
           out.logits.push_back({batch->ids[i], std::move(logits)});
@@ -118,7 +121,22 @@ class FakeRunner : public ModelRunner {
   std::atomic<int64_t> copies{0};
 
  private:
+  // The draw and its logprobs as the CPU backend's SampleRows makes them.
+  SequenceToken DrawOnDevice(SequenceId id, const std::vector<float>& logits,
+                             const kernels::RowSampling& rule) const {
+    const Tensor row = Tensor::FromFloats({1, vocab_}, logits);
+    const Tensor token = Tensor::Zeros(DType::kI32, {1});
+    const kernels::DrawLogprobs drawn{Tensor::Zeros(DType::kF32, {1, 1 + kernels::kMaxRowLogprobs}),
+                                      Tensor::Zeros(DType::kI32, {1, kernels::kMaxRowLogprobs})};
+    const kernels::RowSampling rules[] = {rule};
+    EXPECT_TRUE(cpu_->SampleRows(row, rules, token, drawn).ok());
+    SequenceToken out{.id = id, .token = token.data<int32_t>()[0], .logprob = std::nullopt};
+    if (rule.logprobs >= 0) out.logprob = DrawnLogprob(drawn, 0, out.token, rule.logprobs);
+    return out;
+  }
+
   const int vocab_;
+  const std::unique_ptr<kernels::Backend> cpu_ = kernels::MakeCpuBackend(1);
   const int64_t bytes_per_slot_;
   std::optional<int32_t> fail_token_;
   std::vector<uint64_t> states_;

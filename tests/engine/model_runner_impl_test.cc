@@ -141,6 +141,27 @@ TEST_P(RealModelTest, RunnerDrawsOnTheDeviceWhatTheEngineMarks) {
                 kernels::SampleRow(host.logits[i].logits, i == 0 ? greedy : rule));
     }
   }
+
+  // A rule that asks for logprobs gets them with its token: those of the
+  // distribution it drew from (the log-softmax when greedy), best first.
+  kernels::RowSampling greedy_listed = greedy, drawn_listed = drawn;
+  greedy_listed.logprobs = 3;
+  drawn_listed.logprobs = 2;
+  const RunnerOutput listed = run({{0, greedy_listed}, {1, drawn_listed}});
+  ASSERT_TRUE(listed.failures.empty());
+  ASSERT_EQ(listed.tokens.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const kernels::RowSampling& rule = i == 0 ? greedy_listed : drawn_listed;
+    std::vector<float> distribution = host.logits[i].logits;
+    const int32_t token = kernels::SampleRow(host.logits[i].logits, rule, distribution);
+    if (i == 0) kernels::LogSoftmax(distribution);
+    ASSERT_TRUE(listed.tokens[i].logprob.has_value()) << i;
+    const TokenLogprob& got = *listed.tokens[i].logprob;
+    EXPECT_EQ(listed.tokens[i].token, token) << i;
+    EXPECT_EQ(got.token, token) << i;
+    EXPECT_EQ(got.logprob, distribution[static_cast<size_t>(token)]) << i;
+    EXPECT_EQ(got.top, kernels::TopLogprobs(distribution, rule.logprobs)) << i;
+  }
 }
 
 TEST_P(RealModelTest, BatchingPreemptionAndForkingDoNotChangeOutputs) {

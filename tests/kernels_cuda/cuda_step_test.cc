@@ -659,8 +659,12 @@ TEST_F(CudaStepTest, ArgmaxRowsMatchesHostIncludingTies) {
       gpu_->ArgmaxRows(Up(logits), Up(Tensor::Zeros(DType::kI32, {rows + 1}), DType::kI32)).ok());
 }
 
-// The device draw against kernels::SampleRow, row by row: vocabularies
-// staged in shared memory and not, ties at the filters' cuts, every filter.
+// The device draw against the CPU reference's (Backend::SampleRows on the
+// CPU, kernels::SampleRow row by row): vocabularies staged in shared memory
+// and not, ties at the filters' cuts, every filter, and the draws'
+// logprobs (none, the drawn token's alone, 5 and kMaxRowLogprobs listed)
+// within float rounding; a listed token may trade places only with one of
+// the same logprob up to that rounding.
 TEST_F(CudaStepTest, SampleRowsDrawWhatTheCpuReferenceDraws) {
   std::vector<RowSampling> rules;
   for (float temperature : {0.0f, 0.7f, 1.3f}) {
@@ -668,13 +672,20 @@ TEST_F(CudaStepTest, SampleRowsDrawWhatTheCpuReferenceDraws) {
          {std::tuple{0, 1.0f, 0.0f}, std::tuple{1, 1.0f, 0.0f}, std::tuple{40, 1.0f, 0.0f},
           std::tuple{0, 0.5f, 0.0f}, std::tuple{0, 0.95f, 0.0f}, std::tuple{0, 1.0f, 0.2f},
           std::tuple{50, 0.9f, 0.05f}}) {
+      int listed = 0;
       for (double u : {0.0, 0.31, 0.77, 0.999}) {
-        rules.push_back(
-            {.temperature = temperature, .top_k = top_k, .top_p = top_p, .min_p = min_p, .u = u});
+        const int logprobs[] = {-1, 0, 5, kMaxRowLogprobs};
+        rules.push_back({.temperature = temperature,
+                         .top_k = top_k,
+                         .top_p = top_p,
+                         .min_p = min_p,
+                         .u = u,
+                         .logprobs = logprobs[listed++ % 4]});
       }
     }
   }
   const auto rows = static_cast<int64_t>(rules.size());
+  constexpr int kValues = 1 + kMaxRowLogprobs;
   for (int64_t vocab : {512, 32000, 50257}) {
     Tensor logits = Rand({rows, vocab});
     for (int64_t r = 0; r < rows; ++r) {
@@ -685,18 +696,46 @@ TEST_F(CudaStepTest, SampleRowsDrawWhatTheCpuReferenceDraws) {
       row[(top + 11) % vocab] = row[(top + 13) % vocab];
     }
     Tensor ids = Up(Tensor::Zeros(DType::kI32, {rows}), DType::kI32);
-    ASSERT_TRUE(gpu_->SampleRows(Up(logits), rules, ids).ok());
-    const Tensor got = Down(ids);
+    const DrawLogprobs drawn{Up(Tensor::Zeros(DType::kF32, {rows, kValues})),
+                             Up(Tensor::Zeros(DType::kI32, {rows, kMaxRowLogprobs}), DType::kI32)};
+    ASSERT_TRUE(gpu_->SampleRows(Up(logits), rules, ids, drawn).ok());
+    const Tensor got = Down(ids), values = Down(drawn.values), top_ids = Down(drawn.top_ids);
+    Tensor want_ids = Tensor::Zeros(DType::kI32, {rows});
+    const DrawLogprobs want{Tensor::Zeros(DType::kF32, {rows, kValues}),
+                            Tensor::Zeros(DType::kI32, {rows, kMaxRowLogprobs})};
+    ASSERT_TRUE(cpu_->SampleRows(logits, rules, want_ids, want).ok());
     for (int64_t r = 0; r < rows; ++r) {
+      const std::string what = absl::StrCat("vocab ", vocab, ", rule ", r);
       const std::span<const float> row(logits.f32() + r * vocab, vocab);
-      EXPECT_EQ(got.data<int32_t>()[r], SampleRow(row, rules[r]))
-          << "vocab " << vocab << ", rule " << r;
+      EXPECT_EQ(got.data<int32_t>()[r], SampleRow(row, rules[r])) << what;
+      EXPECT_EQ(got.data<int32_t>()[r], want_ids.data<int32_t>()[r]) << what;
+      if (rules[r].logprobs < 0) continue;
+      const float* v = values.f32() + r * kValues;
+      const float* w = want.values.f32() + r * kValues;
+      const int32_t* t = top_ids.data<int32_t>() + r * kMaxRowLogprobs;
+      const int32_t* u = want.top_ids.data<int32_t>() + r * kMaxRowLogprobs;
+      EXPECT_NEAR(v[0], w[0], 1e-5) << what << ": the drawn token's logprob";
+      for (int i = 0; i < kMaxRowLogprobs; ++i) {
+        if (u[i] < 0) {
+          EXPECT_EQ(t[i], -1) << what << ", listed " << i;
+          continue;
+        }
+        EXPECT_NEAR(v[1 + i], w[1 + i], 1e-5) << what << ", listed " << i;
+        if (t[i] != u[i]) {
+          EXPECT_NEAR(row[t[i]], row[u[i]], 1e-5) << what << ", listed " << i;
+        }
+      }
     }
   }
   const Tensor three = Up(Tensor::Zeros(DType::kF32, {3, 8}));
   EXPECT_FALSE(gpu_->SampleRows(three, std::span(rules).first(2),
-                                Up(Tensor::Zeros(DType::kI32, {3}), DType::kI32))
+                                Up(Tensor::Zeros(DType::kI32, {3}), DType::kI32), {})
                    .ok());
+  // A rule that asks for logprobs needs somewhere to put them.
+  const std::vector<RowSampling> asks(3, RowSampling{.temperature = 0.5f, .logprobs = 2});
+  const absl::Status missing =
+      gpu_->SampleRows(three, asks, Up(Tensor::Zeros(DType::kI32, {3}), DType::kI32), {});
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument) << missing;
 }
 
 TEST_F(CudaStepTest, ArenaRepeatsAddressesOnceSized) {
