@@ -48,9 +48,10 @@ struct ScheduleOutput {
   // Sequences preempted this step: state saved to host, slot free.
   std::vector<SequenceId> preempted_ids;
   // Sequences due to sample this step whose draw reads nothing but their
-  // raw logits (no logprobs, penalties, bias, allowed ids or stop-token
-  // masking), each with its rule and draw (kernels/sampling.h; temperature
-  // 0 takes the argmax). Set by the engine; empty when a prompt is scored.
+  // raw logits (no penalties, bias, allowed ids or stop-token masking),
+  // each with its rule and draw (kernels/sampling.h; temperature 0 takes
+  // the argmax; logprobs listed where it asks). Set by the engine; empty
+  // when a prompt is scored.
   // The runner draws their tokens where the logits are and returns them
   // instead (RunnerOutput::tokens); the other sequences due to sample get
   // their logits rows.
