@@ -30,7 +30,7 @@
 
 namespace lair::kernels {
 
-// The most likeliest tokens a draw lists with its logprobs.
+// How many of the likeliest tokens a draw lists with its logprobs, at most.
 inline constexpr int kMaxRowLogprobs = 20;
 
 struct RowSampling {
