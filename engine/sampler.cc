@@ -75,18 +75,11 @@ kernels::RowSampling DrawRule(const SamplingParams& params, double u) {
 SampleResult Sample(const SamplingParams& params, std::span<float> logits, SamplingState& state) {
   ApplyPenalties(params, state, logits);
   SampleResult result;
-  if (params.temperature == 0.0f) {
-    result.token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                        logits.begin());  // first maximum: lowest id
-    if (params.logprobs >= 0) {
-      kernels::LogSoftmax(logits);
-      result.logprob = MakeLogprob(params.logprobs, logits, result.token);
-    }
-    return result;
-  }
   // The draw is kernels/sampling.h's, the one the backends make on the
-  // device; it leaves the distribution it drew from in `logits`.
-  result.token = kernels::SampleRow(logits, DrawRule(params, state.NextUniform()),
+  // device (greedy: the first maximum, drawing no uniform); it leaves the
+  // distribution it drew from in `logits`.
+  const double u = params.temperature > 0 ? state.NextUniform() : 0.0;
+  result.token = kernels::SampleRow(logits, DrawRule(params, u),
                                     params.logprobs >= 0 ? logits : std::span<float>{});
   if (params.logprobs >= 0) result.logprob = MakeLogprob(params.logprobs, logits, result.token);
   return result;

@@ -112,14 +112,8 @@ absl::Status Backend::SampleRows(const Tensor& logits, std::span<const RowSampli
       ids.data<int32_t>()[r] = SampleRow(row, rule);
       continue;
     }
-    distribution.assign(row.begin(), row.end());
-    int32_t token = 0;
-    if (rule.temperature == 0) {
-      token = SampleRow(row, rule);
-      LogSoftmax(distribution);
-    } else {
-      token = SampleRow(row, rule, distribution);
-    }
+    distribution.resize(static_cast<size_t>(vocab));
+    const int32_t token = SampleRow(row, rule, distribution);
     ids.data<int32_t>()[r] = token;
     float* values = logprobs.values.f32() + r * (1 + kMaxRowLogprobs);
     int32_t* top_ids = logprobs.top_ids.data<int32_t>() + r * kMaxRowLogprobs;

@@ -47,7 +47,14 @@ void RadixSort(std::span<uint64_t> keys) {
 int32_t SampleRow(std::span<const float> logits, const RowSampling& r, std::span<float> logprobs) {
   const auto vocab = static_cast<int32_t>(logits.size());
   if (r.temperature == 0) {
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const auto token =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    if (!logprobs.empty()) {
+      if (logprobs.data() != logits.data())
+        std::copy(logits.begin(), logits.end(), logprobs.begin());
+      LogSoftmax(logprobs);
+    }
+    return token;
   }
   std::vector<float> s(logits.size());
   for (size_t i = 0; i < s.size(); ++i) s[i] = logits[i] / r.temperature;

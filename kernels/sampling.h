@@ -43,9 +43,9 @@ struct RowSampling {
 };
 
 // The token RowSampling's rules give for `logits` ([vocab], not empty).
-// With `logprobs` ([vocab]; it may be `logits` itself) and temperature > 0,
-// also writes the distribution the draw took: each kept token's log p over
-// the kept tokens' p, -inf for the others.
+// With `logprobs` ([vocab]; it may be `logits` itself) also writes the
+// distribution the draw took: greedy, the log-softmax of the logits; else
+// each kept token's log p over the kept tokens' p, -inf for the others.
 int32_t SampleRow(std::span<const float> logits, const RowSampling& r,
                   std::span<float> logprobs = {});
 
